@@ -1,0 +1,30 @@
+"""django-taskclaim: one logical task, one worker, one effect."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("django-taskclaim")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0"
+
+__all__ = ["TaskKey", "run_once"]
+
+if TYPE_CHECKING:
+    from .keys import TaskKey
+    from .runner import run_once
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that importing the package does not import models before apps are ready.
+    if name == "TaskKey":
+        from .keys import TaskKey
+
+        return TaskKey
+    if name == "run_once":
+        from .runner import run_once
+
+        return run_once
+    raise AttributeError(f"module 'django_taskclaim' has no attribute {name!r}")

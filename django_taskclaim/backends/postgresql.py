@@ -1,0 +1,139 @@
+"""PostgreSQL: the hot paths fused into one statement each with data-modifying CTEs.
+
+A claim (insert-or-take-over plus its audit rows), a completion (task plus attempt) and a
+queue claim (``FOR UPDATE SKIP LOCKED`` plus audit) are each one round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import ATTEMPT, TASK, TASK_COLUMNS, Backend, Row, claimable
+
+_OPEN_ATTEMPTS = (
+    # Close the attempt that was taken over (token - 1 still running), open the new one.
+    f", closed AS (UPDATE {ATTEMPT} a SET outcome = 'taken_over', ended_at = statement_timestamp() "
+    f"FROM claimed c WHERE a.task_id = c.id AND a.token = c.fencing_token - 1 AND a.outcome = 'running' "
+    f"RETURNING a.task_id, a.owner), "
+    f"opened AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
+    f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, statement_timestamp(), NULL, "
+    f"'running', 0 FROM claimed c) "
+)
+_SELECT_WITH_PREVIOUS = (
+    "SELECT c.*, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) FROM claimed c ORDER BY c.id"
+)
+_SELECT_PLAIN = "SELECT c.*, NULL FROM claimed c ORDER BY c.id"
+
+
+class PostgreSQLBackend(Backend):
+    vendor = "postgresql"
+    # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
+    now = "statement_timestamp()"
+    json_param = "%s::jsonb"
+    needs_transaction = False
+
+    def lease_sql(self) -> str:
+        return "statement_timestamp() + make_interval(secs => %s)"
+
+    def returning(self) -> str:
+        # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
+        return ", ".join(f'"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'"{c}"'
+                         for c in TASK_COLUMNS)
+
+    def claim_key(
+        self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
+        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
+    ) -> tuple[Row | None, str | None]:
+        params: list[Any] = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
+        if audit:
+            sql = f"WITH claimed AS ({self.upsert_claim_sql()}){_OPEN_ATTEMPTS}{_SELECT_WITH_PREVIOUS}"
+            params.append(delivery_id)
+        else:
+            sql = f"WITH claimed AS ({self.upsert_claim_sql()}) {_SELECT_PLAIN}"
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        return (None, None) if row is None else (row[:-1], row[-1])
+
+    def claim_next(
+        self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
+        delivery_id: str, audit: bool,
+    ) -> list[tuple[Row, str | None]]:
+        now, t = self.now, TASK
+        tenant_sql, tparams = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
+        # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
+        # never queue behind each other. The UPDATE re-checks the claim predicate.
+        sql = (
+            f"WITH expired AS MATERIALIZED (SELECT id FROM {t} WHERE status = 'running' "
+            f"AND lease_expires_at < {now} AND attempts < max_attempts {tenant_sql} "
+            f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
+            f"pending AS MATERIALIZED (SELECT id FROM {t} WHERE status = 'pending' {tenant_sql} "
+            f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
+            f"picked AS (SELECT id FROM (SELECT id FROM expired UNION ALL SELECT id FROM pending) u LIMIT %s), "
+            f"claimed AS (UPDATE {t} SET status = 'running', owner = %s, "
+            f"fencing_token = {t}.fencing_token + 1, attempts = {t}.attempts + 1, "
+            f"lease_expires_at = {self.lease_sql()}, updated_at = {now} FROM picked p "
+            f"WHERE {t}.id = p.id AND {claimable(t, now)} RETURNING {self._qualified_returning()})"
+        )
+        params: list[Any] = [*tparams, limit, *tparams, limit, limit, owner, lease]
+        if audit:
+            sql += _OPEN_ATTEMPTS + _SELECT_WITH_PREVIOUS
+            params.append(delivery_id)
+        else:
+            sql += " " + _SELECT_PLAIN
+        cursor.execute(sql, params)
+        return [(row[:-1], row[-1]) for row in cursor.fetchall()]
+
+    def _qualified_returning(self) -> str:
+        return ", ".join(
+            f'{TASK}."{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'{TASK}."{c}"'
+            for c in TASK_COLUMNS
+        )
+
+    def finish(
+        self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
+        outcomes: tuple[str, str], audit: bool,
+    ) -> str | None:
+        if not audit:
+            return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
+        cursor.execute(
+            f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
+            f"updated_at = statement_timestamp() WHERE id = %s AND status = 'running' "
+            f"AND fencing_token = %s RETURNING id, status), "
+            f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN t.status = 'pending' THEN %s ELSE %s END, "
+            f"ended_at = statement_timestamp() FROM t WHERE {ATTEMPT}.task_id = t.id AND {ATTEMPT}.token = %s) "
+            f"SELECT status FROM t",
+            [*set_params, task_id, token, *outcomes, token],
+        )
+        row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    def lock(self, cursor: Any, task_id: int, token: int) -> bool:
+        # A row lock, not a write: NO KEY UPDATE does not block the attempt table's FK checks.
+        cursor.execute(
+            f"SELECT 1 FROM {TASK} WHERE id = %s AND status = 'running' AND fencing_token = %s "
+            f"FOR NO KEY UPDATE",
+            [task_id, token],
+        )
+        return cursor.fetchone() is not None
+
+    def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Row]:
+        now, t = self.now, TASK
+        limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
+        audit_sql = (
+            f", closed AS (UPDATE {ATTEMPT} a SET outcome = 'expired', ended_at = {now} FROM moved m "
+            f"WHERE a.task_id = m.id AND a.token = m.fencing_token AND a.outcome = 'running') "
+            if audit else " "
+        )
+        cursor.execute(
+            f"WITH victims AS (SELECT id FROM {t} WHERE status = 'running' AND lease_expires_at < {now} "
+            f"ORDER BY id {limit_sql} FOR UPDATE SKIP LOCKED), "
+            f"moved AS (UPDATE {t} SET {self.reclaim_set_sql(t)} FROM victims v WHERE {t}.id = v.id "
+            f"AND {t}.status = 'running' AND {t}.lease_expires_at < {now} "
+            f'RETURNING {t}.id, {t}."key", {t}.tenant, {t}.fencing_token, {t}.status)'
+            f"{audit_sql}SELECT * FROM moved ORDER BY id",
+            params,
+        )
+        return list(cursor.fetchall())
+
+
+backend = PostgreSQLBackend()

@@ -1,0 +1,55 @@
+"""Settings of django-taskclaim, read from ``django.conf.settings`` at call time.
+
+Each property reads ``TASKCLAIM_<NAME>`` when accessed, never at import, so
+``override_settings`` works and nothing is cached across tests.
+
+==============================  =========  ==========  ==============================================
+Setting                         Type       Default     Meaning
+==============================  =========  ==========  ==============================================
+``TASKCLAIM_DEFAULT_LEASE``     float      ``30.0``    Lease in seconds when a call passes none.
+``TASKCLAIM_MAX_ATTEMPTS``      int        ``5``       Claims a task may get before it ends FAILED.
+``TASKCLAIM_MAX_RESULT_BYTES``  int        ``1048576`` Largest JSON result ``complete()`` stores.
+``TASKCLAIM_DATABASE``          str        default     Database alias that holds the task table.
+``TASKCLAIM_AUDIT``             bool       ``True``    Record an ``Attempt`` row for every claim.
+``TASKCLAIM_POLL_INTERVAL``     float      ``0.5``     Seconds between polls of ``on_busy="wait"``.
+==============================  =========  ==========  ==============================================
+"""
+
+from __future__ import annotations
+
+from django.conf import settings as django_settings
+from django.db import DEFAULT_DB_ALIAS
+
+
+class TaskClaimSettings:
+    """Typed, lazy view of the ``TASKCLAIM_*`` settings."""
+
+    def _get(self, name: str, default: object) -> object:
+        return getattr(django_settings, f"TASKCLAIM_{name}", default)
+
+    @property
+    def DEFAULT_LEASE(self) -> float:
+        return float(self._get("DEFAULT_LEASE", 30.0))  # type: ignore[arg-type]
+
+    @property
+    def MAX_ATTEMPTS(self) -> int:
+        return int(self._get("MAX_ATTEMPTS", 5))  # type: ignore[call-overload]
+
+    @property
+    def MAX_RESULT_BYTES(self) -> int:
+        return int(self._get("MAX_RESULT_BYTES", 1024 * 1024))  # type: ignore[call-overload]
+
+    @property
+    def DATABASE(self) -> str:
+        return str(self._get("DATABASE", DEFAULT_DB_ALIAS))
+
+    @property
+    def AUDIT(self) -> bool:
+        return bool(self._get("AUDIT", True))
+
+    @property
+    def POLL_INTERVAL(self) -> float:
+        return float(self._get("POLL_INTERVAL", 0.5))  # type: ignore[arg-type]
+
+
+settings = TaskClaimSettings()

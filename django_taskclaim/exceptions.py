@@ -1,0 +1,81 @@
+"""Exceptions raised by django-taskclaim.
+
+Every error the app raises derives from :class:`TaskClaimError`; errors about bad input also
+derive from ``ValueError`` so callers that validate input generically keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TaskClaimError(Exception):
+    """Base class of every error raised by django-taskclaim."""
+
+
+class InvalidTaskKey(TaskClaimError, ValueError):
+    """A key or tenant is not a usable identity (type, length or characters)."""
+
+
+class InvalidLease(TaskClaimError, ValueError):
+    """A lease is not a positive number of seconds or a positive ``timedelta``."""
+
+
+class InvalidPayload(TaskClaimError, ValueError):
+    """A payload cannot be stored as JSON."""
+
+
+class InvalidResult(TaskClaimError, ValueError):
+    """A result cannot be stored: not JSON-serialisable, or larger than the limit."""
+
+
+class PayloadMismatch(TaskClaimError):
+    """The same ``(tenant, key)`` arrived with a payload that differs from the stored one.
+
+    Like an idempotency key reused with a different request body: it is a client error,
+    never a duplicate delivery.
+    """
+
+    def __init__(self, key: str, tenant: str, stored: str, given: str) -> None:
+        self.key, self.tenant = key, tenant
+        self.stored_fingerprint, self.given_fingerprint = stored, given
+        super().__init__(
+            f"task {key!r} (tenant {tenant!r}) already exists with a different payload "
+            f"(stored fingerprint {stored[:12]}…, given {given[:12]}…); use a new key for new input"
+        )
+
+
+class StaleClaim(TaskClaimError):
+    """The claim no longer owns its task: its lease was taken over, or the task moved on.
+
+    Nothing was written. The worker holding this claim should stop its work.
+    """
+
+    def __init__(self, key: str, tenant: str, token: int, action: str) -> None:
+        self.key, self.tenant, self.token, self.action = key, tenant, token, action
+        super().__init__(
+            f"{action} refused: claim with token {token} on task {key!r} (tenant {tenant!r}) "
+            "was fenced off (the task was taken over, released, reclaimed or finished)"
+        )
+
+
+class TaskBusy(TaskClaimError):
+    """Another worker holds a live claim on the task."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        super().__init__(
+            f"task {task.key!r} (tenant {task.tenant!r}) is running under owner {task.owner!r} "
+            f"(token {task.fencing_token})"
+        )
+
+
+class TaskFailed(TaskClaimError):
+    """The task ended FAILED or CANCELLED; it is not run again until an operator resets it."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        super().__init__(
+            f"task {task.key!r} (tenant {task.tenant!r}) is {task.status}"
+            + (f": {task.error}" if task.error else "")
+        )

@@ -1,0 +1,128 @@
+"""``manage.py reclaim``: move tasks whose lease expired back to PENDING (or FAILED)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
+
+from django_taskclaim.claims import reclaim_expired_rows
+from django_taskclaim.models import Task
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be greater than zero")
+    return value
+
+
+class ReclaimLoop:
+    """Runs one round every ``every`` seconds until SIGTERM or SIGINT, then returns."""
+
+    def __init__(self, round_: Any, every: float) -> None:
+        self.round, self.every = round_, every
+        self.stopping = threading.Event()
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while not self.stopping.is_set():
+                close_old_connections()
+                self.round()
+                self.stopping.wait(self.every)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class Command(BaseCommand):
+    help = (
+        "Move RUNNING tasks whose lease expired (by the database clock) back to PENDING, or to "
+        "FAILED when they have no attempts left. Needed for tasks nobody asks for again."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--dry-run", action="store_true",
+                            help="List the expired tasks and what would happen; change nothing.")
+        parser.add_argument("--limit", type=positive_int, default=None,
+                            help="Reclaim at most this many tasks per round (default: %(default)r, no limit).")
+        parser.add_argument("--batch-size", type=positive_int, default=500,
+                            help="Tasks moved per statement (default: %(default)r).")
+        parser.add_argument("--every", type=positive_seconds, default=None, metavar="SECONDS",
+                            help="Repeat every SECONDS until SIGTERM/SIGINT (default: %(default)r, run once).")
+
+    def handle(self, *args: Any, dry_run: bool, limit: int | None, batch_size: int,
+               every: float | None, **options: Any) -> None:
+        if limit is not None and batch_size > limit:
+            batch_size = limit
+
+        def one_round() -> None:
+            if dry_run:
+                self.dry_round(limit)
+            else:
+                self.reclaim_round(limit, batch_size)
+
+        if every is None:
+            one_round()
+        else:
+            ReclaimLoop(one_round, every).run()
+            if self.verbosity >= 1:
+                self.stdout.write("reclaim: stopped")
+
+    def dry_round(self, limit: int | None) -> None:
+        expired = Task.objects.expired().order_by("id")
+        tasks = list(expired[:limit] if limit else expired)
+        for task in tasks:
+            to = "pending" if task.attempts < task.max_attempts else "failed"
+            if self.verbosity >= 1:
+                self.stdout.write(
+                    f"would reclaim {task.key!r} tenant={task.tenant!r} token={task.fencing_token} "
+                    f"owner={task.owner!r} attempts={task.attempts}/{task.max_attempts} -> {to}"
+                )
+        self.stdout.write(f"reclaim (dry run): {len(tasks)} expired task(s) found, nothing changed")
+
+    def reclaim_round(self, limit: int | None, batch_size: int) -> list[tuple[Any, ...]]:
+        moved: list[tuple[Any, ...]] = []
+        while limit is None or len(moved) < limit:
+            size = batch_size if limit is None else min(batch_size, limit - len(moved))
+            rows = reclaim_expired_rows(size)
+            moved.extend(rows)
+            if self.verbosity >= 2:
+                for _id, key, tenant, token, status in rows:
+                    self.stdout.write(f"reclaimed {key!r} tenant={tenant!r} token={token} -> {status}")
+            if len(rows) < size:
+                break
+        pending = sum(1 for r in moved if r[4] == "pending")
+        self.stdout.write(
+            f"reclaim: {len(moved)} expired task(s): {pending} back to pending, "
+            f"{len(moved) - pending} failed (no attempts left)"
+        )
+        self.after_round(moved)
+        return moved
+
+    def after_round(self, moved: list[tuple[Any, ...]]) -> None:
+        """Hook for work after a round (the Celery bridge re-sends lost messages here)."""
+
+
+__all__ = ["Command", "CommandError", "ReclaimLoop", "positive_int", "positive_seconds"]

@@ -1,0 +1,60 @@
+"""Fixtures shared by the suite: worker processes that talk to the test database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def requirement_missing(what: str) -> None:
+    """Skip locally when a server binary is missing; fail in CI, where everything must run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is required in CI")
+    pytest.skip(f"{what} is not installed")
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    """Environment for a child process that should use the test database."""
+    return dict(
+        os.environ,
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        TASKCLAIM_TEST_DB_NAME=str(connection.settings_dict["NAME"]),
+        PYTHONPATH=str(ROOT),
+    )
+
+
+@pytest.fixture
+def spawn(worker_env):  # type: ignore[no-untyped-def]
+    """Start ``python -m tests.procs ARGS`` processes; any still running at the end are killed."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.procs", *args], cwd=ROOT, env={**worker_env, **(env or {})},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def expire(task_or_pk) -> None:  # type: ignore[no-untyped-def]
+    """Move a running task's lease into the past, as if its owner stopped heartbeating long ago."""
+    from django_taskclaim.models import Task
+
+    pk = getattr(task_or_pk, "pk", getattr(task_or_pk, "task_id", task_or_pk))
+    Task.objects.filter(pk=pk).update(lease_expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))

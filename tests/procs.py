@@ -1,0 +1,88 @@
+"""Worker programs run as separate OS processes by the tests: ``python -m tests.procs MODE …``.
+
+Each prints one JSON line per event on stdout so the test can follow it without sleeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    import django
+
+    django.setup()
+
+
+def emit(**event: object) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def race(args: argparse.Namespace) -> None:
+    """Connect, say ready, wait for 'go' on stdin, then claim one key once."""
+    from django.db import connection
+
+    from django_taskclaim.models import Task
+
+    connection.ensure_connection()
+    emit(event="ready", pid=os.getpid())
+    sys.stdin.readline()
+    outcome = Task.objects.claim(args.key, lease=args.lease, owner=f"racer-{os.getpid()}")
+    emit(event="done", claimed=outcome.claimed, token=outcome.task.fencing_token,
+         status=outcome.task.status, owner=outcome.task.owner)
+
+
+def drain(args: argparse.Namespace) -> None:
+    """Claim tasks queue-style until none is unfinished; each effect written inside fenced()."""
+    from django_taskclaim.exceptions import StaleClaim
+    from django_taskclaim.models import Task
+    from tests.testapp.models import Effect
+
+    me = f"{args.tag}-{os.getpid()}"
+    done = stale = 0
+    emit(event="ready", pid=os.getpid())
+    while True:
+        claims = Task.objects.claim_next(owner=me, lease=args.lease, limit=args.batch)
+        if not claims:
+            if not Task.objects.unfinished().exists():
+                break
+            time.sleep(0.02)  # idle poll: tasks exist but are held under live leases
+            continue
+        for claim in claims:
+            emit(event="claimed", key=claim.key, token=claim.token)
+            if args.work_ms:
+                time.sleep(args.work_ms / 1000)  # simulated work, the window pauses land in
+            try:
+                with claim.fenced():
+                    Effect.objects.create(task_key=claim.key, token=claim.token, worker=me)
+                    claim.complete({"by": me, "token": claim.token})
+                done += 1
+            except StaleClaim:
+                stale += 1
+                emit(event="stale", key=claim.key, token=claim.token)
+    emit(event="exit", done=done, stale=stale)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p = sub.add_parser("race")
+    p.add_argument("key")
+    p.add_argument("--lease", type=float, default=30)
+    p = sub.add_parser("drain")
+    p.add_argument("--lease", type=float, default=30)
+    p.add_argument("--work-ms", type=float, default=0)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--tag", default="w")
+    args = parser.parse_args()
+    setup()
+    {"race": race, "drain": drain}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
