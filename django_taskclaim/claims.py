@@ -297,6 +297,14 @@ def ensure(
     A payload that differs from the stored one raises ``PayloadMismatch``; a payload given for
     a task created without one is stored.
     """
+    return ensure_task(key, tenant, payload, max_attempts, dispatch=dispatch, using=using)[0]
+
+
+def ensure_task(
+    key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
+    dispatch: dict[str, Any] | None = None, using: str | None = None,
+) -> tuple[Task, bool]:
+    """:func:`ensure`, also telling whether this call created the task."""
     from .models import Task
 
     key, tenant = resolve_identity(key, tenant)
@@ -309,7 +317,7 @@ def ensure(
         row = backend.ensure(cursor, tenant=tenant, key=key, payload=payload_json, fingerprint=fp,
                              max_attempts=_max_attempts(max_attempts), dispatch=dispatch_json)
     if row is not None:
-        return backend.row_to_task(row, using)
+        return backend.row_to_task(row, using), True
     task = Task.objects.using(using).get(tenant=tenant, key=key)
     if fp and task.payload_fingerprint and task.payload_fingerprint != fp:
         raise PayloadMismatch(key, tenant, task.payload_fingerprint, fp)
@@ -317,7 +325,7 @@ def ensure(
         Task.objects.using(using).filter(pk=task.pk, payload_fingerprint="").update(
             payload=payload, payload_fingerprint=fp)
         task.refresh_from_db(using=using)
-    return task
+    return task, False
 
 
 def claim(
