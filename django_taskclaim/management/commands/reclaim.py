@@ -74,6 +74,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, dry_run: bool, limit: int | None, batch_size: int,
                every: float | None, **options: Any) -> None:
+        self.verbosity = int(options.get("verbosity", 1))
         if limit is not None and batch_size > limit:
             batch_size = limit
 

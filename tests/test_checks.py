@@ -1,0 +1,70 @@
+"""System checks: each ID triggers under its bad setting, and the checks are registered."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connections
+from django.test import override_settings
+
+from django_taskclaim import checks
+
+
+def ids(messages) -> list[str]:  # type: ignore[no-untyped-def]
+    return [m.id for m in messages]
+
+
+def test_clean_configuration_passes() -> None:
+    assert checks.check_database() == [] and checks.check_settings() == []
+
+
+def test_e001_unsupported_database(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(type(connections["default"]), "vendor", "mysql")
+    (error,) = checks.check_database()
+    assert error.id == "django_taskclaim.E001" and "mysql" in error.msg and error.hint
+
+
+def test_e002_old_sqlite(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("SQLite only")
+    monkeypatch.setattr(checks.sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(checks.sqlite3, "sqlite_version", "3.31.1")
+    assert ids(checks.check_database()) == ["django_taskclaim.E002"]
+
+
+@override_settings(USE_TZ=False)
+def test_e003_sqlite_without_use_tz() -> None:
+    expected = ["django_taskclaim.E003"] if connections["default"].vendor == "sqlite" else []
+    assert ids(checks.check_database()) == expected
+
+
+@override_settings(TASKCLAIM_DATABASE="tasks")
+def test_e004_unknown_alias() -> None:
+    (error,) = checks.check_database()
+    assert error.id == "django_taskclaim.E004" and "'tasks'" in error.msg and "default" in error.hint
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [("TASKCLAIM_DEFAULT_LEASE", "30", "expected int or float"), ("TASKCLAIM_DEFAULT_LEASE", 0, "greater than zero"),
+     ("TASKCLAIM_MAX_ATTEMPTS", 2.5, "expected int"), ("TASKCLAIM_MAX_RESULT_BYTES", -1, "greater than zero"),
+     ("TASKCLAIM_POLL_INTERVAL", True, "expected")],
+)
+def test_e005_bad_setting(name: str, value: object, problem: str) -> None:
+    with override_settings(**{name: value}):
+        (error,) = checks.check_settings()
+    assert error.id == "django_taskclaim.E005" and name in error.msg and problem in error.msg
+
+
+def test_checks_are_registered_with_django() -> None:
+    call_command("check", stdout=io.StringIO())
+    with override_settings(TASKCLAIM_MAX_ATTEMPTS=0), pytest.raises(SystemCheckError, match="E005"):
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def test_ids_are_unique() -> None:
+    specs = [v for k, v in vars(checks).items() if k[:1] in "EW" and k[1:].isdigit()]
+    assert len({s[0] for s in specs}) == len(specs)

@@ -1,0 +1,63 @@
+"""Round-trip budgets of the hot paths."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from django_taskclaim.models import Task
+from tests.conftest import expire
+
+pytestmark = pytest.mark.django_db
+
+
+def budget(pg: int, sqlite: int) -> int:
+    return pg if connection.vendor == "postgresql" else sqlite
+
+
+def test_claim_of_a_new_key(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    # PostgreSQL: INSERT … ON CONFLICT … RETURNING with the audit rows in CTEs, one statement.
+    with django_assert_num_queries(budget(1, 3)):
+        assert Task.objects.claim("new").claimed
+
+
+def test_claim_of_an_existing_key(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    Task.objects.ensure("old")
+    with django_assert_num_queries(budget(1, 3)):
+        assert Task.objects.claim("old").claimed
+
+
+def test_takeover(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    expire(Task.objects.claim("job").claim)
+    with django_assert_num_queries(budget(1, 3)):
+        assert Task.objects.claim("job").claimed
+
+
+def test_heartbeat_complete_fail_release(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    claim = Task.objects.claim("a").claim
+    with django_assert_num_queries(1):
+        claim.heartbeat()
+    with django_assert_num_queries(budget(1, 2)):
+        claim.complete({"ok": 1})
+    claim = Task.objects.claim("b").claim
+    with django_assert_num_queries(budget(1, 2)):
+        claim.fail("x", retry=True)
+    claim = Task.objects.claim("b").claim
+    with django_assert_num_queries(budget(1, 2)):
+        claim.release()
+
+
+def test_claim_next(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    for i in range(3):
+        Task.objects.ensure(f"t{i}")
+    with django_assert_num_queries(budget(1, 1 + 2 * 3)):
+        assert len(Task.objects.claim_next(limit=3)) == 3
+
+
+def test_without_audit_trail(settings, django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    settings.TASKCLAIM_AUDIT = False
+    with django_assert_num_queries(1):
+        claim = Task.objects.claim("job").claim
+    with django_assert_num_queries(1):
+        claim.complete()
+    assert not Task.objects.get(key="job").attempt_set.exists()
