@@ -1,0 +1,116 @@
+"""Races between real OS processes: one winner, exactly-once effects, fencing under pauses and kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.db.models import Sum
+
+from django_taskclaim.models import Attempt, Task
+from tests.fleet import Fleet
+from tests.testapp.models import Effect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def make_tasks(n: int, **fields) -> None:  # type: ignore[no-untyped-def]
+    Task.objects.bulk_create([Task(key=f"task-{i:05d}", **fields) for i in range(n)])
+
+
+def assert_exactly_once(n: int) -> None:
+    """Every task SUCCEEDED, one effect each, written under the token that completed it."""
+    statuses = Counter(Task.objects.values_list("status", flat=True))
+    assert statuses == {"succeeded": n}, statuses
+    per_task = Counter(Effect.objects.values_list("task_key", flat=True))
+    doubled = {k: c for k, c in per_task.items() if c > 1}
+    assert not doubled, f"effects applied twice: {doubled}"
+    assert len(per_task) == n, f"{n - len(per_task)} task(s) without an effect"
+    tokens = dict(Task.objects.values_list("key", "fencing_token"))
+    assert all(tokens[e.task_key] == e.token for e in Effect.objects.all())
+
+
+def test_sixteen_processes_race_for_one_key_and_one_wins(spawn) -> None:  # type: ignore[no-untyped-def]
+    procs = [spawn("race", "payments:test-generation") for _ in range(16)]
+    for proc in procs:  # every racer is connected before any of them starts
+        assert json.loads(proc.stdout.readline())["event"] == "ready", proc.stderr.read()
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    results = [json.loads(proc.stdout.readline()) for proc in procs]
+    for proc in procs:
+        assert proc.wait(60) == 0, proc.stderr.read()
+    winners = [r for r in results if r["claimed"]]
+    assert len(winners) == 1, results
+    assert winners[0]["token"] == 1
+    losers = [r for r in results if not r["claimed"]]
+    assert all(r["status"] == "running" and r["owner"] == winners[0]["owner"] for r in losers)
+    task = Task.objects.get()
+    assert (task.fencing_token, task.attempts) == (1, 1)
+    assert Counter(Attempt.objects.values_list("outcome", flat=True)) == {"running": 1, "duplicate": 15}
+
+
+def test_four_processes_drain_a_thousand_tasks_exactly_once(spawn) -> None:  # type: ignore[no-untyped-def]
+    make_tasks(1000)
+    fleet = Fleet(spawn)
+    for i in range(4):
+        fleet.start("drain", "--lease", "30", "--batch", "5", "--tag", f"w{i}")
+    fleet.join(timeout=240)
+    assert all(p.returncode == 0 for p in fleet.procs), fleet.stderr_of_failures()
+    assert_exactly_once(1000)
+    done = [e["done"] for _, e in fleet.log if e["event"] == "exit"]
+    assert sum(done) == 1000 and len(done) == 4
+    assert Attempt.objects.filter(outcome="succeeded").count() == 1000
+
+
+def test_chaos_pauses_past_the_lease_and_kills_never_double_or_lose_work(spawn) -> None:  # type: ignore[no-untyped-def]
+    """Workers with a 1 s lease are SIGSTOPped past it and SIGKILLed (and replaced) while draining."""
+    n, lease = 240, "1"
+    make_tasks(n, max_attempts=1000)
+    rng = random.Random(int(os.environ.get("TASKCLAIM_CHAOS_SEED", "7")))
+    fleet = Fleet(spawn)
+
+    def start() -> None:
+        fleet.start("drain", "--lease", lease, "--work-ms", "100")
+
+    for _ in range(4):
+        start()
+    paused = kills = 0
+    deadline = time.monotonic() + 150
+    while Task.objects.unfinished().exists():
+        assert time.monotonic() < deadline, "tasks left unfinished"
+        # Catch a worker right after it claimed, i.e. inside its work, and act on it.
+        got = fleet.next_event(0.5)
+        if not got or got[1]["event"] != "claimed" or got[0].poll() is not None:
+            continue
+        proc, event = got
+        if paused < 3 or (kills >= 2 and rng.random() < 0.5):
+            os.kill(proc.pid, signal.SIGSTOP)
+            # Hold it until another worker has taken its task over (token moved on), so that
+            # its fenced write on waking is certainly stale.
+            until = time.monotonic() + 10
+            while Task.objects.filter(key=event["key"], fencing_token=event["token"]).exists():
+                if time.monotonic() > until or not Task.objects.unfinished().exists():
+                    break
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGCONT)
+            paused += 1
+            while fleet.next_event(0):  # events queued meanwhile are old: act on fresh ones only
+                pass
+        else:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+            start()
+    fleet.join(timeout=60)
+    assert all(p.returncode in (0, -signal.SIGKILL) for p in fleet.procs), fleet.stderr_of_failures()
+    assert_exactly_once(n)
+    refused = Attempt.objects.aggregate(n=Sum("stale_writes"))["n"] or 0
+    reported = sum(1 for _, e in fleet.log if e["event"] == "stale")
+    assert paused >= 3 and kills >= 1 and refused > 0, (paused, kills, refused)
+    assert reported <= refused  # killed workers cannot report, the database still counted
+    assert Attempt.objects.filter(outcome="taken_over").exists()
