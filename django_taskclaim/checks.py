@@ -49,7 +49,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     vendor = connections[alias].vendor
     if vendor not in SUPPORTED_VENDORS:
         return [_error(E001, alias=alias, vendor=vendor)]
-    errors = []
+    errors: list[checks.CheckMessage] = []
     if vendor == "sqlite":
         if sqlite3.sqlite_version_info < (3, 35):
             errors.append(_error(E002, version=sqlite3.sqlite_version))
@@ -68,7 +68,7 @@ _NUMERIC = {
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Each numeric ``TASKCLAIM_*`` setting must be a positive number of the right type."""
-    errors = []
+    errors: list[checks.CheckMessage] = []
     for name, types in _NUMERIC.items():
         if not hasattr(django_settings, name):
             continue

@@ -364,10 +364,10 @@ def claim(
         if fp and task.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, task.payload_fingerprint, fp)
         running = task.status == Task.Status.RUNNING
-        if running and task.lease_expired and task.attempts >= task.max_attempts:  # type: ignore[attr-defined]
+        if running and task.lease_expired and task.attempts >= task.max_attempts:
             _fail_exhausted(task, using)
             task.refresh_from_db(using=using)
-        elif task.status == Task.Status.PENDING or (running and task.lease_expired):  # type: ignore[attr-defined]
+        elif task.status == Task.Status.PENDING or (running and task.lease_expired):
             continue
         if task.status in (Task.Status.RUNNING, Task.Status.SUCCEEDED):
             _record_duplicate(task, owner, delivery_id, using)

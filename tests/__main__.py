@@ -49,7 +49,8 @@ def run_pytest(db: str, pytest_args: list[str]) -> int:
 
     env = dict(os.environ, TASKCLAIM_TEST_DB=db, PYTHONPATH=str(ROOT))
     # A file of its own per run, so that two runs on one machine never share a database.
-    env.setdefault("TASKCLAIM_TEST_SQLITE", os.path.join(tempfile.gettempdir(), f"taskclaim-tests-{os.getpid()}.sqlite3"))
+    sqlite_file = os.path.join(tempfile.gettempdir(), f"taskclaim-tests-{os.getpid()}.sqlite3")
+    env.setdefault("TASKCLAIM_TEST_SQLITE", sqlite_file)
     server = None
     if db == "postgresql" and "PGHOST" not in os.environ:
         server = PostgresServer().start()

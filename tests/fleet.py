@@ -42,7 +42,9 @@ class Fleet:
         self.log.append((proc.pid, event))
         return proc, event
 
-    def wait_for(self, predicate: Callable[[subprocess.Popen[str], Event], bool], timeout: float) -> tuple[subprocess.Popen[str], Event]:
+    def wait_for(
+        self, predicate: Callable[[subprocess.Popen[str], Event], bool], timeout: float
+    ) -> tuple[subprocess.Popen[str], Event]:
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             got = self.next_event(remaining)

@@ -26,8 +26,8 @@ class DbNow(Func):
     template = "statement_timestamp()"
     output_field = DateTimeField()
 
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')", []
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')", ()
 
 
 def get_backend(alias: str) -> Backend:

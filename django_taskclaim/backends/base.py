@@ -8,8 +8,8 @@ PostgreSQL backend overrides the hot paths to do the same work in one round trip
 
 from __future__ import annotations
 
-import json
 import datetime as dt
+import json
 from datetime import datetime
 from typing import Any
 
