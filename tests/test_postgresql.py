@@ -1,0 +1,59 @@
+"""PostgreSQL specifics: HOT heartbeats and partial indexes that match the claim queries."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_taskclaim.models import Task
+
+pytestmark = [pytest.mark.django_db]
+
+
+@pytest.fixture(autouse=True)
+def _postgresql_only() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+
+
+def test_heartbeats_are_hot_updates() -> None:
+    claim = Task.objects.claim("job").claim
+    for _ in range(20):
+        claim.heartbeat()
+    with connection.cursor() as cursor:
+        # Counts of this transaction (the test runs inside one), so no stats-collector delay.
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass), pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+            ["django_taskclaim_task", "django_taskclaim_task"],
+        )
+        updated, hot = cursor.fetchone()
+    assert updated >= 20 and hot >= 20, (updated, hot)
+
+
+def plan_of(call) -> str:  # type: ignore[no-untyped-def]
+    with CaptureQueriesContext(connection) as ctx:
+        call()
+    sql = ctx.captured_queries[-1]["sql"]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_claim_next_uses_the_partial_indexes() -> None:
+    for i in range(3):
+        Task.objects.ensure(f"t{i}")
+    plan = plan_of(lambda: Task.objects.claim_next())
+    assert "taskclaim_task_pending_idx" in plan and "taskclaim_task_running_idx" in plan, plan
+
+
+def test_reclaim_uses_the_running_index() -> None:
+    plan = plan_of(lambda: Task.objects.reclaim_expired())
+    assert "taskclaim_task_running_idx" in plan, plan
+
+
+def test_by_key_claim_uses_the_unique_index() -> None:
+    Task.objects.ensure("job")
+    plan = plan_of(lambda: Task.objects.claim("job"))
+    assert "Conflict Arbiter Indexes: taskclaim_task_tenant_key_uniq" in plan, plan
