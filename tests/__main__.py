@@ -65,12 +65,12 @@ def run_pytest(db: str, pytest_args: list[str]) -> int:
 
 
 def main() -> int:
+    ensure_venv()
     parser = argparse.ArgumentParser(prog="python3 -m tests", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", choices=("sqlite", "postgresql", "all"), default="all",
                         help="database(s) to run the suite on (default: %(default)s)")
     args, pytest_args = parser.parse_known_args()
-    ensure_venv()
     sys.path.insert(0, str(ROOT))
     dbs = ["sqlite", "postgresql"] if args.db == "all" else [args.db]
     results = {db: run_pytest(db, pytest_args) for db in dbs}
