@@ -217,8 +217,15 @@ class Claim:
 
         If a heartbeat is refused (another worker took over), or the database cannot be reached
         until the lease would have run out by this worker's own clock, ``claim.lost`` is set and
-        ``StaleClaim`` is raised when the block ends: the work must not be published.
+        ``StaleClaim`` is raised when the block ends: the work must not be published. Inside an
+        ``atomic()`` block it does nothing: the transaction's row lock already holds the task.
         """
+        if connections[self.using].in_atomic_block:
+            # Inside a transaction (ATOMIC_REQUESTS, say) the claim's row stays locked until
+            # commit, so no one can take over; a heartbeat from another connection could not
+            # even see an uncommitted claim. Nothing to keep alive.
+            yield self
+            return
         every = interval if interval is not None else self.lease / 3
         stop = threading.Event()
         thread = threading.Thread(target=self._beat, args=(stop, every), daemon=True,

@@ -80,3 +80,21 @@ def test_run_once_wait_takes_over_when_the_owner_dies(settings) -> None:  # type
     assert run_once("job", lambda: "recovered", on_busy="wait", lease=5) == "recovered"
     task = Task.objects.get(key="job")
     assert (task.fencing_token, task.result) == (2, "recovered")
+
+
+def test_run_once_inside_a_transaction_needs_no_heartbeat() -> None:
+    """A view under ATOMIC_REQUESTS: the claim is uncommitted, its row lock holds the task."""
+    from django.db import transaction
+
+    from django_taskclaim import run_once
+
+    def slow() -> str:
+        # Longer than the lease: a heartbeat from another connection would find no claim.
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        return "done in one transaction"
+
+    with transaction.atomic():
+        assert run_once("job", slow, lease=0.3) == "done in one transaction"
+    assert Task.objects.get(key="job").result == "done in one transaction"
