@@ -8,7 +8,7 @@ user with only the view permission sees everything and can change nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.apps import apps
 from django.contrib import admin, messages
@@ -24,8 +24,11 @@ from django.utils.translation import ngettext
 from .backends import DbNow
 from .claims import reclaim_expired_rows
 from .models import Attempt, Task
+from .querysets import TaskQuerySet
 
 PREVIEW_LENGTH = 80
+# django-celery-results (optional): attempts link to the stored result of their delivery.
+RESULT_MODEL = ("django_celery_results", "TaskResult")
 
 
 def human_seconds(seconds: float) -> str:
@@ -45,7 +48,8 @@ def preview(value: Any, length: int = PREVIEW_LENGTH) -> str:
 
 
 def takeover_exists() -> Exists:
-    return Exists(Attempt.objects.filter(task_id=OuterRef("pk"), outcome=Attempt.Outcome.TAKEN_OVER))
+    takeovers = Attempt.objects.filter(task_id=OuterRef("pk"), outcome=Attempt.Outcome.TAKEN_OVER)
+    return Exists(takeovers)
 
 
 class LeaseExpiredFilter(admin.SimpleListFilter):
@@ -59,9 +63,9 @@ class LeaseExpiredFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         if self.value() == "expired":
-            return queryset.expired()  # type: ignore[attr-defined, no-any-return]
+            return cast(TaskQuerySet, queryset).expired()
         if self.value() == "live":
-            return queryset.live()  # type: ignore[attr-defined, no-any-return]
+            return cast(TaskQuerySet, queryset).live()
         return queryset
 
 
@@ -86,10 +90,10 @@ class TakeoverFilter(admin.SimpleListFilter):
 
 def celery_result_model() -> Any:
     """django-celery-results' ``TaskResult`` when that app is installed, else ``None``."""
-    if not apps.is_installed("django_celery_results"):
+    if not apps.is_installed(RESULT_MODEL[0]):
         return None
     try:
-        return apps.get_model("django_celery_results", "TaskResult")
+        return apps.get_model(*RESULT_MODEL)
     except LookupError:
         return None
 
@@ -100,7 +104,8 @@ class AttemptInline(admin.TabularInline):
     can_delete = False
     show_change_link = False
     ordering = ("started_at", "id")
-    fields = ("token", "owner", "delivery", "started_at", "ended_at", "duration", "outcome", "stale_writes")
+    fields = ("token", "owner", "delivery", "started_at", "ended_at", "duration", "outcome",
+              "stale_writes")
     readonly_fields = fields
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -138,8 +143,8 @@ class AttemptInline(admin.TabularInline):
             if pk is not None:
                 url = reverse("admin:django_celery_results_taskresult_change", args=[pk])
             else:
-                url = reverse("admin:django_celery_results_taskresult_changelist") + "?" + urlencode(
-                    {"q": obj.delivery_id})
+                url = reverse("admin:django_celery_results_taskresult_changelist")
+                url += "?" + urlencode({"q": obj.delivery_id})
         except NoReverseMatch:  # the results app is installed but not in this admin site
             return obj.delivery_id
         return format_html('<a href="{}">{}</a>', url, obj.delivery_id)
@@ -179,7 +184,8 @@ class TaskAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # The database clock and the takeover flag come with the page's one query.
-        return super().get_queryset(request).annotate(db_now=DbNow(), has_takeover=takeover_exists())
+        qs = super().get_queryset(request)
+        return qs.annotate(db_now=DbNow(), has_takeover=takeover_exists())
 
     # -- permissions: read-only state, one permission per action ----------------------------
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -257,10 +263,12 @@ class TaskAdmin(admin.ModelAdmin):
             "(no attempts left).",
             "Reclaimed %(count)d expired tasks: %(pending)d back to pending, %(failed)d failed "
             "(no attempts left).", len(rows),
-        ) % {"count": len(rows), "pending": pending, "failed": len(rows) - pending}, messages.SUCCESS)
+        ) % {"count": len(rows), "pending": pending, "failed": len(rows) - pending},
+            messages.SUCCESS)
 
-    @admin.action(description=_("Release: force running tasks back to pending (fences off the owner)"),
-                  permissions=["release"])
+    @admin.action(
+        description=_("Release: force running tasks back to pending (fences off the owner)"),
+        permissions=["release"])
     def release(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         selected = queryset.count()
         released = queryset.force_release()  # type: ignore[attr-defined]
@@ -270,7 +278,8 @@ class TaskAdmin(admin.ModelAdmin):
         ) % {"count": released}, messages.SUCCESS)
         self._skipped(request, selected - released, str(_("not running")))
 
-    @admin.action(description=_("Reset failed or cancelled tasks to pending"), permissions=["reset"])
+    @admin.action(description=_("Reset failed or cancelled tasks to pending"),
+                  permissions=["reset"])
     def reset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         selected = queryset.count()
         done = queryset.reset()  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""The Task admin with the Django test client: list, filters, search, actions and their permissions."""
+"""The Task admin with the Django test client: list, filters, search, actions, permissions."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def viewer(client):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def operator(client):  # type: ignore[no-untyped-def]
-    client.force_login(staff("operator", "reclaim_task", "release_task", "reset_task", "cancel_task"))
+    perms = ("reclaim_task", "release_task", "reset_task", "cancel_task")
+    client.force_login(staff("operator", *perms))
     return client
 
 
@@ -44,8 +45,8 @@ def keys_listed(response) -> set[str]:  # type: ignore[no-untyped-def]
 
 
 def act(client, action: str, *tasks: Task):  # type: ignore[no-untyped-def]
-    return client.post(reverse(CHANGELIST), {"action": action, "index": 0,
-                                             "_selected_action": [t.pk for t in tasks]}, follow=True)
+    data = {"action": action, "index": 0, "_selected_action": [t.pk for t in tasks]}
+    return client.post(reverse(CHANGELIST), data, follow=True)
 
 
 def messages_of(response) -> list[str]:  # type: ignore[no-untyped-def]
@@ -196,7 +197,8 @@ def test_release_action_fences_off_the_owner(operator) -> None:  # type: ignore[
     a = Task.objects.claim("rel-a", owner="a", lease=600).claim
     b = Task.objects.claim("rel-b", owner="b", lease=600).claim
     idle = Task.objects.ensure("rel-idle")
-    response = act(operator, "release", Task.objects.get(key="rel-a"), Task.objects.get(key="rel-b"), idle)
+    response = act(operator, "release", Task.objects.get(key="rel-a"),
+                   Task.objects.get(key="rel-b"), idle)
     assert "Released 2 tasks; their owners are fenced off." in messages_of(response)
     assert "1 selected task was skipped: not running." in messages_of(response)
     for old in (a, b):
