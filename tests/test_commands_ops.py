@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
 from tests.conftest import expire
 
@@ -86,7 +87,8 @@ def plant_overlap(key: str, start: dt.datetime) -> Task:
     Attempt.objects.create(task=task, token=1, owner="ghost-a", started_at=start,
                            ended_at=start + dt.timedelta(seconds=10), outcome="succeeded")
     Attempt.objects.create(task=task, token=2, owner="ghost-b",
-                           started_at=start + dt.timedelta(seconds=5), ended_at=start + dt.timedelta(seconds=20), outcome="succeeded")
+                           started_at=start + dt.timedelta(seconds=5),
+                           ended_at=start + dt.timedelta(seconds=20), outcome="succeeded")
     return task
 
 
@@ -131,7 +133,7 @@ def test_audit_back_to_back_claims_do_not_overlap() -> None:
     expire(old)
     new = Task.objects.claim("handover", owner="b").claim
     assert new
-    with pytest.raises(Exception):  # noqa: B017 - StaleClaim, counted as a fenced-off write
+    with pytest.raises(StaleClaim):  # counted as a fenced-off write
         old.complete()
     Task.objects.claim("handover", owner="c", delivery_id="redelivered")  # duplicate
     new.complete()
@@ -139,7 +141,8 @@ def test_audit_back_to_back_claims_do_not_overlap() -> None:
     assert doc["overlaps"]["count"] == 0
     assert doc["takeovers"]["count"] == 1
     item = doc["takeovers"]["items"][0]
-    assert (item["key"], item["token"], item["owner"], item["taken_by"]) == ("handover", 1, "a", "b")
+    got = (item["key"], item["token"], item["owner"], item["taken_by"])
+    assert got == ("handover", 1, "a", "b")
     assert doc["stale_writes"]["count"] == 1 and doc["stale_writes"]["items"][0]["owner"] == "a"
     assert doc["duplicates"]["count"] == 1 and doc["duplicates"]["items"][0]["key"] == "handover"
     text = run("taskclaim_audit", "--verbosity", "2")
