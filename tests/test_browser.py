@@ -62,7 +62,7 @@ def test_operator_releases_a_running_task_in_the_browser(browser, live_server) -
     from selenium.webdriver.support.select import Select
     from selenium.webdriver.support.ui import WebDriverWait
 
-    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)  # noqa: S106
     user.user_permissions.set(Permission.objects.filter(
         content_type__app_label="django_taskclaim", codename__in=["view_task", "release_task"]))
     worker_claim = Task.objects.claim("nightly-report", tenant="acme", owner="worker-7",
