@@ -8,6 +8,7 @@ user with only the view permission sees everything and can change nothing.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 from django.apps import apps
@@ -26,6 +27,7 @@ from .claims import reclaim_expired_rows
 from .models import Attempt, Task
 from .querysets import TaskQuerySet
 
+logger = logging.getLogger("django_taskclaim")
 PREVIEW_LENGTH = 80
 # django-celery-results (optional): attempts link to the stored result of their delivery.
 RESULT_MODEL = ("django_celery_results", "TaskResult")
@@ -246,6 +248,11 @@ class TaskAdmin(admin.ModelAdmin):
         return preview(obj.error) or "-"
 
     # -- actions: the manager's guarded code, never a raw status update -----------------------
+    def _log(self, request: HttpRequest, action: str, selected: int, done: int) -> None:
+        logger.info("operator action %s: %d of %d selected task(s)", action, done, selected,
+                    extra={"user": request.user.get_username(), "action": action,
+                           "selected": selected, "count": done})
+
     def _skipped(self, request: HttpRequest, skipped: int, why: str) -> None:
         if skipped > 0:
             self.message_user(request, ngettext(
@@ -258,6 +265,7 @@ class TaskAdmin(admin.ModelAdmin):
     def reclaim_expired(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         rows = reclaim_expired_rows(using=queryset.db)
         pending = sum(1 for row in rows if row[4] == Task.Status.PENDING)
+        self._log(request, "reclaim_expired", queryset.count(), len(rows))
         self.message_user(request, ngettext(
             "Reclaimed %(count)d expired task: %(pending)d back to pending, %(failed)d failed "
             "(no attempts left).",
@@ -272,6 +280,7 @@ class TaskAdmin(admin.ModelAdmin):
     def release(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         selected = queryset.count()
         released = queryset.force_release()  # type: ignore[attr-defined]
+        self._log(request, "release", selected, released)
         self.message_user(request, ngettext(
             "Released %(count)d task; its owner is fenced off.",
             "Released %(count)d tasks; their owners are fenced off.", released,
@@ -283,6 +292,7 @@ class TaskAdmin(admin.ModelAdmin):
     def reset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         selected = queryset.count()
         done = queryset.reset()  # type: ignore[attr-defined]
+        self._log(request, "reset", selected, done)
         self.message_user(request, ngettext(
             "Reset %(count)d task to pending.", "Reset %(count)d tasks to pending.", done,
         ) % {"count": done}, messages.SUCCESS)
@@ -293,6 +303,7 @@ class TaskAdmin(admin.ModelAdmin):
     def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         selected = queryset.count()
         done = queryset.cancel()  # type: ignore[attr-defined]
+        self._log(request, "cancel", selected, done)
         self.message_user(request, ngettext(
             "Cancelled %(count)d task.", "Cancelled %(count)d tasks.", done,
         ) % {"count": done}, messages.SUCCESS)

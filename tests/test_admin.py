@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
@@ -214,10 +216,15 @@ def test_release_action_fences_off_the_owner(operator) -> None:  # type: ignore[
     assert again is not None and again.token > a.token
 
 
-def test_release_one_message_singular(operator) -> None:  # type: ignore[no-untyped-def]
+def test_release_one_message_singular_and_logged(operator, caplog) -> None:  # type: ignore[no-untyped-def]
     Task.objects.claim("rel-one", lease=600)
-    response = act(operator, "release", Task.objects.get(key="rel-one"))
+    with caplog.at_level(logging.INFO, logger="django_taskclaim"):
+        response = act(operator, "release", Task.objects.get(key="rel-one"))
     assert messages_of(response) == ["Released 1 task; its owner is fenced off."]
+    logged = [r for r in caplog.records if r.getMessage().startswith("operator action")]
+    assert len(logged) == 1
+    assert (logged[0].user, logged[0].action, logged[0].count) == (  # type: ignore[attr-defined]
+        "operator", "release", 1)
 
 
 def test_reclaim_action(operator) -> None:  # type: ignore[no-untyped-def]
