@@ -278,3 +278,23 @@ def test_cancel_action(operator) -> None:  # type: ignore[no-untyped-def]
         running.complete()
     # A cancelled task is terminal: a new delivery does not run it.
     assert not Task.objects.claim("cn-running").claimed
+
+
+def test_attempt_links_to_celery_result(operator, settings) -> None:  # type: ignore[no-untyped-def]
+    """Runs where the test settings install django-celery-results (the Celery bridge's tests)."""
+    from django.apps import apps
+
+    if not apps.is_installed("django_celery_results"):
+        pytest.skip("django_celery_results is not in INSTALLED_APPS")
+    from django_celery_results.models import TaskResult
+
+    stored = TaskResult.objects.create(task_id="celery-id-1", status="SUCCESS")
+    Task.objects.claim("linked", delivery_id="celery-id-1")
+    Task.objects.claim("linked", delivery_id="celery-id-2")  # duplicate, no stored result yet
+    task = Task.objects.get(key="linked")
+    page = operator.get(reverse("admin:django_taskclaim_task_change", args=[task.pk]))
+    html = page.content.decode()
+    stored_url = reverse("admin:django_celery_results_taskresult_change", args=[stored.pk])
+    assert f'href="{stored_url}"' in html
+    search_url = reverse("admin:django_celery_results_taskresult_changelist") + "?q=celery-id-2"
+    assert f'href="{search_url}"' in html
