@@ -57,6 +57,7 @@ class ReclaimLoop:
 
 
 class Command(BaseCommand):
+    verbosity = 1
     help = (
         "Move RUNNING tasks whose lease expired (by the database clock) back to PENDING, or to "
         "FAILED when they have no attempts left. Needed for tasks nobody asks for again."
@@ -73,8 +74,8 @@ class Command(BaseCommand):
                             help="Repeat every SECONDS until SIGTERM/SIGINT (default: %(default)r, run once).")
 
     def handle(self, *args: Any, dry_run: bool, limit: int | None, batch_size: int,
-               every: float | None, **options: Any) -> None:
-        self.verbosity = int(options.get("verbosity", 1))
+               every: float | None, verbosity: int = 1, **options: Any) -> None:
+        self.verbosity = verbosity  # BaseCommand passes it as an option, never sets it
         if limit is not None and batch_size > limit:
             batch_size = limit
 

@@ -1,0 +1,310 @@
+"""The operator's view of the task table: state at a glance, and actions that keep fencing intact.
+
+Every field is read-only: a task's state only moves through the manager (the same guarded
+statements the workers use), never through a saved form. Each action needs its own model
+permission (``reclaim_task``, ``release_task``, ``reset_task``, ``cancel_task``), so a staff
+user with only the view permission sees everything and can change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+from django.apps import apps
+from django.contrib import admin, messages
+from django.db import router
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from .backends import DbNow
+from .claims import reclaim_expired_rows
+from .models import Attempt, Task
+from .querysets import TaskQuerySet
+
+logger = logging.getLogger("django_taskclaim")
+PREVIEW_LENGTH = 80
+# django-celery-results (optional): attempts link to the stored result of their delivery.
+RESULT_MODEL = ("django_celery_results", "TaskResult")
+
+
+def human_seconds(seconds: float) -> str:
+    """``95`` -> ``"1m 35s"``: short enough for a list column, exact to the second."""
+    total = int(abs(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n][:2]
+    return " ".join(shown) or "0s"
+
+
+def preview(value: Any, length: int = PREVIEW_LENGTH) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= length else text[: length - 1] + "…"
+
+
+def takeover_exists() -> Exists:
+    takeovers = Attempt.objects.filter(task_id=OuterRef("pk"), outcome=Attempt.Outcome.TAKEN_OVER)
+    return Exists(takeovers)
+
+
+class LeaseExpiredFilter(admin.SimpleListFilter):
+    """Running tasks by lease state, judged by the database clock (as the claims are)."""
+
+    title = _("lease")
+    parameter_name = "lease"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("expired", _("Expired (database clock)")), ("live", _("Live"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "expired":
+            return cast(TaskQuerySet, queryset).expired()
+        if self.value() == "live":
+            return cast(TaskQuerySet, queryset).live()
+        return queryset
+
+
+class TakeoverFilter(admin.SimpleListFilter):
+    """Tasks that some worker took over after another one's lease expired."""
+
+    title = _("has takeovers")
+    parameter_name = "takeovers"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Yes")), ("no", _("No"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        # The expression goes straight into WHERE (not an annotation), so the actions'
+        # UPDATE statements on a filtered selection stay valid.
+        if self.value() == "yes":
+            return queryset.filter(takeover_exists())
+        if self.value() == "no":
+            return queryset.filter(~takeover_exists())
+        return queryset
+
+
+def celery_result_model() -> Any:
+    """django-celery-results' ``TaskResult`` when that app is installed, else ``None``."""
+    if not apps.is_installed(RESULT_MODEL[0]):
+        return None
+    try:
+        return apps.get_model(*RESULT_MODEL)
+    except LookupError:
+        return None
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+    show_change_link = False
+    ordering = ("started_at", "id")
+    fields = ("token", "owner", "delivery", "started_at", "ended_at", "duration", "outcome",
+              "stale_writes")
+    readonly_fields = fields
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The attempts are the task's history: whoever may view the task sees them.
+        return request.user.has_perm(f"{self.opts.app_label}.view_task") or bool(
+            request.user.has_perm(f"{self.opts.app_label}.view_attempt"))
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs = super().get_queryset(request).annotate(db_now=DbNow())
+        result_model = celery_result_model()
+        # One subquery instead of a lookup per row; only when both tables share a database.
+        if result_model is not None and router.db_for_read(result_model) == qs.db:
+            qs = qs.annotate(celery_result_pk=Subquery(
+                result_model.objects.filter(task_id=OuterRef("delivery_id")).values("pk")[:1]))
+        return qs
+
+    @admin.display(description=_("delivery id"))
+    def delivery(self, obj: Attempt) -> str:
+        if not obj.delivery_id:
+            return "-"
+        result_model = celery_result_model()
+        if result_model is None:
+            return obj.delivery_id
+        pk = getattr(obj, "celery_result_pk", None)
+        try:
+            if pk is not None:
+                url = reverse("admin:django_celery_results_taskresult_change", args=[pk])
+            else:
+                url = reverse("admin:django_celery_results_taskresult_changelist")
+                url += "?" + urlencode({"q": obj.delivery_id})
+        except NoReverseMatch:  # the results app is installed but not in this admin site
+            return obj.delivery_id
+        return format_html('<a href="{}">{}</a>', url, obj.delivery_id)
+
+    @admin.display(description=_("duration"))
+    def duration(self, obj: Attempt) -> str:
+        end = obj.ended_at or getattr(obj, "db_now", None)
+        if obj.started_at is None or end is None:
+            return "-"
+        text = human_seconds((end - obj.started_at).total_seconds())
+        return text if obj.ended_at else f"{text} (open)"
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = ("key", "tenant", "status_badge", "owner", "fencing_token", "attempts_display",
+                    "lease", "took_over", "result_display", "error_display", "updated_at")
+    list_display_links = ("key",)
+    list_filter = ("status", LeaseExpiredFilter, TakeoverFilter, "tenant")
+    search_fields = ("key", "owner")
+    ordering = ("-id",)
+    list_per_page = 50
+    # The exact total is one more COUNT over a possibly large table; the filtered count is shown.
+    show_full_result_count = False
+    inlines = (AttemptInline,)
+    actions = ("reclaim_expired", "release", "reset", "cancel")
+    fieldsets = (
+        (None, {"fields": ("tenant", "key", "status", "owner", "fencing_token", "attempts",
+                           "max_attempts", "lease")}),
+        (_("Result"), {"fields": ("result", "result_ref", "error")}),
+        (_("Input"), {"fields": ("payload", "payload_fingerprint", "dispatch")}),
+        (_("Times"), {"fields": ("created_at", "updated_at", "lease_expires_at")}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in self.model._meta.fields] + ["lease"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # The database clock and the takeover flag come with the page's one query.
+        qs = super().get_queryset(request)
+        return qs.annotate(db_now=DbNow(), has_takeover=takeover_exists())
+
+    # -- permissions: read-only state, one permission per action ----------------------------
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Deleting a running task would hide it from the audit; old rows go with taskclaim_purge.
+        return False
+
+    def _has_task_perm(self, request: HttpRequest, codename: str) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def has_reclaim_permission(self, request: HttpRequest) -> bool:
+        return self._has_task_perm(request, "reclaim_task")
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return self._has_task_perm(request, "release_task")
+
+    def has_reset_permission(self, request: HttpRequest) -> bool:
+        return self._has_task_perm(request, "reset_task")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self._has_task_perm(request, "cancel_task")
+
+    # -- columns ------------------------------------------------------------------------------
+    @admin.display(description=_("status"), ordering="status")
+    def status_badge(self, obj: Task) -> str:
+        return str(obj.get_status_display())
+
+    @admin.display(description=_("attempts"), ordering="attempts")
+    def attempts_display(self, obj: Task) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description=_("lease"), ordering="lease_expires_at")
+    def lease(self, obj: Task) -> str:
+        remaining = obj.lease_remaining(now=getattr(obj, "db_now", None))
+        if remaining is None:
+            return "-"
+        if remaining >= 0:
+            return str(_("%(time)s left") % {"time": human_seconds(remaining)})
+        return str(_("expired %(time)s ago") % {"time": human_seconds(remaining)})
+
+    @admin.display(description=_("taken over"), boolean=True)
+    def took_over(self, obj: Task) -> bool:
+        return bool(getattr(obj, "has_takeover", False))
+
+    @admin.display(description=_("result"))
+    def result_display(self, obj: Task) -> str:
+        if obj.result_ref:
+            return preview(obj.result_ref)
+        return "-" if obj.result is None else preview(obj.result)
+
+    @admin.display(description=_("error"))
+    def error_display(self, obj: Task) -> str:
+        return preview(obj.error) or "-"
+
+    # -- actions: the manager's guarded code, never a raw status update -----------------------
+    def _log(self, request: HttpRequest, action: str, selected: int, done: int) -> None:
+        logger.info("operator action %s: %d of %d selected task(s)", action, done, selected,
+                    extra={"user": request.user.get_username(), "action": action,
+                           "selected": selected, "count": done})
+
+    def _skipped(self, request: HttpRequest, skipped: int, why: str) -> None:
+        if skipped > 0:
+            self.message_user(request, ngettext(
+                "%(count)d selected task was skipped: %(why)s.",
+                "%(count)d selected tasks were skipped: %(why)s.", skipped,
+            ) % {"count": skipped, "why": why}, messages.WARNING)
+
+    @admin.action(description=_("Reclaim every expired lease (all tasks, by the database clock)"),
+                  permissions=["reclaim"])
+    def reclaim_expired(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        rows = reclaim_expired_rows(using=queryset.db)
+        pending = sum(1 for row in rows if row[4] == Task.Status.PENDING)
+        self._log(request, "reclaim_expired", queryset.count(), len(rows))
+        self.message_user(request, ngettext(
+            "Reclaimed %(count)d expired task: %(pending)d back to pending, %(failed)d failed "
+            "(no attempts left).",
+            "Reclaimed %(count)d expired tasks: %(pending)d back to pending, %(failed)d failed "
+            "(no attempts left).", len(rows),
+        ) % {"count": len(rows), "pending": pending, "failed": len(rows) - pending},
+            messages.SUCCESS)
+
+    @admin.action(
+        description=_("Release: force running tasks back to pending (fences off the owner)"),
+        permissions=["release"])
+    def release(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        selected = queryset.count()
+        released = queryset.force_release()  # type: ignore[attr-defined]
+        self._log(request, "release", selected, released)
+        self.message_user(request, ngettext(
+            "Released %(count)d task; its owner is fenced off.",
+            "Released %(count)d tasks; their owners are fenced off.", released,
+        ) % {"count": released}, messages.SUCCESS)
+        self._skipped(request, selected - released, str(_("not running")))
+
+    @admin.action(description=_("Reset failed or cancelled tasks to pending"),
+                  permissions=["reset"])
+    def reset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        selected = queryset.count()
+        done = queryset.reset()  # type: ignore[attr-defined]
+        self._log(request, "reset", selected, done)
+        self.message_user(request, ngettext(
+            "Reset %(count)d task to pending.", "Reset %(count)d tasks to pending.", done,
+        ) % {"count": done}, messages.SUCCESS)
+        self._skipped(request, selected - done, str(_("not failed or cancelled")))
+
+    @admin.action(description=_("Cancel unfinished tasks (fences off a running owner)"),
+                  permissions=["cancel"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        selected = queryset.count()
+        done = queryset.cancel()  # type: ignore[attr-defined]
+        self._log(request, "cancel", selected, done)
+        self.message_user(request, ngettext(
+            "Cancelled %(count)d task.", "Cancelled %(count)d tasks.", done,
+        ) % {"count": done}, messages.SUCCESS)
+        self._skipped(request, selected - done, str(_("already finished")))

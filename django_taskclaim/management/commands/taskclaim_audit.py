@@ -1,0 +1,201 @@
+"""``manage.py taskclaim_audit``: did any task run twice at once? Exit code 1 if so.
+
+It reads the ``Attempt`` audit trail and reports:
+
+- overlapping executions: two claims of one task whose ``[started_at, ended_at or now]``
+  intervals overlap. The fencing design makes this impossible; finding one means a bug or a
+  row written by hand, so the command exits 1 and can run in monitoring;
+- takeovers (a lease expired and another worker claimed the task);
+- fenced-off writes (writes refused because the writer no longer owned the task);
+- duplicate deliveries (a claim that found the task running or done and did not execute it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Count, DateTimeField, Exists, F, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from django_taskclaim.backends import DbNow
+from django_taskclaim.management.commands.reclaim import positive_int
+from django_taskclaim.management.commands.taskclaim_inspect import tenant_name
+from django_taskclaim.management.commands.taskclaim_purge import duration
+from django_taskclaim.models import Attempt
+
+OVERLAP_FOUND = 1
+
+
+def since_value(text: str) -> timedelta | datetime:
+    """A duration before now (``30d``, ``12h``) or an ISO 8601 date/time."""
+    parsed = parse_datetime(text.strip())
+    if parsed is None:
+        try:
+            return duration(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither a duration (30d, 12h, 15m, 90s) nor an ISO date/time "
+                "(2026-01-31T12:00:00+00:00)") from None
+    if timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed)
+    return parsed
+
+
+def attempt_end() -> Coalesce:
+    """When a claim stopped owning its task; an open one is measured up to the database's now."""
+    return Coalesce("ended_at", DbNow(), output_field=DateTimeField())
+
+
+class Command(BaseCommand):
+    verbosity = 1
+    help = (
+        "Audit the attempt history for overlapping executions of one task, takeovers, fenced-off "
+        "writes and duplicate deliveries. Exits 1 when two executions of a task overlapped."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--since", type=since_value, default=None, metavar="DURATION|ISO",
+                            help="Only attempts active since then: a duration before now (30d, "
+                                 "12h, 15m, 90s) or an ISO date/time (default: %(default)r, all).")
+        parser.add_argument("--tenant", type=tenant_name, default=None,
+                            help="Only this tenant's tasks (default: %(default)r, all tenants).")
+        parser.add_argument("--limit", type=positive_int, default=50,
+                            help="Items listed per section; counts are always complete "
+                                 "(default: %(default)r).")
+        parser.add_argument("--json", action="store_true", dest="as_json",
+                            help="Print one JSON object instead of text.")
+
+    def handle(self, *args: Any, since: timedelta | datetime | None, tenant: str | None,
+               limit: int, as_json: bool, verbosity: int = 1,
+               **options: Any) -> None:
+        self.verbosity = verbosity
+        cutoff = timezone.now() - since if isinstance(since, timedelta) else since
+        report = self.audit(cutoff, tenant, limit)
+        if as_json:
+            self.stdout.write(json.dumps(report, cls=DjangoJSONEncoder, indent=2))
+        else:
+            self.write_text(report)
+        found = report["overlaps"]["count"]
+        if found:
+            raise CommandError(
+                f"{found} overlapping execution(s) found: one task ran twice at the same time",
+                returncode=OVERLAP_FOUND)
+
+    # -- the queries ----------------------------------------------------------------------
+    def audit(self, cutoff: datetime | None, tenant: str | None, limit: int) -> dict[str, Any]:
+        attempts = Attempt.objects.all()
+        if tenant is not None:
+            attempts = attempts.filter(task__tenant=tenant)
+        claims = attempts.filter(token__isnull=False).annotate(end=attempt_end())
+        if cutoff is not None:
+            claims = claims.filter(end__gte=cutoff)
+        return {
+            "since": cutoff,
+            "tenant": tenant,
+            "overlaps": self.overlaps(claims, cutoff, limit),
+            "takeovers": self.takeovers(claims, limit),
+            "stale_writes": self.stale_writes(claims, limit),
+            "duplicates": self.duplicates(attempts, cutoff, limit),
+        }
+
+    def overlaps(self, claims: Any, cutoff: datetime | None, limit: int) -> dict[str, Any]:
+        # Claims of one task take increasing tokens, so each overlapping pair is found once:
+        # from the later claim (larger token), looking back at the earlier ones.
+        earlier = (Attempt.objects.filter(task_id=OuterRef("task_id"), token__isnull=False,
+                                          token__lt=OuterRef("token"))
+                   .annotate(end=attempt_end())
+                   .filter(end__gt=OuterRef("started_at"), started_at__lt=OuterRef("end")))
+        if cutoff is not None:
+            earlier = earlier.filter(end__gte=cutoff)
+        later = claims.filter(Exists(earlier))
+        items = []
+        for b in later.select_related("task").order_by("started_at", "id")[:limit]:
+            firsts = (Attempt.objects.filter(task_id=b.task_id, token__isnull=False,
+                                             token__lt=b.token)
+                      .annotate(end=attempt_end())
+                      .filter(end__gt=b.started_at, started_at__lt=b.end).order_by("token"))
+            for a in firsts:
+                items.append({"task_id": b.task_id, "key": b.task.key, "tenant": b.task.tenant,
+                              "first": a.as_dict(), "second": b.as_dict()})
+        return {"count": later.count(), "items": items}
+
+    def takeovers(self, claims: Any, limit: int) -> dict[str, Any]:
+        taker = Attempt.objects.filter(task_id=OuterRef("task_id"), token=OuterRef("token") + 1)
+        taken = (claims.filter(outcome=Attempt.Outcome.TAKEN_OVER)
+                 .annotate(taken_by=Subquery(taker.values("owner")[:1]),
+                           key=F("task__key"), tenant=F("task__tenant")))
+        items = [
+            {"task_id": a.task_id, "key": a.key, "tenant": a.tenant, "token": a.token,
+             "owner": a.owner, "at": a.ended_at, "taken_by": a.taken_by}
+            for a in taken.order_by("-ended_at", "-id")[:limit]
+        ]
+        return {"count": taken.count(), "items": items}
+
+    def stale_writes(self, claims: Any, limit: int) -> dict[str, Any]:
+        refused = claims.filter(stale_writes__gt=0).annotate(key=F("task__key"),
+                                                            tenant=F("task__tenant"))
+        total = refused.aggregate(total=Sum("stale_writes"))["total"] or 0
+        items = [
+            {"task_id": a.task_id, "key": a.key, "tenant": a.tenant, "token": a.token,
+             "owner": a.owner, "stale_writes": a.stale_writes, "outcome": a.outcome}
+            for a in refused.order_by("-stale_writes", "id")[:limit]
+        ]
+        return {"count": total, "attempts": refused.count(), "items": items}
+
+    def duplicates(self, attempts: Any, cutoff: datetime | None, limit: int) -> dict[str, Any]:
+        dups = attempts.filter(outcome=Attempt.Outcome.DUPLICATE)
+        if cutoff is not None:
+            dups = dups.filter(started_at__gte=cutoff)
+        per_task = (dups.values("task_id", "task__key", "task__tenant")
+                    .annotate(n=Count("id")).order_by("-n", "task_id"))
+        items = [{"task_id": row["task_id"], "key": row["task__key"],
+                  "tenant": row["task__tenant"], "count": row["n"]} for row in per_task[:limit]]
+        return {"count": dups.count(), "tasks": per_task.count(), "items": items}
+
+    # -- output ---------------------------------------------------------------------------
+    def write_text(self, report: dict[str, Any]) -> None:
+        out = self.stdout.write
+        overlaps, takeovers = report["overlaps"], report["takeovers"]
+        stale, dups = report["stale_writes"], report["duplicates"]
+        scope = []
+        if report["since"] is not None:
+            scope.append(f"since {report['since'].isoformat()}")
+        if report["tenant"] is not None:
+            scope.append(f"tenant {report['tenant']!r}")
+        out(f"taskclaim audit{' (' + ', '.join(scope) + ')' if scope else ''}")
+        out(f"overlapping executions: {overlaps['count']}")
+        for item in overlaps["items"]:
+            a, b = item["first"], item["second"]
+            out(f"  {self.name(item)}: token {a['token']} ({a['owner']}, {a['started_at']} -> "
+                f"{a['ended_at'] or 'open'}) overlaps token {b['token']} ({b['owner']}, "
+                f"{b['started_at']} -> {b['ended_at'] or 'open'})")
+        out(f"takeovers: {takeovers['count']}")
+        if self.verbosity >= 1:
+            for item in takeovers["items"]:
+                out(f"  {self.name(item)}: token {item['token']} of {item['owner']} taken over by "
+                    f"{item['taken_by']} at {item['at'].isoformat() if item['at'] else '?'}")
+        out(f"fenced-off writes: {stale['count']} (in {stale['attempts']} attempt(s))")
+        if self.verbosity >= 1:
+            for item in stale["items"]:
+                out(f"  {self.name(item)}: token {item['token']} of {item['owner']}: "
+                    f"{item['stale_writes']} refused")
+        out(f"duplicate deliveries: {dups['count']} (in {dups['tasks']} task(s))")
+        if self.verbosity >= 2:
+            for item in dups["items"]:
+                out(f"  {self.name(item)}: {item['count']}")
+        out("result: OVERLAP FOUND" if overlaps["count"]
+            else "result: ok, no overlapping executions")
+
+    @staticmethod
+    def name(item: dict[str, Any]) -> str:
+        return f"{item['tenant']}/{item['key']}" if item["tenant"] else repr(item["key"])
+
+
+__all__ = ["Command", "since_value"]

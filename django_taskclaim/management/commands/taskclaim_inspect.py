@@ -1,0 +1,118 @@
+"""``manage.py taskclaim_inspect KEY``: one task's state and the timeline of its attempts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
+
+from django_taskclaim.backends import DbNow
+from django_taskclaim.exceptions import InvalidTaskKey
+from django_taskclaim.keys import validate_key, validate_tenant
+from django_taskclaim.models import Attempt, Task
+
+NOT_FOUND = 1
+
+
+def task_key(text: str) -> str:
+    try:
+        return validate_key(text)
+    except InvalidTaskKey as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def tenant_name(text: str) -> str:
+    try:
+        return validate_tenant(text)
+    except InvalidTaskKey as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def task_as_dict(task: Task, lease_remaining: float | None) -> dict[str, Any]:
+    fields = ("id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+              "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
+              "dispatch", "created_at", "updated_at")
+    data = {name: getattr(task, name) for name in fields}
+    data["lease_remaining"] = lease_remaining
+    return data
+
+
+def seconds_between(attempt: Attempt) -> float | None:
+    if attempt.started_at is None or attempt.ended_at is None:
+        return None
+    return (attempt.ended_at - attempt.started_at).total_seconds()
+
+
+class Command(BaseCommand):
+    help = "Show one task (by key and tenant) and the timeline of its attempts."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("key", type=task_key, help="The task's key.")
+        parser.add_argument("--tenant", type=tenant_name, default="",
+                            help="The task's tenant (default: %(default)r).")
+        parser.add_argument("--json", action="store_true", dest="as_json",
+                            help="Print one JSON object instead of text.")
+
+    def handle(self, *args: Any, key: str, tenant: str, as_json: bool, **options: Any) -> None:
+        task = Task.objects.annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
+        if task is None:
+            others = list(Task.objects.filter(key=key).order_by("tenant")
+                          .values_list("tenant", flat=True)[:10])
+            hint = f"; it exists for tenant(s) {', '.join(map(repr, others))}" if others else ""
+            raise CommandError(f"no task {key!r} for tenant {tenant!r}{hint}", returncode=NOT_FOUND)
+        db_now = task.db_now
+        remaining = task.lease_remaining(now=db_now)
+        attempts = list(Attempt.objects.using(task._state.db).filter(task_id=task.pk)
+                        .order_by("started_at", "id"))
+        if as_json:
+            document = {
+                "db_now": db_now,
+                "task": task_as_dict(task, remaining),
+                "attempts": [{**a.as_dict(), "seconds": seconds_between(a)} for a in attempts],
+            }
+            self.stdout.write(json.dumps(document, cls=DjangoJSONEncoder, indent=2))
+            return
+        self.write_text(task, remaining, attempts)
+
+    def write_text(self, task: Task, remaining: float | None, attempts: list[Attempt]) -> None:
+        out = self.stdout.write
+        out(f"task {task.key!r} tenant={task.tenant!r} id={task.pk}")
+        lease = ""
+        if remaining is not None:
+            lease = (f" (lease {remaining:.1f}s left)" if remaining >= 0
+                     else f" (lease expired {-remaining:.1f}s ago)")
+        rows: list[tuple[str, Any]] = [
+            ("status", f"{task.status}{lease}"),
+            ("owner", task.owner or "-"),
+            ("fencing token", task.fencing_token),
+            ("attempts", f"{task.attempts}/{task.max_attempts}"),
+            ("lease expires", task.lease_expires_at.isoformat() if task.lease_expires_at else "-"),
+            ("payload", "-" if task.payload is None else json.dumps(task.payload)),
+            ("result", "-" if task.result is None else json.dumps(task.result)),
+            ("result ref", task.result_ref or "-"),
+            ("error", task.error or "-"),
+            ("created", task.created_at.isoformat()),
+            ("updated", task.updated_at.isoformat()),
+        ]
+        for label, value in rows:
+            out(f"  {label:<14}{value}")
+        out(f"attempts ({len(attempts)}):")
+        if not attempts:
+            out("  (none recorded)")
+        for a in attempts:
+            took = seconds_between(a)
+            span = f"{took:.3f}s" if took is not None else "open"
+            token = "-" if a.token is None else str(a.token)
+            extras = []
+            if a.delivery_id:
+                extras.append(f"delivery={a.delivery_id}")
+            if a.stale_writes:
+                extras.append(f"fenced-off writes={a.stale_writes}")
+            out(f"  token {token:>4}  {a.started_at.isoformat()}  {span:>10}  {a.outcome:<10}  "
+                f"owner={a.owner!r} {' '.join(extras)}".rstrip())
+
+
+__all__ = ["Command", "task_key", "tenant_name"]

@@ -1,0 +1,120 @@
+"""``manage.py taskclaim_purge``: delete finished tasks (and their attempts) older than a cutoff."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from django_taskclaim.management.commands.reclaim import positive_int
+from django_taskclaim.models import Attempt, Task
+
+UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+_DURATION = re.compile(r"(\d+)([wdhms])")
+TERMINAL = [str(s) for s in Task.TERMINAL]
+
+
+def duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``15m``, ``90s``, ``2w``, or a combination such as ``1h30m``."""
+    spec = text.strip().lower()
+    parts = _DURATION.findall(spec)
+    if not spec or "".join(n + u for n, u in parts) != spec:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: use a number and a unit (s, m, h, d, w), "
+            "e.g. 30d, 12h, 1h30m")
+    value = timedelta()
+    for number, unit in parts:
+        value += timedelta(**{UNITS[unit]: int(number)})
+    if value <= timedelta():
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than zero")
+    return value
+
+
+def terminal_status(text: str) -> str:
+    value = text.strip().lower()
+    if value not in TERMINAL:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finished status; choose from {', '.join(TERMINAL)} "
+            "(pending and running tasks are never purged)")
+    return value
+
+
+class Command(BaseCommand):
+    verbosity = 1
+    help = (
+        "Delete finished tasks (succeeded, failed, cancelled) last updated longer ago than "
+        "--older-than, with their attempt history. One transaction per batch."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
+                            help="Age of the last update, e.g. 30d, 12h, 15m, 90s, 1h30m.")
+        parser.add_argument("--status", type=terminal_status, action="extend", nargs="+",
+                            metavar="STATUS", default=None,
+                            help="Only tasks in these finished statuses "
+                                 f"(default: all of {', '.join(TERMINAL)}).")
+        parser.add_argument("--batch-size", type=positive_int, default=1000,
+                            help="Tasks deleted per transaction (default: %(default)r).")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Count what would be deleted; delete nothing.")
+
+    def handle(self, *args: Any, older_than: timedelta, status: list[str] | None, batch_size: int,
+               dry_run: bool, verbosity: int = 1,
+               **options: Any) -> None:
+        self.verbosity = verbosity
+        statuses = sorted(set(status or TERMINAL))
+        cutoff = timezone.now() - older_than
+        candidates = Task.objects.filter(status__in=statuses, updated_at__lt=cutoff)
+        if dry_run:
+            self.dry_run(candidates, cutoff)
+            return
+        total = candidates.count()
+        progress = self.stdout.isatty() and self.verbosity >= 1
+        deleted_tasks = deleted_attempts = 0
+        while True:
+            tasks, attempts = self.delete_batch(candidates, batch_size)
+            deleted_tasks += tasks
+            deleted_attempts += attempts
+            if progress and total:
+                self.stdout.write(f"\rpurged {deleted_tasks}/{total} task(s)", ending="")
+                self.stdout.flush()
+            if tasks < batch_size:
+                break
+        if progress and total:
+            self.stdout.write("")
+        self.stdout.write(
+            f"purge: deleted {deleted_tasks} task(s) and {deleted_attempts} attempt(s) "
+            f"({', '.join(statuses)}; last updated before {cutoff.isoformat()})")
+
+    def delete_batch(self, candidates: Any, batch_size: int) -> tuple[int, int]:
+        """Delete one batch in its own transaction; returns (tasks, attempts) deleted."""
+        using = candidates.db
+        with transaction.atomic(using=using):
+            # FOR UPDATE (PostgreSQL): a concurrent reset waits, and a row it already moved
+            # out of the finished states no longer matches when the lock is taken.
+            ids = list(candidates.select_for_update().order_by("pk")
+                       .values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                return 0, 0
+            attempts, _ = Attempt.objects.using(using).filter(task_id__in=ids).delete()
+            _, per_model = Task.objects.using(using).filter(pk__in=ids).delete()
+        return per_model.get(Task._meta.label, 0), attempts
+
+    def dry_run(self, candidates: Any, cutoff: datetime) -> None:
+        counts = dict(candidates.order_by().values_list("status").annotate(n=Count("pk")))
+        attempts = Attempt.objects.using(candidates.db).filter(task__in=candidates).count()
+        if self.verbosity >= 1:
+            for name in sorted(counts):
+                self.stdout.write(f"would delete {counts[name]} {name} task(s)")
+        self.stdout.write(
+            f"purge (dry run): {sum(counts.values())} task(s) and {attempts} attempt(s) last "
+            f"updated before {cutoff.isoformat()} would be deleted; nothing changed")
+
+
+__all__ = ["Command", "CommandError", "duration", "terminal_status"]

@@ -1,0 +1,120 @@
+"""The optional Prometheus integration: counters fed by the signals, gauges read from the DB."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import RequestFactory
+from prometheus_client import CollectorRegistry
+
+from django_taskclaim import metrics
+from django_taskclaim.exceptions import StaleClaim
+from django_taskclaim.models import Task
+from tests.conftest import expire
+
+# Signals are sent on commit: these tests run outside a wrapping transaction.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def registry():  # type: ignore[no-untyped-def]
+    registry = CollectorRegistry()
+    metrics.install(registry)
+    yield registry
+    metrics.uninstall(registry)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    got = registry.get_sample_value(name, labels)
+    return 0.0 if got is None else got
+
+
+def test_counters_follow_the_events(registry) -> None:  # type: ignore[no-untyped-def]
+    first = Task.objects.claim("m-1", owner="a", lease=600).claim
+    assert first
+    Task.objects.claim("m-1", owner="dup")  # running: a duplicate delivery
+    expire(first)
+    second = Task.objects.claim("m-1", owner="b").claim
+    assert second
+    with pytest.raises(StaleClaim):
+        first.complete()
+    with pytest.raises(StaleClaim):
+        first.heartbeat()
+    second.complete("ok")
+    Task.objects.claim("m-1", owner="late")  # succeeded: a duplicate too
+    f = Task.objects.claim("m-2").claim
+    assert f
+    f.fail("boom", retry=True)
+    f2 = Task.objects.claim("m-2").claim
+    assert f2
+    f2.release()
+    Task.objects.claim("m-2", lease=600)
+    Task.objects.filter(key="m-2").force_release()
+    gone = Task.objects.claim("m-3", lease=600).claim
+    assert gone
+    expire(gone)
+    Task.objects.reclaim_expired()
+
+    assert value(registry, "taskclaim_claims_total", outcome="claimed") == 5
+    assert value(registry, "taskclaim_claims_total", outcome="taken_over") == 1
+    assert value(registry, "taskclaim_claims_total", outcome="duplicate") == 2
+    assert value(registry, "taskclaim_takeovers_total") == 1
+    assert value(registry, "taskclaim_duplicate_deliveries_total") == 2
+    assert value(registry, "taskclaim_fenced_writes_total", action="complete") == 1
+    assert value(registry, "taskclaim_fenced_writes_total", action="heartbeat") == 1
+    assert value(registry, "taskclaim_finished_total", outcome="succeeded") == 1
+    assert value(registry, "taskclaim_finished_total", outcome="retry") == 1
+    assert value(registry, "taskclaim_finished_total", outcome="released") == 1
+    assert value(registry, "taskclaim_finished_total", outcome="force_released") == 1
+    assert value(registry, "taskclaim_reclaimed_total", status="pending") == 1
+
+
+def test_gauges_query_the_database_at_scrape_time(registry) -> None:  # type: ignore[no-untyped-def]
+    assert value(registry, "taskclaim_tasks", status="pending") == 0
+    for i in range(3):
+        Task.objects.ensure(f"g-{i}")
+    live = Task.objects.claim("g-live", lease=600).claim
+    old = Task.objects.claim("g-old", lease=600).claim
+    assert live and old
+    expire(old)
+    assert value(registry, "taskclaim_tasks", status="pending") == 3
+    assert value(registry, "taskclaim_tasks", status="running") == 2
+    assert value(registry, "taskclaim_tasks", status="succeeded") == 0
+    assert registry.get_sample_value("taskclaim_tasks", {"status": "cancelled"}) == 0
+    assert value(registry, "taskclaim_expired_leases") == 1
+    live.complete()
+    assert value(registry, "taskclaim_tasks", status="succeeded") == 1
+
+
+def test_install_is_idempotent_and_uninstall_disconnects(registry) -> None:  # type: ignore[no-untyped-def]
+    assert metrics.install(registry) is metrics.install(registry)
+    Task.objects.claim("once")
+    assert value(registry, "taskclaim_claims_total", outcome="claimed") == 1  # not twice
+    metrics.uninstall(registry)
+    assert registry.get_sample_value("taskclaim_claims_total", {"outcome": "claimed"}) is None
+    Task.objects.claim("after")
+    again = metrics.install(registry)  # re-registering works after uninstall
+    assert again is not None
+    assert value(registry, "taskclaim_claims_total", outcome="claimed") == 0
+
+
+def test_counters_only_without_database_gauges() -> None:
+    registry = CollectorRegistry()
+    metrics.install(registry, database_gauges=False)
+    try:
+        Task.objects.ensure("x")
+        assert registry.get_sample_value("taskclaim_tasks", {"status": "pending"}) is None
+        Task.objects.claim("x")
+        assert value(registry, "taskclaim_claims_total", outcome="claimed") == 1
+    finally:
+        metrics.uninstall(registry)
+
+
+def test_metrics_view(registry) -> None:  # type: ignore[no-untyped-def]
+    Task.objects.claim("v-1", lease=600)
+    response = metrics.metrics_view(RequestFactory().get("/metrics"), registry=registry)
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    body = response.content.decode()
+    assert 'taskclaim_claims_total{outcome="claimed"} 1.0' in body
+    assert 'taskclaim_tasks{status="running"} 1.0' in body
+    assert "taskclaim_expired_leases 0.0" in body
