@@ -54,6 +54,8 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_results",
     "django_taskclaim",
     "tests.testapp",
 ]
