@@ -28,9 +28,9 @@ import string
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
-from functools import partial
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from celery import Celery, Task, shared_task
