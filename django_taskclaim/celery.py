@@ -22,6 +22,7 @@ of duplicate.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import string
@@ -41,7 +42,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
+from django.utils.module_loading import import_string, module_has_submodule
 
 from . import claims
 from .backends import DbNow
@@ -87,6 +88,21 @@ def celery_app() -> Celery:
     if not isinstance(app, Celery):
         raise ImproperlyConfigured(f"TASKCLAIM_CELERY_APP = {path!r} is a {type(app).__name__}, not a Celery app")
     return app
+
+
+def import_task_modules(app: Celery) -> None:
+    """Import the modules a worker of ``app`` would: ``imports``, ``include``, each Django app's ``tasks``.
+
+    The system checks need every claimed task defined; ``autodiscover_tasks()`` only imports
+    them when a worker starts.
+    """
+    from django.apps import apps
+
+    names = [*(app.conf.imports or ()), *(app.conf.include or ())]
+    names += [f"{config.name}.tasks" for config in apps.get_app_configs()
+              if config.module is not None and module_has_submodule(config.module, "tasks")]
+    for name in names:
+        importlib.import_module(name)
 
 
 def visibility_timeout(app: Celery) -> float | None:

@@ -19,7 +19,8 @@ ID                     Problem
 The Celery checks (1xx) run only when the bridge is in use: some ``claimed_task`` has been
 imported, or ``TASKCLAIM_CELERY_APP`` is set. They read the configuration of the app that
 ``django_taskclaim.celery.celery_app()`` returns (``TASKCLAIM_CELERY_APP``, else Celery's
-current app), as the worker would see it.
+current app), as the worker would see it, after importing the modules a worker imports
+(the app's ``imports``/``include`` and each installed Django app's ``tasks`` module).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         return []
     try:
         app = bridge.celery_app()
+        bridge.import_task_modules(app)
         conf = app.conf
         defaults = {name: conf[name] for name in ("task_acks_late", "task_reject_on_worker_lost",
                                                   "task_time_limit", "task_soft_time_limit")}
