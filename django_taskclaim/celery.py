@@ -401,14 +401,7 @@ class ClaimedTask(Task):
 
     def _busy_retry(self, task: Any, opts: ClaimOptions) -> Retry:
         """Publish this message again after a short countdown, without using up ``max_retries``."""
-        countdown = opts.busy_countdown
-        if countdown is None:
-            countdown = max(0.5, min(opts.lease_seconds / 2, 30.0))
-        vt = visibility_timeout(self.app)
-        if vt is not None:
-            # An ETA message waits unacknowledged in the worker: past the visibility timeout
-            # the broker would deliver it a second time.
-            countdown = min(countdown, vt / 2)
+        countdown = busy_countdown(opts, self.app)
         request = self.request
         sig = self.signature_from_request(request, None, None, countdown=countdown, retries=request.retries)
         sig.apply_async()
@@ -416,6 +409,19 @@ class ClaimedTask(Task):
                     extra={"key": task.key, "tenant": task.tenant, "token": task.fencing_token,
                            "owner": task.owner, "delivery_id": request.id})
         return Retry(f"task {task.key!r} is running under {task.owner!r}", when=countdown, sig=sig)
+
+
+def busy_countdown(opts: ClaimOptions, app: Celery) -> float:
+    """Seconds before a busy delivery looks again: ``busy_countdown``, else ``lease / 2`` (0.5-30 s).
+
+    Always below half the broker's visibility timeout: a message waiting for its ETA sits
+    unacknowledged in the worker, and past the timeout the broker would deliver it once more.
+    """
+    countdown = opts.busy_countdown
+    if countdown is None:
+        countdown = max(0.5, min(opts.lease_seconds / 2, 30.0))
+    vt = visibility_timeout(app)
+    return countdown if vt is None else min(countdown, vt / 2)
 
 
 def claimed_task(
@@ -668,6 +674,6 @@ def _publish(app: Celery, name: str, dispatch: dict[str, Any]) -> None:
 
 
 __all__ = [
-    "ClaimOptions", "ClaimedTask", "Enqueued", "Requeued", "celery_app", "claimed_task", "claimed_tasks",
-    "enqueue_once", "in_use", "requeue_lost", "visibility_timeout",
+    "ClaimOptions", "ClaimedTask", "Enqueued", "Requeued", "busy_countdown", "celery_app", "claimed_task",
+    "claimed_tasks", "enqueue_once", "import_task_modules", "in_use", "requeue_lost", "visibility_timeout",
 ]

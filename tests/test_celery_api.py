@@ -129,6 +129,24 @@ def test_busy_task_with_wait_takes_over_when_the_lease_runs_out() -> None:
     assert tokens == [(1, "taken_over"), (None, "duplicate"), (2, "succeeded")]
 
 
+def test_busy_countdown_stays_below_the_visibility_timeout() -> None:
+    from django_taskclaim.celery import busy_countdown
+
+    conf = app.conf
+    old = conf.broker_url, conf.broker_transport_options
+    try:
+        conf.update(broker_url="redis://127.0.0.1:1/0", broker_transport_options={"visibility_timeout": 0.4})
+        assert busy_countdown(work.taskclaim, app) == 0.2  # its own 0.3 s would be too long
+        assert busy_countdown(echo.taskclaim, app) == 0.2
+        conf.update(broker_transport_options={})
+        assert busy_countdown(work.taskclaim, app) == 0.3  # busy_countdown=0.3
+        assert busy_countdown(echo.taskclaim, app) == 15.0  # lease 30 s / 2
+        conf.update(broker_url="amqp://guest@127.0.0.1//")
+        assert busy_countdown(always_fails.taskclaim, app) == 2.5  # no visibility timeout: lease 5 s / 2
+    finally:
+        conf.update(broker_url=old[0], broker_transport_options=old[1])
+
+
 def test_claim_is_only_reachable_in_the_body() -> None:
     with pytest.raises(RuntimeError, match="only available while the task body runs"):
         echo.claim  # noqa: B018
