@@ -8,7 +8,19 @@ ID                     Problem
 ``django_taskclaim.E003``  SQLite with ``USE_TZ = False`` (leases are compared in UTC).
 ``django_taskclaim.E004``  ``TASKCLAIM_DATABASE`` names no configured database.
 ``django_taskclaim.E005``  A ``TASKCLAIM_*`` setting has the wrong type or range.
+``django_taskclaim.E101``  ``TASKCLAIM_CELERY_APP`` cannot be loaded.
+``django_taskclaim.W101``  Celery: a claimed task runs with ``acks_late`` off.
+``django_taskclaim.W102``  Celery: ``worker_prefetch_multiplier`` is above 1.
+``django_taskclaim.W103``  Celery: a claimed task runs with ``reject_on_worker_lost`` off.
+``django_taskclaim.W104``  Celery: the broker's visibility timeout is not longer than the
+                           longest lease or time limit of a claimed task.
 =====================  ====================================================================
+
+The Celery checks (1xx) run only when the bridge is in use: some ``claimed_task`` has been
+imported, or ``TASKCLAIM_CELERY_APP`` is set. They read the configuration of the app that
+``django_taskclaim.celery.celery_app()`` returns (``TASKCLAIM_CELERY_APP``, else Celery's
+current app), as the worker would see it, after importing the modules a worker imports
+(the app's ``imports``/``include`` and each installed Django app's ``tasks`` module).
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from .backends import SUPPORTED_VENDORS
@@ -34,6 +47,25 @@ E004 = ("django_taskclaim.E004", "TASKCLAIM_DATABASE = {alias!r} is not in DATAB
         "Set TASKCLAIM_DATABASE to one of: {aliases}.")
 E005 = ("django_taskclaim.E005", "{name} = {value!r} is invalid: {problem}.",
         "Fix the setting; see the settings reference in the docs.")
+E101 = ("django_taskclaim.E101", "The Celery app cannot be loaded: {problem}",
+        "Set TASKCLAIM_CELERY_APP to the dotted path of your Celery app, e.g. 'proj.celery.app'.")
+W101 = ("django_taskclaim.W101", "Celery acks_late is off for claimed task(s): {tasks}.",
+        "Set CELERY_TASK_ACKS_LATE = True (or acks_late=True on the task): with early acks a "
+        "message is acknowledged before the body runs, and a worker that dies mid-task loses it "
+        "(only 'reclaim --requeue' brings it back).")
+W102 = ("django_taskclaim.W102", "Celery worker_prefetch_multiplier is {value}.",
+        "Set CELERY_WORKER_PREFETCH_MULTIPLIER = 1: prefetched messages wait unacknowledged behind "
+        "a busy worker slot, where a Redis/SQS visibility timeout delivers them a second time and a "
+        "crash of that worker delays all of them.")
+W103 = ("django_taskclaim.W103", "Celery reject_on_worker_lost is off for claimed task(s): {tasks}.",
+        "Set CELERY_TASK_REJECT_ON_WORKER_LOST = True: with acks_late, a message whose worker "
+        "process was killed is then requeued instead of acknowledged as failed; the claim makes the "
+        "redelivery harmless.")
+W104 = ("django_taskclaim.W104", "The broker's visibility_timeout ({timeout:g}s) is not longer than "
+        "{what} ({longest:g}s) of claimed task {task}.",
+        "Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above the longest time limit "
+        "(set time_limit on long tasks): an unacknowledged message older than the timeout is "
+        "delivered again while the first delivery still runs.")
 
 
 def _error(spec: tuple[str, str, str], **fmt: Any) -> checks.Error:
@@ -81,6 +113,62 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return errors
 
 
+def _warning(spec: tuple[str, str, str], **fmt: Any) -> checks.Warning:
+    check_id, msg, hint = spec
+    return checks.Warning(msg.format(**fmt), hint=hint.format(**fmt), id=check_id)
+
+
+def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The Celery settings that turn redeliveries into lost work or needless duplicates."""
+    try:
+        from . import celery as bridge
+    except ImportError:  # Celery is not installed: the bridge cannot be in use
+        return []
+    if not bridge.in_use():
+        return []
+    try:
+        app = bridge.celery_app()
+        bridge.import_task_modules(app)
+        conf = app.conf
+        defaults = {name: conf[name] for name in ("task_acks_late", "task_reject_on_worker_lost",
+                                                  "task_time_limit", "task_soft_time_limit")}
+        prefetch = conf.worker_prefetch_multiplier
+        timeout = bridge.visibility_timeout(app)
+    except (ImproperlyConfigured, ImportError) as exc:
+        return [_error(E101, problem=f"{type(exc).__name__}: {exc}")]
+
+    specs = bridge.claimed_tasks()
+
+    def effective(option: str, setting: str) -> list[str]:
+        """Labels of claimed tasks (or 'the app default') where ``option`` is off."""
+        if not specs:
+            return [] if defaults[setting] else ["(app default)"]
+        return [s.label for s in specs if not s.celery_options.get(option, defaults[setting])]
+
+    messages: list[checks.CheckMessage] = []
+    if off := effective("acks_late", "task_acks_late"):
+        messages.append(_warning(W101, tasks=", ".join(off)))
+    if isinstance(prefetch, int) and prefetch > 1:
+        messages.append(_warning(W102, value=prefetch))
+    if off := effective("reject_on_worker_lost", "task_reject_on_worker_lost"):
+        messages.append(_warning(W103, tasks=", ".join(off)))
+    if timeout is not None:
+        worst: tuple[float, str, str] | None = None
+        for spec in specs:
+            candidates = [(spec.lease_seconds, "the lease")]
+            for option, setting in (("time_limit", "task_time_limit"), ("soft_time_limit", "task_soft_time_limit")):
+                limit = spec.celery_options.get(option, defaults[setting])
+                if limit:
+                    candidates.append((float(limit), f"the {option.replace('_', ' ')}"))
+            longest, what = max(candidates)
+            if longest >= timeout and (worst is None or longest > worst[0]):
+                worst = (longest, what, spec.label)
+        if worst is not None:
+            messages.append(_warning(W104, timeout=timeout, longest=worst[0], what=worst[1], task=worst[2]))
+    return messages
+
+
 def register() -> None:
     checks.register(check_database)
     checks.register(check_settings)
+    checks.register(check_celery)

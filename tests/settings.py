@@ -89,3 +89,23 @@ LOGGING = {
     "handlers": {"null": {"class": "logging.NullHandler"}},
     "loggers": {"django_taskclaim": {"handlers": ["null"], "level": "INFO", "propagate": True}},
 }
+
+# ---- Celery bridge (tests/celery_app.py reads these with namespace="CELERY") ----------------
+# The recommended settings of docs/celery.md. Worker processes started by the tests get the
+# broker and a few knobs through the environment.
+_REDIS_URL = os.environ.get("TASKCLAIM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = _REDIS_URL
+CELERY_RESULT_BACKEND = _REDIS_URL.rsplit("/", 1)[0] + "/1"
+CELERY_TASK_ACKS_LATE = os.environ.get("TASKCLAIM_TEST_ACKS_LATE", "1") == "1"
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": float(os.environ.get("TASKCLAIM_TEST_VISIBILITY_TIMEOUT", "3600")),
+    # Look for expired unacknowledged messages every second (kombu's default is 10 s).
+    "unacked_restore_interval": 1,
+    "unacked_restore_throttle": 1,
+}
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

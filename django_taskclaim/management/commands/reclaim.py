@@ -72,12 +72,33 @@ class Command(BaseCommand):
                             help="Tasks moved per statement (default: %(default)r).")
         parser.add_argument("--every", type=positive_seconds, default=None, metavar="SECONDS",
                             help="Repeat every SECONDS until SIGTERM/SIGINT (default: %(default)r, run once).")
+        parser.add_argument("--requeue", action="store_true",
+                            help="Celery bridge: publish again the messages of tasks sent with enqueue_once "
+                                 "that were reclaimed, or are still PENDING after --requeue-after seconds "
+                                 "(their message was lost).")
+        parser.add_argument("--requeue-after", type=positive_seconds, default=None, metavar="SECONDS",
+                            help="With --requeue: a PENDING task whose message was last sent longer ago than "
+                                 "this is re-sent (default: 300).")
+
+    requeue = False
+    requeue_after: float | None = None
 
     def handle(self, *args: Any, dry_run: bool, limit: int | None, batch_size: int,
-               every: float | None, verbosity: int = 1, **options: Any) -> None:
+               every: float | None, requeue: bool = False, requeue_after: float | None = None,
+               verbosity: int = 1, **options: Any) -> None:
         self.verbosity = verbosity  # BaseCommand passes it as an option, never sets it
         if limit is not None and batch_size > limit:
             batch_size = limit
+        if requeue_after is not None and not requeue:
+            raise CommandError("--requeue-after needs --requeue", returncode=2)
+        if requeue:
+            try:
+                from django_taskclaim.celery import REQUEUE_AFTER
+            except ImportError as exc:
+                raise CommandError(f"--requeue needs Celery (pip install django-taskclaim[celery]): {exc}",
+                                   returncode=2) from exc
+            self.requeue = True
+            self.requeue_after = REQUEUE_AFTER if requeue_after is None else requeue_after
 
         def one_round() -> None:
             if dry_run:
@@ -124,7 +145,20 @@ class Command(BaseCommand):
         return moved
 
     def after_round(self, moved: list[tuple[Any, ...]]) -> None:
-        """Hook for work after a round (the Celery bridge re-sends lost messages here)."""
+        """Hook for work after a round: with ``--requeue``, the Celery bridge re-sends lost messages."""
+        if not self.requeue:
+            return
+        from django_taskclaim.celery import requeue_lost
+
+        sent = requeue_lost(moved, older_than=self.requeue_after)
+        failed = [item for item in sent if item.error is not None]
+        if self.verbosity >= 2:
+            for item in sent:
+                outcome = f"failed: {item.error}" if item.error else f"sent as {item.celery_task_id}"
+                self.stdout.write(f"requeue {item.key!r} tenant={item.tenant!r}: {outcome}")
+        self.stdout.write(f"requeue: {len(sent) - len(failed)} lost message(s) re-sent")
+        for item in failed:
+            self.stderr.write(f"requeue {item.key!r} tenant={item.tenant!r} failed: {item.error}")
 
 
 __all__ = ["Command", "CommandError", "ReclaimLoop", "positive_int", "positive_seconds"]

@@ -1,0 +1,57 @@
+"""The Celery app of the test suite, configured from ``tests/settings.py`` (``CELERY_*``).
+
+Worker processes run ``celery -A tests.celery_app worker``; the tests publish with the same
+app after pointing ``broker_url``/``result_backend`` at their Redis server. Tasks made in the
+``app.task`` style live here, tasks in the ``shared_task`` style in ``tests.procs_celery``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+
+from django_taskclaim.celery import claimed_task
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+app = Celery("taskclaim_tests")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.include = ["tests.procs_celery"]
+
+LEASE = 2.0
+
+
+@claimed_task(key="work-{name}", lease=LEASE, busy_countdown=0.3, max_attempts=5, app=app, bind=True)
+def work(self, name: str, seconds: float = 0.0) -> dict[str, object]:
+    """Simulated work of ``seconds``, then one Effect row written under the claim's fence."""
+    from tests.testapp.models import Effect
+
+    claim = self.claim
+    if seconds:
+        time.sleep(seconds)  # the work itself: the window that pauses, kills and timeouts hit
+    with claim.fenced():
+        Effect.objects.create(task_key=claim.key, token=claim.token, worker=f"{os.getpid()}")
+    return {"name": name, "token": claim.token, "pid": os.getpid()}
+
+
+def _record_refusals(**kwargs: object) -> None:
+    """In worker processes only: note each fenced-off write as an Effect row ``refused:<key>``."""
+    from django_taskclaim import signals
+
+    def refused(sender: object, key: str, action: str, token: int, **extra: object) -> None:
+        from tests.testapp.models import Effect
+
+        Effect.objects.create(task_key=f"refused:{key}", token=token, worker=action)
+
+    signals.stale_write_refused.connect(refused, weak=False, dispatch_uid="tests-record-refusals")
+
+
+def _connect_worker_signals() -> None:
+    from celery.signals import worker_process_init
+
+    worker_process_init.connect(_record_refusals, weak=False)
+
+
+_connect_worker_signals()

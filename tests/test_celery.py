@@ -1,0 +1,300 @@
+"""The Celery bridge against real parts: ``celery worker`` processes (prefork, 2 children) and a
+``redis-server`` broker on a free port, both started here; the test database shared with them.
+
+"Ran once" is proved by counting ``Effect`` rows, which the task body writes under its fence.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.test import override_settings
+
+from django_taskclaim.models import Attempt, Task
+from tests.conftest import ROOT, expire, requirement_missing
+from tests.testapp.models import Effect
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+redis = pytest.importorskip("redis")
+celery_app_module = pytest.importorskip("tests.celery_app")
+app = celery_app_module.app
+work = celery_app_module.work
+from tests.procs_celery import always_fails  # noqa: E402
+
+QUEUE = "celery"  # the default queue: a Redis list of that name
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)  # poll interval
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[Any]:
+    from tests.servers import RedisServer
+
+    try:
+        server = RedisServer()
+    except RuntimeError:
+        requirement_missing("redis-server")
+    server.start()
+    previous = {"broker_url": app.conf.broker_url, "result_backend": app.conf.result_backend}
+    app.conf.update(broker_url=server.url, result_backend=server.url.rsplit("/", 1)[0] + "/1")
+    try:
+        yield server
+    finally:
+        app.close()
+        app.conf.update(previous)
+        server.stop()
+
+
+@pytest.fixture
+def broker(redis_server: Any) -> Iterator[Any]:
+    """A Redis client on the test server, emptied before each test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc, self.log = proc, log
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # started in a session of its own: its pid is the group id
+
+    def owns(self, pid: int) -> bool:
+        try:
+            return os.getpgid(pid) == self.pgid
+        except ProcessLookupError:
+            return False
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def workers(broker: Any, redis_server: Any, worker_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
+    """Start ``celery worker`` processes (prefork, concurrency 2); all are killed at the end."""
+    started: list[Worker] = []
+
+    def start(name: str, queues: str = QUEUE, **env: str) -> Worker:
+        log = tmp_path / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "prefork", "-c", "2",
+                 "-n", f"{name}@%h", "-Q", queues, "-l", "INFO", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat"],
+                cwd=ROOT, env={**worker_env, "TASKCLAIM_TEST_REDIS_URL": redis_server.url, **env},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        worker = Worker(proc, log)
+        started.append(worker)
+        return worker
+
+    def ready(*ws: Worker) -> None:
+        for w in ws:
+            wait_for(lambda w=w: "ready." in w.output() or w.proc.poll() is not None, 60, "the worker to start")
+            assert w.proc.poll() is None, w.output()
+
+    start.ready = ready  # type: ignore[attr-defined]
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            os.killpg(w.pgid, signal.SIGKILL)
+        w.proc.wait(10)
+
+
+def effects(key: str) -> list[Effect]:
+    return list(Effect.objects.filter(task_key=key).order_by("id"))
+
+
+def attempts(key: str) -> list[Attempt]:
+    return list(Attempt.objects.filter(task__key=key).order_by("id"))
+
+
+def running_owner_pid(key: str) -> int:
+    """The pid of the worker child holding ``key``, from its owner ``host:pid:random``."""
+    owner = wait_for(lambda: Task.objects.filter(key=key, status="running").values_list("owner", flat=True).first(),
+                     30, f"{key} to be claimed")
+    return int(owner.split(":")[-2])
+
+
+def test_same_task_sent_twice_at_once_runs_once(workers: Any) -> None:
+    w = workers("w1")
+    workers.ready(w)
+    first, second = work.apply_async(("dup", 1.0)), work.apply_async(("dup", 1.0))
+    one, two = first.get(timeout=30), second.get(timeout=30)
+
+    assert one == two  # both callers get the result of the one execution
+    assert len(effects("work-dup")) == 1
+    rows = attempts("work-dup")
+    executed = [a for a in rows if a.token is not None]
+    assert [(a.token, a.outcome) for a in executed] == [(1, "succeeded")]
+    assert executed[0].delivery_id in {first.id, second.id}  # the Celery task id is recorded
+    duplicates = [a for a in rows if a.outcome == "duplicate"]
+    assert duplicates and {a.delivery_id for a in duplicates} <= {first.id, second.id}
+    assert Task.objects.get(key="work-dup").result == one
+
+
+def test_visibility_timeout_redelivery_does_the_work_once(workers: Any) -> None:
+    w = workers("w1", TASKCLAIM_TEST_VISIBILITY_TIMEOUT="2")
+    workers.ready(w)
+    result = work.apply_async(("vt", 5.0))
+    value = result.get(timeout=40)
+
+    assert value["token"] == 1
+    assert len(effects("work-vt")) == 1
+    rows = attempts("work-vt")
+    assert [(a.token, a.outcome) for a in rows if a.token is not None] == [(1, "succeeded")]
+    # The broker handed the same message out again while the first delivery ran.
+    redelivered = [a for a in rows if a.outcome == "duplicate" and a.delivery_id == result.id]
+    assert redelivered, [(a.outcome, a.delivery_id) for a in rows]
+
+
+def test_worker_child_killed_mid_task_is_redelivered_and_completes_once(workers: Any) -> None:
+    w = workers("w1")
+    workers.ready(w)
+    result = work.apply_async(("kill", 3.0))
+    pid = running_owner_pid("work-kill")
+    assert w.owns(pid)
+    os.kill(pid, signal.SIGKILL)  # the worker child running the body
+
+    value = result.get(timeout=40)
+    assert value["token"] >= 2 and value["pid"] != pid
+    assert [e.token for e in effects("work-kill")] == [value["token"]]
+    executed = [(a.token, a.outcome) for a in attempts("work-kill") if a.token is not None]
+    assert executed[0] == (1, "taken_over")
+    assert executed[-1] == (value["token"], "succeeded")
+    assert all(a.delivery_id == result.id for a in attempts("work-kill"))
+
+
+def test_paused_worker_is_fenced_off_when_it_resumes(workers: Any) -> None:
+    a, b = workers("wa", queues="a"), workers("wb", queues="b")
+    workers.ready(a, b)
+    first = work.apply_async(("pause", 1.5), queue="a")
+    pid = running_owner_pid("work-pause")
+    assert a.owns(pid)
+    os.killpg(a.pgid, signal.SIGSTOP)  # the whole worker freezes (a paused VM, a long GC)
+    try:
+        wait_for(lambda: Task.objects.expired().filter(key="work-pause").exists(), 20, "the lease to expire")
+        second = work.apply_async(("pause", 1.5), queue="b")
+        taken = second.get(timeout=30)
+        assert taken["token"] == 2 and b.owns(taken["pid"])
+    finally:
+        os.killpg(a.pgid, signal.SIGCONT)
+
+    # The first delivery resumes: its fenced write and completion are refused, and it reports
+    # the stored result of the worker that took over.
+    assert first.get(timeout=30) == taken
+    assert [e.token for e in effects("work-pause")] == [2]
+    task = Task.objects.get(key="work-pause")
+    assert (task.status, task.fencing_token, task.result) == ("succeeded", 2, taken)
+    old = Attempt.objects.get(task=task, token=1)
+    assert old.outcome == "taken_over" and old.stale_writes >= 1
+    refused = set(wait_for(lambda: list(Effect.objects.filter(task_key="refused:work-pause")
+                                        .values_list("worker", flat=True)), 10, "the refusals"))
+    assert "fenced write" in refused, refused
+
+
+def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Any) -> None:
+    from django_taskclaim.celery import enqueue_once
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        enqueue_once(work, key="work-once", args=("once",))
+        raise Abort
+    assert broker.llen(QUEUE) == 0
+    assert not Task.objects.filter(key="work-once").exists()
+
+    with transaction.atomic():
+        handles = [enqueue_once(work, key="work-once", args=("once",)) for _ in range(3)]
+        assert broker.llen(QUEUE) == 0  # nothing goes out before the commit
+    assert [h.created for h in handles] == [True, False, False]
+    assert handles[0].sent and not handles[1].sent
+    assert handles[1].status == "pending" and handles[1].task_id == handles[0].task_id
+    again = enqueue_once(work, key="work-once", args=("once",))
+    assert not again.created
+    assert broker.llen(QUEUE) == 1
+
+    w = workers("w1")
+    workers.ready(w)
+    value = handles[0].result(app=app).get(timeout=30)
+    assert value["name"] == "once"
+    assert len(effects("work-once")) == 1
+    assert [a.delivery_id for a in attempts("work-once")] == [handles[0].task_id]
+    done = enqueue_once(work, key="work-once", args=("once",))
+    assert (done.created, done.status) == (False, "succeeded")
+    assert broker.llen(QUEUE) == 0
+
+
+def test_always_failing_task_stops_at_max_attempts(workers: Any) -> None:
+    w = workers("w1")
+    workers.ready(w)
+    result = always_fails.apply_async(("poison",))  # autoretry_for, max_retries=None: Celery never gives up
+    wait_for(lambda: Task.objects.filter(key="poison", status="failed").exists(), 30, "the task to fail")
+    result.get(timeout=20, propagate=False)
+    assert result.state == "FAILURE"
+
+    task = Task.objects.get(key="poison")
+    assert task.attempts == 3 and "Boom" in task.error
+    assert len(effects("poison")) == 3
+    assert [a.outcome for a in attempts("poison")] == ["retry", "retry", "failed"]
+
+    # A later delivery of the same work is refused without running it.
+    again = always_fails.apply_async(("poison",))
+    again.get(timeout=20, propagate=False)
+    assert again.state == "FAILURE" and "TaskFailed" in (again.traceback or "")
+    assert len(effects("poison")) == 3
+
+
+def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: Any, broker: Any) -> None:
+    from django_taskclaim.celery import enqueue_once
+
+    lost = enqueue_once(work, key="work-lost", args=("lost",))
+    crashed = enqueue_once(work, key="work-crashed", args=("crashed",))
+    assert lost.sent and crashed.sent
+    broker.delete(QUEUE)  # broker data loss: both messages are gone
+    # An acks-early worker took "crashed" and died: its message is gone, its lease runs out.
+    assert Task.objects.claim("work-crashed", owner="dead-worker", lease=30).claimed
+    expire(Task.objects.get(key="work-crashed"))
+    Task.objects.filter(key="work-lost").update(updated_at="2000-01-01T00:00:00Z")  # sent long ago
+
+    out = io.StringIO()
+    with override_settings(TASKCLAIM_CELERY_APP="tests.celery_app.app"):
+        call_command("reclaim", "--requeue", stdout=out)
+        assert "requeue: 2 lost message(s) re-sent" in out.getvalue(), out.getvalue()
+        assert broker.llen(QUEUE) == 2
+        out = io.StringIO()
+        call_command("reclaim", "--requeue", stdout=out)  # just re-sent: not lost
+        assert "requeue: 0 lost message(s) re-sent" in out.getvalue(), out.getvalue()
+
+    w = workers("w1")
+    workers.ready(w)
+    assert lost.result(app=app).get(timeout=30)["name"] == "lost"
+    assert crashed.result(app=app).get(timeout=30)["name"] == "crashed"
+    assert len(effects("work-lost")) == 1 and len(effects("work-crashed")) == 1
+    assert Task.objects.get(key="work-lost").dispatch["sent"] == 2
