@@ -40,13 +40,21 @@ def handle(delivery: dict[str, Any], args: argparse.Namespace) -> None:
     base = {"delivery": did, "key": key, "tenant": tenant}
     takeover: dict[str, Any] = {}
 
-    def on_takeover(sender: Any, claim: Any, previous_owner: str, previous_token: int, **kw: Any) -> None:
+    def on_takeover(
+        sender: Any, claim: Any, previous_owner: str, previous_token: int, **kw: Any
+    ) -> None:
         takeover.update(previous_owner=previous_owner, previous_token=previous_token)
 
     signals.task_taken_over.connect(on_takeover)
     try:
-        outcome = Task.objects.claim(key, tenant, owner=args.name, lease=args.lease,
-                                     payload=delivery["payload"], delivery_id=did)
+        outcome = Task.objects.claim(
+            key,
+            tenant,
+            owner=args.name,
+            lease=args.lease,
+            payload=delivery["payload"],
+            delivery_id=did,
+        )
     finally:
         signals.task_taken_over.disconnect(on_takeover)
     if not outcome.claimed:
@@ -57,18 +65,31 @@ def handle(delivery: dict[str, Any], args: argparse.Namespace) -> None:
             # clock only schedules the retry; the database decides whether the lease expired).
             remaining = task.lease_remaining(timezone.now()) or 0.0
             retry_in = round(min(max(remaining + 0.1, 0.2), args.lease), 2)
-        emit(event="duplicate", status=task.status, owner=task.owner, token=task.fencing_token,
-             retry_in=retry_in, artifact=task.result_ref, **base)
+        emit(
+            event="duplicate",
+            status=task.status,
+            owner=task.owner,
+            token=task.fencing_token,
+            retry_in=retry_in,
+            artifact=task.result_ref,
+            **base,
+        )
         return
     claim = outcome.claim
-    assert claim is not None
+    if claim is None:  # claimed=True always carries a claim
+        raise RuntimeError(f"claim of {key!r} reported success without a claim")
     emit(event="claimed", token=claim.token, **takeover, **base)
     rel = ""
     try:
         with claim.keepalive():
             rel, tests = generate_suite(
-                claim, spec, args.name, work_seconds=args.work_seconds, steps=args.steps,
-                on_step=lambda step: emit(event="progress", step=step, of=args.steps, **base))
+                claim,
+                spec,
+                args.name,
+                work_seconds=args.work_seconds,
+                steps=args.steps,
+                on_step=lambda step: emit(event="progress", step=step, of=args.steps, **base),
+            )
         publish(claim, spec, args.name, rel, tests)
     except StaleClaim as exc:
         if rel:
@@ -79,13 +100,24 @@ def handle(delivery: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m example_project.agent", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m example_project.agent",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--name", required=True, help="the agent's owner name in claims")
-    parser.add_argument("--lease", type=float, default=30.0, help="lease seconds (default: %(default)r)")
-    parser.add_argument("--work-seconds", type=float, default=1.0,
-                        help="simulated generation time per job (default: %(default)r)")
-    parser.add_argument("--steps", type=int, default=4, help="tests per suite (default: %(default)r)")
+    parser.add_argument(
+        "--lease", type=float, default=30.0, help="lease seconds (default: %(default)r)"
+    )
+    parser.add_argument(
+        "--work-seconds",
+        type=float,
+        default=1.0,
+        help="simulated generation time per job (default: %(default)r)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=4, help="tests per suite (default: %(default)r)"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")

@@ -25,17 +25,22 @@ def parse_database_url(url: str, default_sqlite: Path) -> dict[str, Any]:
     if parts.scheme not in SCHEMES:
         raise ImproperlyConfigured(
             f"DATABASE_URL scheme {parts.scheme!r} is not supported: use one of "
-            f"{', '.join(s + '://' for s in SCHEMES)} (django-taskclaim runs on PostgreSQL and SQLite)"
+            f"{', '.join(s + '://' for s in SCHEMES)} "
+            "(django-taskclaim runs on PostgreSQL and SQLite)"
         )
     if parts.scheme == "sqlite":
         # sqlite:///rel/path -> "rel/path"; sqlite:////abs/path -> "/abs/path"
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not path:
-            raise ImproperlyConfigured("DATABASE_URL sqlite:/// needs a file path, e.g. sqlite:///var/demo.sqlite3")
+            raise ImproperlyConfigured(
+                "DATABASE_URL sqlite:/// needs a file path, e.g. sqlite:///var/demo.sqlite3"
+            )
         return sqlite_database(Path(path))
     name = unquote(parts.path.lstrip("/"))
     if not name:
-        raise ImproperlyConfigured(f"DATABASE_URL {redact(url)} names no database (…/DBNAME at the end)")
+        raise ImproperlyConfigured(
+            f"DATABASE_URL {redact(url)} names no database (…/DBNAME at the end)"
+        )
     try:
         port = parts.port
     except ValueError as exc:

@@ -55,31 +55,75 @@ def positive_seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 -m example_project", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=positive_int, default=12, help="jobs to request (default: %(default)r)")
-    p.add_argument("--agents", type=positive_int, default=4,
-                   help="agent processes, at least 2: one is paused, one killed (default: %(default)r)")
-    p.add_argument("--copies", type=positive_int, default=2,
-                   help="deliveries of each job by the queue (default: %(default)r)")
-    p.add_argument("--work-seconds", type=positive_seconds, default=1.2,
-                   help="simulated generation time per job (default: %(default)r)")
-    p.add_argument("--steps", type=positive_int, default=4, help="tests per generated suite (default: %(default)r)")
-    p.add_argument("--lease", type=positive_seconds, default=1.5,
-                   help="the agents' lease in seconds; heartbeats every lease/3 (default: %(default)r)")
-    p.add_argument("--visibility", type=positive_seconds, default=None,
-                   help="seconds before an unacknowledged delivery is redelivered "
-                        "(default: 2 x lease + work seconds)")
-    p.add_argument("--timeout", type=positive_seconds, default=180.0,
-                   help="give up after this many seconds (default: %(default)r)")
-    p.add_argument("--seed", type=int, default=42, help="delivery order seed (default: %(default)r)")
-    p.add_argument("--run", default=None, help="run id in the job keys (default: the next free run-N)")
+    p = argparse.ArgumentParser(
+        prog="python3 -m example_project",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--jobs", type=positive_int, default=12, help="jobs to request (default: %(default)r)"
+    )
+    p.add_argument(
+        "--agents",
+        type=positive_int,
+        default=4,
+        help="agent processes, at least 2: one is paused, one killed (default: %(default)r)",
+    )
+    p.add_argument(
+        "--copies",
+        type=positive_int,
+        default=2,
+        help="deliveries of each job by the queue (default: %(default)r)",
+    )
+    p.add_argument(
+        "--work-seconds",
+        type=positive_seconds,
+        default=1.2,
+        help="simulated generation time per job (default: %(default)r)",
+    )
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=4,
+        help="tests per generated suite (default: %(default)r)",
+    )
+    p.add_argument(
+        "--lease",
+        type=positive_seconds,
+        default=1.5,
+        help="the agents' lease in seconds; heartbeats every lease/3 (default: %(default)r)",
+    )
+    p.add_argument(
+        "--visibility",
+        type=positive_seconds,
+        default=None,
+        help="seconds before an unacknowledged delivery is redelivered "
+        "(default: 2 x lease + work seconds)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=180.0,
+        help="give up after this many seconds (default: %(default)r)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=42, help="delivery order seed (default: %(default)r)"
+    )
+    p.add_argument(
+        "--run", default=None, help="run id in the job keys (default: the next free run-N)"
+    )
     p.add_argument("--quiet", action="store_true", help="print only the chaos and the summary")
     p.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
-    p.add_argument("--celery", action="store_true",
-                   help="run the agents as real Celery workers (needs Redis: --redis-url or REDIS_URL)")
-    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", ""),
-                   help="Redis broker for --celery (default: $REDIS_URL)")
+    p.add_argument(
+        "--celery",
+        action="store_true",
+        help="run the agents as real Celery workers (needs Redis: --redis-url or REDIS_URL)",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", ""),
+        help="Redis broker for --celery (default: $REDIS_URL)",
+    )
     return p
 
 
@@ -96,7 +140,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def setup_django() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    # This command is the example project's own: its settings, whatever the shell says.
+    os.environ["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
     import django
 
     django.setup()
@@ -117,8 +162,11 @@ class Log:
         if self.quiet and not always:
             return
         with self.lock:
-            print(f"{time.monotonic() - self.t0:6.2f}s  {who:<9} {what:<10} {detail}".rstrip(),
-                  file=self.out, flush=True)
+            print(
+                f"{time.monotonic() - self.t0:6.2f}s  {who:<9} {what:<10} {detail}".rstrip(),
+                file=self.out,
+                flush=True,
+            )
 
 
 def short(tenant: str, key: str) -> str:
@@ -136,8 +184,15 @@ class Delivery:
     why: str = "publish"  # publish | redelivery | retry
 
     def message(self) -> str:
-        return json.dumps({"delivery": self.id, "tenant": self.tenant, "run": self.run,
-                           "key": self.key, "payload": self.payload})
+        return json.dumps(
+            {
+                "delivery": self.id,
+                "tenant": self.tenant,
+                "run": self.run,
+                "key": self.key,
+                "payload": self.payload,
+            }
+        )
 
 
 @dataclass
@@ -153,10 +208,12 @@ class Agent:
     reader: threading.Thread | None = field(default=None, repr=False)
 
     def send(self, delivery: Delivery) -> None:
-        assert self.proc.stdin is not None
+        stdin = self.proc.stdin
+        if stdin is None:
+            raise RuntimeError(f"{self.name} has no stdin pipe")
         self.current, self.sent_at = delivery, time.monotonic()
-        self.proc.stdin.write(delivery.message() + "\n")
-        self.proc.stdin.flush()
+        stdin.write(delivery.message() + "\n")
+        stdin.flush()
 
 
 class Demo:
@@ -166,7 +223,9 @@ class Demo:
         self.agents: list[Agent] = []
         self.ready: deque[Delivery] = deque()
         self.scheduled: list[tuple[float, int, Delivery]] = []
-        self.redelivered: set[str] = set()  # deliveries already redelivered by the visibility timeout
+        self.redelivered: set[str] = (
+            set()
+        )  # deliveries already redelivered by the visibility timeout
         self.seq = 0
         self.counts = {"deliveries": 0, "redeliveries": 0, "retries": 0, "drafts_discarded": 0}
         self.pause_target = "agent-1"
@@ -182,10 +241,24 @@ class Demo:
         name = f"agent-{len(self.agents) + 1}"
         a = self.args
         proc = subprocess.Popen(
-            [sys.executable, "-m", "example_project.agent", "--name", name, "--lease", str(a.lease),
-             "--work-seconds", str(a.work_seconds), "--steps", str(a.steps)],
-            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "example_project.agent",
+                "--name",
+                name,
+                "--lease",
+                str(a.lease),
+                "--work-seconds",
+                str(a.work_seconds),
+                "--steps",
+                str(a.steps),
+            ],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         agent = Agent(name, proc)
         agent.reader = threading.Thread(target=self._read, args=(agent,), daemon=True)
@@ -194,8 +267,7 @@ class Demo:
         return agent
 
     def _read(self, agent: Agent) -> None:
-        assert agent.proc.stdout is not None
-        for line in agent.proc.stdout:
+        for line in agent.proc.stdout or ():
             try:
                 self.events.put((agent, json.loads(line)))
             except json.JSONDecodeError:
@@ -203,7 +275,9 @@ class Demo:
         self.events.put((agent, {"event": "exit"}))
 
     # the queue ---------------------------------------------------------------------------
-    def new_delivery(self, tenant: str, run: str, key: str, payload: dict[str, Any], why: str) -> Delivery:
+    def new_delivery(
+        self, tenant: str, run: str, key: str, payload: dict[str, Any], why: str
+    ) -> Delivery:
         self.seq += 1
         return Delivery(f"d{self.seq}", tenant, run, key, payload, why)
 
@@ -216,7 +290,12 @@ class Demo:
         order = []
         for i, (tenant, run, key, payload) in enumerate(jobs):
             for c in range(self.args.copies):
-                order.append((i + (rng.uniform(0, 2.5) if c else 0), self.new_delivery(tenant, run, key, payload, "publish")))
+                order.append(
+                    (
+                        i + (rng.uniform(0, 2.5) if c else 0),
+                        self.new_delivery(tenant, run, key, payload, "publish"),
+                    )
+                )
         self.ready.extend(d for _, d in sorted(order, key=lambda pair: pair[0]))
 
     def dispatch(self) -> None:
@@ -230,8 +309,12 @@ class Demo:
                 self.redelivered.add(d.id)
                 self.counts["redeliveries"] += 1
                 self.ready.appendleft(self.copy_of(d, "redelivery"))
-                self.log("queue", "redeliver", f"{d.id} unacknowledged by {agent.name} for "
-                         f"{self.args.visibility:.1f}s (visibility timeout)")
+                self.log(
+                    "queue",
+                    "redeliver",
+                    f"{d.id} unacknowledged by {agent.name} for "
+                    f"{self.args.visibility:.1f}s (visibility timeout)",
+                )
         for agent in self.agents:
             if not self.ready:
                 break
@@ -241,8 +324,12 @@ class Demo:
                 self.counts["deliveries"] += 1
 
     def idle(self) -> bool:
-        return (not self.ready and not self.scheduled and self.pause is None
-                and all(a.current is None for a in self.agents if not a.killed))
+        return (
+            not self.ready
+            and not self.scheduled
+            and self.pause is None
+            and all(a.current is None for a in self.agents if not a.killed)
+        )
 
     # events ------------------------------------------------------------------------------
     def on_event(self, agent: Agent, ev: dict[str, Any]) -> None:
@@ -253,8 +340,13 @@ class Demo:
             self.log(agent.name, "started", f"pid {ev['pid']}")
         elif kind == "claimed":
             if "previous_owner" in ev:
-                self.log(agent.name, "TAKEOVER", f"{job}  token {ev['token']} "
-                         f"(lease of {ev['previous_owner']}, token {ev['previous_token']}, expired)", always=True)
+                self.log(
+                    agent.name,
+                    "TAKEOVER",
+                    f"{job}  token {ev['token']} "
+                    f"(lease of {ev['previous_owner']}, token {ev['previous_token']}, expired)",
+                    always=True,
+                )
             else:
                 self.log(agent.name, "claimed", f"{job}  token {ev['token']}  [{ev['delivery']}]")
             if agent.name == self.pause_target and not self.paused_done:
@@ -265,42 +357,74 @@ class Demo:
             if agent.name == self.kill_target and not self.killed_done:
                 self.kill(agent)
         elif kind == "duplicate":
-            if ev["retry_in"] is not None:
-                self.log(agent.name, "duplicate", f"{job}  running under {ev['owner']} (token "
-                         f"{ev['token']}): refused, retry in {ev['retry_in']:.1f}s  [{ev['delivery']}]")
-                assert agent.current is not None
+            delivery = agent.current
+            if ev["retry_in"] is not None and delivery is not None:
+                self.log(
+                    agent.name,
+                    "duplicate",
+                    f"{job}  running under {ev['owner']} (token "
+                    f"{ev['token']}): refused, retry in {ev['retry_in']:.1f}s  [{ev['delivery']}]",
+                )
                 self.counts["retries"] += 1
-                heapq.heappush(self.scheduled, (time.monotonic() + ev["retry_in"], self.seq,
-                                                self.copy_of(agent.current, "retry")))
+                heapq.heappush(
+                    self.scheduled,
+                    (
+                        time.monotonic() + ev["retry_in"],
+                        self.seq,
+                        self.copy_of(delivery, "retry"),
+                    ),
+                )
             else:
-                self.log(agent.name, "duplicate", f"{job}  already {ev['status']}: refused, "
-                         f"stored result {ev['artifact'] or '-'}  [{ev['delivery']}]")
+                self.log(
+                    agent.name,
+                    "duplicate",
+                    f"{job}  already {ev['status']}: refused, "
+                    f"stored result {ev['artifact'] or '-'}  [{ev['delivery']}]",
+                )
         elif kind == "published":
             self.published += 1
-            self.log(agent.name, "published", f"{job}  token {ev['token']} -> {ev['artifact']}  "
-                     f"({self.published}/{self.jobs} jobs done)")
+            self.log(
+                agent.name,
+                "published",
+                f"{job}  token {ev['token']} -> {ev['artifact']}  "
+                f"({self.published}/{self.jobs} jobs done)",
+            )
         elif kind == "fenced":
             self.counts["drafts_discarded"] += 1
-            self.log(agent.name, "FENCED", f"{job}  token {ev['token']}: {ev['action']} refused, "
-                     "draft discarded (another agent owns the job now)", always=True)
+            self.log(
+                agent.name,
+                "FENCED",
+                f"{job}  token {ev['token']}: {ev['action']} refused, "
+                "draft discarded (another agent owns the job now)",
+                always=True,
+            )
         elif kind == "ack":
             if agent.current and agent.current.id == ev["delivery"]:
                 agent.current = None
         elif kind == "output":
             self.log(agent.name, "output", ev["text"])
-        elif kind == "exit":
-            if not (agent.killed or agent.closing):
-                self.errors.append(f"{agent.name} exited unexpectedly (exit code {agent.proc.wait()})")
+        elif kind == "exit" and not (agent.killed or agent.closing):
+            self.errors.append(f"{agent.name} exited unexpectedly (exit code {agent.proc.wait()})")
 
     # chaos -------------------------------------------------------------------------------
     def stop(self, agent: Agent, ev: dict[str, Any]) -> None:
         os.kill(agent.proc.pid, signal.SIGSTOP)
         agent.paused, self.paused_done = True, True
-        self.pause = {"agent": agent, "tenant": ev["tenant"], "key": ev["key"], "token": ev["token"],
-                      "since": time.monotonic()}
-        self.log("chaos", "SIGSTOP", f"{agent.name} paused mid-work on {short(ev['tenant'], ev['key'])} "
-                 f"(token {ev['token']}); it stays paused until its lease ran out and the job was "
-                 "taken over", always=True)
+        self.pause = {
+            "agent": agent,
+            "tenant": ev["tenant"],
+            "key": ev["key"],
+            "token": ev["token"],
+            "since": time.monotonic(),
+        }
+        self.log(
+            "chaos",
+            "SIGSTOP",
+            f"{agent.name} paused mid-work on {short(ev['tenant'], ev['key'])} "
+            f"(token {ev['token']}); it stays paused until its lease ran out and the job was "
+            "taken over",
+            always=True,
+        )
 
     def maybe_resume(self) -> None:
         from django_taskclaim.models import Task
@@ -308,14 +432,21 @@ class Demo:
         p = self.pause
         if p is None:
             return
-        taken = Task.objects.filter(tenant=p["tenant"], key=p["key"], fencing_token__gt=p["token"]).exists()
+        taken = Task.objects.filter(
+            tenant=p["tenant"], key=p["key"], fencing_token__gt=p["token"]
+        ).exists()
         waited = time.monotonic() - p["since"]
         if not taken and waited < 4 * self.args.lease + 2 * self.args.visibility:
             return
         os.kill(p["agent"].proc.pid, signal.SIGCONT)
         p["agent"].paused, self.pause = False, None
-        self.log("chaos", "SIGCONT", f"{p['agent'].name} resumed after {waited:.1f}s"
-                 + ("; its job has a newer owner" if taken else "; nobody took the job over"), always=True)
+        self.log(
+            "chaos",
+            "SIGCONT",
+            f"{p['agent'].name} resumed after {waited:.1f}s"
+            + ("; its job has a newer owner" if taken else "; nobody took the job over"),
+            always=True,
+        )
 
     def kill(self, agent: Agent) -> None:
         agent.killed, self.killed_done = True, True
@@ -356,7 +487,7 @@ class Demo:
                 if time.monotonic() - last_poll > 0.1:
                     last_poll = time.monotonic()
                     self.maybe_resume()
-                if self.idle() and self.paused_done:
+                if self.idle():
                     break
         finally:
             self.shutdown()
@@ -391,14 +522,16 @@ def next_run() -> str:
     from .testgen.models import TestSuite
 
     n = 1
-    while (Task.objects.filter(key__startswith=f"run-{n}:").exists()
-           or TestSuite.objects.filter(run=f"run-{n}").exists()):
+    while (
+        Task.objects.filter(key__startswith=f"run-{n}:").exists()
+        or TestSuite.objects.filter(run=f"run-{n}").exists()
+    ):
         n += 1
     return f"run-{n}"
 
 
 def request_jobs(run: str, count: int, log: Log) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """Request every job through ``POST /api/jobs``; the first one twice, as a double click would."""
+    """Request every job through ``POST /api/jobs``; the first one twice (a double click)."""
     from django.test import Client
 
     from .testgen.jobs import demo_jobs
@@ -406,25 +539,42 @@ def request_jobs(run: str, count: int, log: Log) -> list[tuple[str, str, str, di
     client = Client()
     jobs = []
     for i, spec in enumerate(demo_jobs(run, count)):
-        body = {"tenant": spec.tenant, "run": spec.run, "service": spec.service,
-                "endpoint": spec.endpoint, "version": spec.version}
+        body = {
+            "tenant": spec.tenant,
+            "run": spec.run,
+            "service": spec.service,
+            "endpoint": spec.endpoint,
+            "version": spec.version,
+        }
         for click in range(2 if i == 0 else 1):
-            response = client.post("/api/jobs", data=json.dumps(body), content_type="application/json")
+            response = client.post(
+                "/api/jobs", data=json.dumps(body), content_type="application/json"
+            )
             data = response.json()
             if response.status_code not in (200, 201):
                 raise SystemExit(f"POST /api/jobs failed with {response.status_code}: {data}")
             if click:
-                log("client", "requested", f"{short(data['tenant'], data['key'])} again (a double click): "
-                    f"HTTP {response.status_code}, created={data['created']}, the same job")
+                log(
+                    "client",
+                    "requested",
+                    f"{short(data['tenant'], data['key'])} again (a double click): "
+                    f"HTTP {response.status_code}, created={data['created']}, the same job",
+                )
         jobs.append((data["tenant"], run, data["key"], spec.payload))
     tenant, _, key, _ = jobs[0]
-    log("client", "requested", f"{len(jobs)} jobs through POST /api/jobs, e.g. {short(tenant, key)}",
-        always=True)
+    log(
+        "client",
+        "requested",
+        f"{len(jobs)} jobs through POST /api/jobs, e.g. {short(tenant, key)}",
+        always=True,
+    )
     return jobs
 
 
-def summarize(run: str, jobs: list[tuple[str, str, str, dict[str, Any]]], counts: dict[str, int]) -> dict[str, Any]:
-    """Check the database and the artifacts: what happened, and whether every job took effect once."""
+def summarize(
+    run: str, jobs: list[tuple[str, str, str, dict[str, Any]]], counts: dict[str, int]
+) -> dict[str, Any]:
+    """Check the database and the artifacts: what happened; did every job take effect once?"""
     from django.conf import settings
     from django.db.models import Count, Sum
 
@@ -446,13 +596,21 @@ def summarize(run: str, jobs: list[tuple[str, str, str, dict[str, Any]]], counts
             lost.append(short(tenant, key))
             continue
         row = rows[-1]
-        if (task.result_ref and task.result_ref == row.artifact and row.token == task.fencing_token
-                and (Path(settings.ARTIFACT_DIR) / task.result_ref).is_file()):
+        if (
+            task.result_ref
+            and task.result_ref == row.artifact
+            and row.token == task.fencing_token
+            and (Path(settings.ARTIFACT_DIR) / task.result_ref).is_file()
+        ):
             published += 1
-    run_dir_files = {str(p.relative_to(settings.ARTIFACT_DIR))
-                     for p in Path(settings.ARTIFACT_DIR).glob(f"*/{run}/*.py")}
+    run_dir_files = {
+        str(p.relative_to(settings.ARTIFACT_DIR))
+        for p in Path(settings.ARTIFACT_DIR).glob(f"*/{run}/*.py")
+    }
     referenced = {t.result_ref for t in tasks.values() if t.result_ref}
-    by_outcome = dict(attempts.values_list("outcome").annotate(n=Count("id")).values_list("outcome", "n"))
+    by_outcome = dict(
+        attempts.values_list("outcome").annotate(n=Count("id")).values_list("outcome", "n")
+    )
     return {
         "database": _vendor(),
         "run": run,
@@ -481,14 +639,37 @@ def _vendor() -> str:
 def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
     rows = [
         ("jobs", s["jobs"], f"on {s['database']}, run {s['run']}"),
-        ("deliveries", s["deliveries"], f"incl. {s['redeliveries']} redelivered, {s['busy_retries']} busy retries"),
-        ("executions started", s["executions_started"], "claims: work may start again after a lease expires"),
-        ("duplicates refused", s["duplicates_refused"], "deliveries that found the job running or done"),
+        (
+            "deliveries",
+            s["deliveries"],
+            f"incl. {s['redeliveries']} redelivered, {s['busy_retries']} busy retries",
+        ),
+        (
+            "executions started",
+            s["executions_started"],
+            "claims: work may start again after a lease expires",
+        ),
+        (
+            "duplicates refused",
+            s["duplicates_refused"],
+            "deliveries that found the job running or done",
+        ),
         ("takeovers", s["takeovers"], "expired leases claimed by another agent"),
-        ("stale writes refused", s["stale_writes_refused"], "writes by agents that had been fenced off"),
-        ("artifacts published", s["artifacts_published"],
-         "= jobs, exactly" if s["artifacts_published"] == s["jobs"] else f"!= {s['jobs']} jobs"),
-        ("drafts discarded", s["drafts_discarded"], "work of paused/killed agents, never published"),
+        (
+            "stale writes refused",
+            s["stale_writes_refused"],
+            "writes by agents that had been fenced off",
+        ),
+        (
+            "artifacts published",
+            s["artifacts_published"],
+            "= jobs, exactly" if s["artifacts_published"] == s["jobs"] else f"!= {s['jobs']} jobs",
+        ),
+        (
+            "drafts discarded",
+            s["drafts_discarded"],
+            "work of paused/killed agents, never published",
+        ),
     ]
     print("\nSummary", file=out)
     for label, n, note in rows:
@@ -497,8 +678,16 @@ def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
         print(f"  LOST: {', '.join(s['lost'])}", file=out)
     if s["took_effect_twice"]:
         print(f"  TOOK EFFECT TWICE: {', '.join(s['took_effect_twice'])}", file=out)
-    print("\n" + ("OK: every job took effect exactly once." if s["ok"]
-                  else "FAILED: a job was lost or took effect twice."), file=out, flush=True)
+    print(
+        "\n"
+        + (
+            "OK: every job took effect exactly once."
+            if s["ok"]
+            else "FAILED: a job was lost or took effect twice."
+        ),
+        file=out,
+        flush=True,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -512,9 +701,12 @@ def main(argv: list[str]) -> int:
 
     log = Log(args.quiet)
     run = args.run or next_run()
-    print(f"django-taskclaim demo: {args.jobs} jobs, {args.agents} agents, each job delivered "
-          f"{args.copies}x, lease {args.lease:g}s, work {args.work_seconds:g}s, database "
-          f"{_vendor()} ({settings.DATABASES['default']['NAME']})", flush=True)
+    print(
+        f"django-taskclaim demo: {args.jobs} jobs, {args.agents} agents, each job delivered "
+        f"{args.copies}x, lease {args.lease:g}s, work {args.work_seconds:g}s, database "
+        f"{_vendor()} ({settings.DATABASES['default']['NAME']})",
+        flush=True,
+    )
     jobs = request_jobs(run, args.jobs, log)
     demo = Demo(args, log)
     demo.run(jobs)

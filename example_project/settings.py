@@ -25,7 +25,9 @@ TIME_ZONE = "UTC"
 ROOT_URLCONF = "example_project.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-DATABASES = {"default": parse_database_url(os.environ.get("DATABASE_URL", ""), VAR_DIR / "demo.sqlite3")}
+DATABASES = {
+    "default": parse_database_url(os.environ.get("DATABASE_URL", ""), VAR_DIR / "demo.sqlite3")
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -1,4 +1,4 @@
-"""What a job is: the identity of "generate tests for this endpoint in this run", and requesting one."""
+"""What a job is: the identity of "generate tests for this endpoint in this run"; requesting one."""
 
 from __future__ import annotations
 
@@ -43,30 +43,50 @@ class JobSpec:
         # The identity is the *work*: run + service + endpoint + operation, at one spec version,
         # for one tenant. Never the prompt text, a message id or the agent's name: a redelivered
         # or re-requested job must map to the same key, and another run to another key.
-        return TaskKey(OPERATION, run=self.run, scope=(self.service, self.endpoint),
-                       version=self.version, tenant=self.tenant)
+        return TaskKey(
+            OPERATION,
+            run=self.run,
+            scope=(self.service, self.endpoint),
+            version=self.version,
+            tenant=self.tenant,
+        )
 
     @property
     def payload(self) -> dict[str, Any]:
         # Input that is not part of the identity; the same key with another framework is a
         # client error (PayloadMismatch), not a new job.
-        return {"service": self.service, "endpoint": self.endpoint, "spec_version": self.version,
-                "framework": self.framework}
+        return {
+            "service": self.service,
+            "endpoint": self.endpoint,
+            "spec_version": self.version,
+            "framework": self.framework,
+        }
 
     @classmethod
     def from_payload(cls, tenant: str, run: str, payload: dict[str, Any]) -> JobSpec:
-        return cls(tenant=tenant, run=run, service=payload["service"], endpoint=payload["endpoint"],
-                   version=payload["spec_version"], framework=payload["framework"])
+        return cls(
+            tenant=tenant,
+            run=run,
+            service=payload["service"],
+            endpoint=payload["endpoint"],
+            version=payload["spec_version"],
+            framework=payload["framework"],
+        )
 
 
 def demo_jobs(run: str, count: int) -> list[JobSpec]:
     """``count`` jobs for the demo: the catalog for each tenant, then synthetic endpoints."""
-    specs = [JobSpec(tenant, run, service, endpoint, "v3")
-             for service, endpoint in CATALOG for tenant in TENANTS]
+    specs = [
+        JobSpec(tenant, run, service, endpoint, "v3")
+        for service, endpoint in CATALOG
+        for tenant in TENANTS
+    ]
     n = 0
     while len(specs) < count:
         n += 1
-        specs.extend(JobSpec(tenant, run, "reports", f"GET /reports/{n}", "v3") for tenant in TENANTS)
+        specs.extend(
+            JobSpec(tenant, run, "reports", f"GET /reports/{n}", "v3") for tenant in TENANTS
+        )
     return specs[:count]
 
 
@@ -89,8 +109,12 @@ def request_job(spec: JobSpec) -> tuple[Task, bool]:
         existed = Task.objects.filter(tenant=key.tenant, key=key.key).exists()
         # Creates the row in this transaction and publishes on commit; a key that is already
         # pending, running or done is not published again.
-        enqueue_once(generate_suite, key=key.key, tenant=key.tenant,
-                     args=(spec.tenant, spec.run, spec.payload))
+        enqueue_once(
+            generate_suite,
+            key=key.key,
+            tenant=key.tenant,
+            args=(spec.tenant, spec.run, spec.payload),
+        )
         task, _ = ensure_task(key, payload=spec.payload)  # stores the payload's fingerprint
     return task, not existed
 

@@ -1,6 +1,7 @@
 """The job API and the jobs page.
 
-``POST /api/jobs``  request a suite: ``{"tenant", "run", "service", "endpoint", "version"?, "framework"?}``
+``POST /api/jobs``  request a suite: ``{"tenant", "run", "service", "endpoint"}``, optionally
+                    ``"version"`` and ``"framework"``
                     -> 201 (new job) or 200 (already requested: the same job, not a second one);
                     409 when the same job arrives with other input; 400 for bad input.
 ``GET /api/jobs``   the jobs and their state (``?run=run-42`` for one run), as JSON.
@@ -70,4 +71,6 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
     counts: dict[str, int] = {}
     for job in jobs:
         counts[job["status"]] = counts.get(job["status"], 0) + 1
-    return render(request, "testgen/jobs.html", {"jobs": jobs, "run": run, "counts": sorted(counts.items())})
+    return render(
+        request, "testgen/jobs.html", {"jobs": jobs, "run": run, "counts": sorted(counts.items())}
+    )

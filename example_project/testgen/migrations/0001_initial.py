@@ -4,31 +4,44 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='TestSuite',
+            name="TestSuite",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('tenant', models.CharField(max_length=255)),
-                ('job_key', models.CharField(max_length=255)),
-                ('run', models.CharField(max_length=100)),
-                ('service', models.CharField(max_length=100)),
-                ('endpoint', models.CharField(max_length=200)),
-                ('token', models.BigIntegerField(help_text='Fencing token of the claim that published it.')),
-                ('agent', models.CharField(max_length=255)),
-                ('artifact', models.CharField(help_text='Path relative to ARTIFACT_DIR.', max_length=1024)),
-                ('tests', models.PositiveIntegerField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("tenant", models.CharField(max_length=255)),
+                ("job_key", models.CharField(max_length=255)),
+                ("run", models.CharField(max_length=100)),
+                ("service", models.CharField(max_length=100)),
+                ("endpoint", models.CharField(max_length=200)),
+                (
+                    "token",
+                    models.BigIntegerField(
+                        help_text="Fencing token of the claim that published it."
+                    ),
+                ),
+                ("agent", models.CharField(max_length=255)),
+                (
+                    "artifact",
+                    models.CharField(help_text="Path relative to ARTIFACT_DIR.", max_length=1024),
+                ),
+                ("tests", models.PositiveIntegerField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['id'],
-                'indexes': [models.Index(fields=['tenant', 'job_key'], name='testgen_suite_job_idx')],
+                "ordering": ["id"],
+                "indexes": [
+                    models.Index(fields=["tenant", "job_key"], name="testgen_suite_job_idx")
+                ],
             },
         ),
     ]
