@@ -642,7 +642,8 @@ def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
         (
             "deliveries",
             s["deliveries"],
-            f"incl. {s['redeliveries']} redelivered, {s['busy_retries']} busy retries",
+            s.get("deliveries_note")
+            or f"incl. {s['redeliveries']} redelivered, {s['busy_retries']} busy retries",
         ),
         (
             "executions started",

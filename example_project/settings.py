@@ -70,11 +70,20 @@ TASKCLAIM_MAX_ATTEMPTS = 5
 # from the task table) or "celery" (the view publishes with enqueue_once on commit).
 TESTGEN_DISPATCH = os.environ.get("TESTGEN_DISPATCH", "demo")
 
-# Only read with --celery (example_project.celery_app).
+# Only read with --celery (example_project.celery_app). The settings that keep a broker from
+# losing work: acknowledge after the task, redeliver when a worker dies, prefetch one.
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # The demo shortens it to provoke redeliveries; they are harmless under a claim.
+    "visibility_timeout": float(os.environ.get("TESTGEN_VISIBILITY_TIMEOUT", "3600")),
+}
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("TESTGEN_QUEUE", "testgen")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+if TESTGEN_DISPATCH == "celery":
+    TASKCLAIM_CELERY_APP = "example_project.celery_app.app"
 
 LOGGING = {
     "version": 1,

@@ -9,6 +9,7 @@ then checked again independently of the demo's own report.
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from django.test import override_settings
 
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import ROOT, expire
+from tests.conftest import ROOT, expire, requirement_missing
 
 SHORT = ["--jobs", "6", "--agents", "3", "--work-seconds", "0.4", "--steps", "3", "--lease", "1"]
 
@@ -72,10 +73,10 @@ def query(tmp_path: Path, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         db.close()
 
 
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_path: Path) -> None:
-    proc = run_demo(tmp_path, *SHORT, "--quiet", "--json")
+def check_demo(
+    tmp_path: Path, proc: subprocess.CompletedProcess[str], chaos: tuple[str, ...]
+) -> None:
+    """The demo's own verdict, then the database and the artifacts checked independently."""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["database"] == connection.vendor
@@ -88,10 +89,9 @@ def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_
     assert summary["stale_writes_refused"] > 0  # the paused agent woke up and was fenced off
     assert summary["deliveries"] >= 2 * summary["jobs"]  # every job delivered more than once
     assert summary["executions_started"] > summary["jobs"]  # work restarted after the kill/pause
-    for line in ("SIGSTOP", "SIGCONT", "SIGKILL", "TAKEOVER", "FENCED", "Summary"):
+    for line in (*chaos, "TAKEOVER", "Summary"):
         assert line in proc.stdout
 
-    # Checked again, independently of the demo's report.
     run = summary["run"]
     rows = query(
         tmp_path,
@@ -106,13 +106,33 @@ def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_
         "SELECT tenant, job_key, token, artifact FROM testgen_testsuite WHERE run = %s",
         [run],
     )
-    assert len(suites) == 6
+    assert len(suites) == 6  # one published suite per job: none twice, none lost
     assert {(r[3], r[4], r[2], r[1]) for r in rows} == {(s[0], s[1], s[2], s[3]) for s in suites}
     for _, ref, *_ in rows:
         body = (tmp_path / "var" / "artifacts" / ref).read_text()
         assert body.count("\ndef test_") == 3
     tenants = {r[3] for r in rows}
     assert tenants == {"acme", "globex"}  # the same keys in two tenants are two jobs
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_path: Path) -> None:
+    proc = run_demo(tmp_path, *SHORT, "--quiet", "--json")
+    check_demo(tmp_path, proc, ("SIGSTOP", "SIGCONT", "SIGKILL", "FENCED"))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_demo_through_real_celery_workers_and_redis(tmp_path: Path) -> None:
+    pytest.importorskip("django_taskclaim.celery", reason="the Celery bridge is not installed")
+    from tests.servers import RedisServer
+
+    if shutil.which("redis-server") is None:
+        requirement_missing("redis-server")
+    with RedisServer() as redis:
+        proc = run_demo(tmp_path, *SHORT, "--celery", "--redis-url", redis.url, "--quiet", "--json")
+    check_demo(tmp_path, proc, ("SIGSTOP", "SIGCONT", "SIGKILL"))
 
 
 def test_demo_help_and_bad_options_answer_without_django(tmp_path: Path) -> None:
