@@ -167,6 +167,20 @@ def test_demo_path_never_imports_celery(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_example_project_checks_and_migrations_are_clean(tmp_path: Path) -> None:
+    env = demo_env(tmp_path)
+    for args in (["check"], ["makemigrations", "--check", "--dry-run", "testgen"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "example_project.manage", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # -- the job API and page, through the test client ------------------------------------------
 @pytest.fixture
 def example_app(tmp_path: Path):  # type: ignore[no-untyped-def]
