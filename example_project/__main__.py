@@ -1,0 +1,29 @@
+"""``python3 -m example_project``: the demo, on a fresh clone with only the system Python.
+
+Like ``python3 -m tests``, it first creates ``.venv`` with the app installed (reusing the
+test command's ``ensure_venv``), then runs :mod:`example_project.demo`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    sys.path.insert(0, str(ROOT))
+    from example_project.demo import parse_args
+
+    args = parse_args(sys.argv[1:])  # --help and bad options answer before any install
+    from tests.__main__ import ensure_venv
+
+    ensure_venv("postgresql,celery" if args.celery else "postgresql")
+    from example_project.demo import main as demo_main
+
+    return demo_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

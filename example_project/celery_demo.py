@@ -1,0 +1,254 @@
+"""``python3 -m example_project --celery``: the same demo through real Celery workers and Redis.
+
+The agents are ``celery worker`` processes (solo pool, prefetch 1, ``acks_late``). Jobs are
+requested through ``POST /api/jobs``, which publishes with ``enqueue_once`` on commit; the
+demo then publishes every job again (a producer that retried), shortens the Redis visibility
+timeout so that slow messages are redelivered, pauses the worker running one job past its
+lease and kills the worker running another. Progress is read from the database (the workers
+print nothing to the demo), and the summary is the same as without ``--celery``.
+
+Imported only with ``--celery``: the SQLite/PostgreSQL demo never imports Celery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .demo import ROOT, Log, print_summary, request_jobs, setup_django, short, summarize
+
+
+class CeleryDemo:
+    def __init__(self, args: argparse.Namespace, run: str, log: Log) -> None:
+        self.args, self.run, self.log = args, run, log
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.pause: dict[str, Any] | None = None
+        self.paused_done = self.killed_done = False
+        self.last_attempt = 0
+        self.errors: list[str] = []
+        self.logs: list[Path] = []
+
+    def start_worker(self) -> str:
+        from django.conf import settings
+
+        name = f"agent-{len(self.workers) + 1}"
+        # Each worker's own output (banner, warnings, tracebacks) goes to var/celery-RUN-NAME.log.
+        path = Path(settings.VAR_DIR) / f"celery-{self.run}-{name}.log"
+        self.logs.append(path)
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "example_project.celery_app",
+            "worker",
+            "--pool",
+            "solo",
+            "--prefetch-multiplier",
+            "1",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"{name}.{uuid.uuid4().hex[:6]}@%h",
+            "--loglevel",
+            "ERROR",
+        ]
+        with path.open("w") as log:
+            self.workers[name] = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=dict(os.environ, PYTHONPATH=str(ROOT), TESTGEN_AGENT=name),
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        self.log("celery", "started", f"{name} (pid {self.workers[name].pid})")
+        return name
+
+    def agent_of(self, owner: str) -> str:
+        """Claims made by the bridge are owned by ``host:pid:random``: map the pid to a worker."""
+        parts = owner.split(":")
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else -1
+        return next((n for n, p in self.workers.items() if p.pid == pid), owner)
+
+    def follow(self) -> None:
+        """Print the attempts recorded since the last call: claims, takeovers, duplicates."""
+        from django_taskclaim.models import Attempt
+
+        new = (
+            Attempt.objects.filter(task__key__startswith=f"{self.run}:", id__gt=self.last_attempt)
+            .select_related("task")
+            .order_by("id")
+        )
+        for attempt in new:
+            self.last_attempt = attempt.id
+            job = short(attempt.task.tenant, attempt.task.key)
+            who = self.agent_of(attempt.owner)
+            if attempt.token is None:
+                self.log(
+                    who, "duplicate", f"{job}  refused (found it {attempt.task.status} or running)"
+                )
+            elif attempt.token > 1:
+                self.log(who, "TAKEOVER", f"{job}  token {attempt.token}", always=True)
+            else:
+                self.log(who, "claimed", f"{job}  token {attempt.token}")
+
+    def chaos(self) -> None:
+        from django_taskclaim.models import Task
+
+        running = list(Task.objects.filter(key__startswith=f"{self.run}:", status="running"))
+        if not self.paused_done:
+            for task in running:
+                if self.agent_of(task.owner) == "agent-1":
+                    os.kill(self.workers["agent-1"].pid, signal.SIGSTOP)
+                    self.paused_done = True
+                    self.pause = {
+                        "task": task.pk,
+                        "token": task.fencing_token,
+                        "since": time.monotonic(),
+                    }
+                    self.log(
+                        "chaos",
+                        "SIGSTOP",
+                        f"agent-1 paused mid-work on {short(task.tenant, task.key)} "
+                        f"(token {task.fencing_token}) until the job is taken over",
+                        always=True,
+                    )
+                    break
+        if self.pause is not None:
+            p = self.pause
+            taken = Task.objects.filter(pk=p["task"], fencing_token__gt=p["token"]).exists()
+            waited = time.monotonic() - p["since"]
+            if taken or waited > 4 * self.args.lease + 2 * self.args.visibility:
+                os.kill(self.workers["agent-1"].pid, signal.SIGCONT)
+                self.pause = None
+                self.log("chaos", "SIGCONT", f"agent-1 resumed after {waited:.1f}s", always=True)
+        if not self.killed_done:
+            for task in running:
+                if self.agent_of(task.owner) == "agent-2":
+                    self.workers["agent-2"].kill()
+                    self.workers["agent-2"].wait()
+                    self.killed_done = True
+                    self.log(
+                        "chaos",
+                        "SIGKILL",
+                        f"agent-2 killed mid-work on {short(task.tenant, task.key)}",
+                        always=True,
+                    )
+                    self.log(
+                        "chaos", "restart", f"{self.start_worker()} replaces agent-2", always=True
+                    )
+                    break
+
+    def run_demo(self, jobs: list[tuple[str, str, str, dict[str, Any]]]) -> int:
+        from django_taskclaim.models import Task
+
+        from .testgen.tasks import generate_suite
+
+        for _ in range(self.args.agents):
+            self.start_worker()
+        published = len(jobs)  # one message each, sent by enqueue_once when the request committed
+        for tenant, run, _key, payload in jobs:
+            for _ in range(self.args.copies - 1):  # the producer retried: the same job again
+                generate_suite.apply_async(args=(tenant, run, payload))
+                published += 1
+        self.log("client", "published", f"{published} messages for {len(jobs)} jobs", always=True)
+        deadline = time.monotonic() + self.args.timeout
+        done_since: float | None = None
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    self.errors.append(f"gave up after --timeout {self.args.timeout:.0f}s")
+                    break
+                for name, proc in self.workers.items():
+                    if proc.poll() is not None and not (name == "agent-2" and self.killed_done):
+                        self.errors.append(
+                            f"{name} exited unexpectedly (exit code {proc.returncode})"
+                        )
+                if self.errors:
+                    break
+                self.follow()
+                self.chaos()
+                unfinished = (
+                    Task.objects.filter(key__startswith=f"{self.run}:").unfinished().exists()
+                )
+                if unfinished or self.pause is not None:
+                    done_since = None
+                elif done_since is None:
+                    done_since = time.monotonic()
+                elif time.monotonic() - done_since > self.args.lease + 1:
+                    break  # every job finished; late duplicates had time to be refused
+                time.sleep(0.1)  # polling the database is how this driver observes the workers
+        finally:
+            self.stop_workers()
+        self.follow()
+        return published
+
+    def stop_workers(self) -> None:
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()  # warm shutdown
+        for name, proc in self.workers.items():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.errors.append(f"{name} did not stop within 15s; killed")
+
+
+def run_celery_demo(args: argparse.Namespace) -> int:
+    import json
+
+    os.environ.update(
+        TESTGEN_DISPATCH="celery",
+        REDIS_URL=args.redis_url,
+        TESTGEN_LEASE=str(args.lease),
+        TESTGEN_WORK_SECONDS=str(args.work_seconds),
+        TESTGEN_STEPS=str(args.steps),
+        TESTGEN_VISIBILITY_TIMEOUT=str(args.visibility),
+    )
+    setup_django()
+    from django.conf import settings
+
+    from .demo import next_run
+
+    run = args.run or next_run()
+    os.environ["TESTGEN_QUEUE"] = f"testgen-{run}-{uuid.uuid4().hex[:6]}"  # a queue of its own
+    settings.CELERY_TASK_DEFAULT_QUEUE = os.environ["TESTGEN_QUEUE"]
+    from .celery_app import app
+
+    app.conf.task_default_queue = os.environ["TESTGEN_QUEUE"]
+    log = Log(args.quiet)
+    print(
+        f"django-taskclaim demo through Celery: {args.jobs} jobs, {args.agents} workers, each job "
+        f"published {args.copies}x, lease {args.lease:g}s, work {args.work_seconds:g}s, visibility "
+        f"timeout {args.visibility:g}s, broker {args.redis_url}, database "
+        f"{settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}",
+        flush=True,
+    )
+    jobs = request_jobs(run, args.jobs, log)
+    demo = CeleryDemo(args, run, log)
+    published = demo.run_demo(jobs)
+    summary = summarize(
+        run, jobs, {"deliveries": published, "redeliveries": 0, "retries": 0, "drafts_discarded": 0}
+    )
+    summary["deliveries_note"] = (
+        "messages the demo published; broker redeliveries and busy retries come on top"
+    )
+    summary["errors"] = demo.errors
+    for error in demo.errors:
+        print(f"error: {error}", file=sys.stderr)
+    if demo.errors:
+        print("worker logs: " + " ".join(str(p) for p in demo.logs), file=sys.stderr)
+    print_summary(summary)
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    return 0 if summary["ok"] and not demo.errors else 1

@@ -1,0 +1,93 @@
+"""Settings of the example project.
+
+The database comes from ``DATABASE_URL`` (PostgreSQL or SQLite, see :mod:`example_project.dburl`);
+without it, a SQLite file under ``example_project/var/`` (WAL mode). ``EXAMPLE_VAR_DIR`` moves
+the directory that holds the SQLite file and the generated artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from example_project.dburl import parse_database_url
+
+BASE_DIR = Path(__file__).resolve().parent
+VAR_DIR = Path(os.environ.get("EXAMPLE_VAR_DIR") or BASE_DIR / "var")
+# Where agents write the test suites they generate; a task's result_ref is relative to it.
+ARTIFACT_DIR = VAR_DIR / "artifacts"
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-not-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+USE_TZ = True  # required with SQLite: leases are compared on the database's UTC clock
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "example_project.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {
+    "default": parse_database_url(os.environ.get("DATABASE_URL", ""), VAR_DIR / "demo.sqlite3")
+}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_taskclaim",
+    "example_project.testgen",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+# django-taskclaim: an agent's lease; the demo passes a short one on the command line.
+TASKCLAIM_DEFAULT_LEASE = 30.0
+TASKCLAIM_MAX_ATTEMPTS = 5
+
+# How a requested job reaches the agents: "demo" (the demo's in-process queue reads new jobs
+# from the task table) or "celery" (the view publishes with enqueue_once on commit).
+TESTGEN_DISPATCH = os.environ.get("TESTGEN_DISPATCH", "demo")
+
+# Only read with --celery (example_project.celery_app). The settings that keep a broker from
+# losing work: acknowledge after the task, redeliver when a worker dies, prefetch one.
+CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # The demo shortens it to provoke redeliveries; they are harmless under a claim.
+    "visibility_timeout": float(os.environ.get("TESTGEN_VISIBILITY_TIMEOUT", "3600")),
+}
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("TESTGEN_QUEUE", "testgen")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+if TESTGEN_DISPATCH == "celery":
+    TASKCLAIM_CELERY_APP = "example_project.celery_app.app"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_taskclaim": {"handlers": ["console"], "level": "ERROR"}},
+}

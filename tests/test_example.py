@@ -1,0 +1,355 @@
+"""The runnable example: the demo command end to end, the job API and page, the fenced publish.
+
+The demo runs as the real command (``python -m example_project``) with short settings: on
+SQLite against a fresh file (the path a fresh clone takes: migrate, WAL, no server), on
+PostgreSQL against the suite's test database. Its summary is checked, and the database is
+then checked again independently of the demo's own report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import override_settings
+
+from django_taskclaim.exceptions import StaleClaim
+from django_taskclaim.models import Attempt, Task
+from tests.conftest import ROOT, expire, requirement_missing
+
+SHORT = ["--jobs", "6", "--agents", "3", "--work-seconds", "0.4", "--steps", "3", "--lease", "1"]
+
+
+def demo_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for the demo: its own settings, the test database, artifacts in ``tmp_path``."""
+    import os
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    env.update(PYTHONPATH=str(ROOT), TASKCLAIM_NO_VENV="1", EXAMPLE_VAR_DIR=str(tmp_path / "var"))
+    sd = connection.settings_dict
+    if connection.vendor == "postgresql":
+        user, password = quote(sd["USER"] or "", safe=""), quote(sd["PASSWORD"] or "", safe="")
+        env["DATABASE_URL"] = (
+            f"postgresql://{user}:{password}@{sd['HOST'] or '127.0.0.1'}:{sd['PORT'] or 5432}"
+            f"/{quote(str(sd['NAME']), safe='')}"
+        )
+    else:
+        env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
+    return env
+
+
+def run_demo(tmp_path: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "example_project", *args],
+        cwd=ROOT,
+        env=demo_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def query(tmp_path: Path, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Run ``sql`` on the database the demo used (the test DB, or its own SQLite file)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+    db = sqlite3.connect(tmp_path / "demo.sqlite3")
+    try:
+        return db.execute(sql.replace("%s", "?"), params).fetchall()
+    finally:
+        db.close()
+
+
+def check_demo(
+    tmp_path: Path, proc: subprocess.CompletedProcess[str], chaos: tuple[str, ...]
+) -> None:
+    """The demo's own verdict, then the database and the artifacts checked independently."""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["database"] == connection.vendor
+    assert summary["jobs"] == 6
+    assert summary["artifacts_published"] == summary["jobs"]
+    assert summary["lost"] == [] and summary["took_effect_twice"] == [] and summary["ok"]
+    assert summary["errors"] == []
+    assert summary["duplicates_refused"] > 0
+    assert summary["takeovers"] > 0
+    assert summary["stale_writes_refused"] > 0  # the paused agent woke up and was fenced off
+    assert summary["deliveries"] >= 2 * summary["jobs"]  # every job delivered more than once
+    assert summary["executions_started"] > summary["jobs"]  # work restarted after the kill/pause
+    for line in (*chaos, "TAKEOVER", "Summary"):
+        assert line in proc.stdout
+
+    run = summary["run"]
+    rows = query(
+        tmp_path,
+        "SELECT status, result_ref, fencing_token, tenant, key FROM "
+        "django_taskclaim_task WHERE key LIKE %s",
+        [f"{run}:%"],
+    )
+    assert len(rows) == 6
+    assert {r[0] for r in rows} == {"succeeded"}
+    suites = query(
+        tmp_path,
+        "SELECT tenant, job_key, token, artifact FROM testgen_testsuite WHERE run = %s",
+        [run],
+    )
+    assert len(suites) == 6  # one published suite per job: none twice, none lost
+    assert {(r[3], r[4], r[2], r[1]) for r in rows} == {(s[0], s[1], s[2], s[3]) for s in suites}
+    for _, ref, *_ in rows:
+        body = (tmp_path / "var" / "artifacts" / ref).read_text()
+        assert body.count("\ndef test_") == 3
+    tenants = {r[3] for r in rows}
+    assert tenants == {"acme", "globex"}  # the same keys in two tenants are two jobs
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_path: Path) -> None:
+    proc = run_demo(tmp_path, *SHORT, "--quiet", "--json")
+    check_demo(tmp_path, proc, ("SIGSTOP", "SIGCONT", "SIGKILL", "FENCED"))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_demo_through_real_celery_workers_and_redis(tmp_path: Path) -> None:
+    pytest.importorskip("django_taskclaim.celery", reason="the Celery bridge is not installed")
+    from tests.servers import RedisServer
+
+    if shutil.which("redis-server") is None:
+        requirement_missing("redis-server")
+    with RedisServer() as redis:
+        proc = run_demo(tmp_path, *SHORT, "--celery", "--redis-url", redis.url, "--quiet", "--json")
+    check_demo(tmp_path, proc, ("SIGSTOP", "SIGCONT", "SIGKILL"))
+
+
+def test_demo_help_and_bad_options_answer_without_django(tmp_path: Path) -> None:
+    ok = run_demo(tmp_path, "--help", timeout=30)
+    assert ok.returncode == 0 and "--work-seconds" in ok.stdout and "--celery" in ok.stdout
+    bad = run_demo(tmp_path, "--agents", "1", timeout=30)
+    assert bad.returncode == 2 and "at least 2" in bad.stderr
+    bad = run_demo(tmp_path, "--lease", "-3", timeout=30)
+    assert bad.returncode == 2 and "--lease" in bad.stderr
+    bad = run_demo(tmp_path, "--celery", timeout=30)
+    assert bad.returncode == 2 and "Redis URL" in bad.stderr
+
+
+def test_demo_path_never_imports_celery(tmp_path: Path) -> None:
+    code = (
+        "import os, sys, django\n"
+        "os.environ['DJANGO_SETTINGS_MODULE'] = 'example_project.settings'\n"
+        "django.setup()\n"
+        "import example_project.demo, example_project.agent, example_project.testgen.views\n"
+        "import example_project.testgen.work, example_project.urls\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu'))\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=demo_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_example_project_checks_and_migrations_are_clean(tmp_path: Path) -> None:
+    env = demo_env(tmp_path)
+    for args in (["check"], ["makemigrations", "--check", "--dry-run", "testgen"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "example_project.manage", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the job API and page, through the test client ------------------------------------------
+@pytest.fixture
+def example_app(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The example's app and URLs on top of the suite's settings, with its table while needed."""
+    with override_settings(
+        INSTALLED_APPS=[*settings.INSTALLED_APPS, "example_project.testgen"],
+        ROOT_URLCONF="example_project.urls",
+        ARTIFACT_DIR=tmp_path / "artifacts",
+        TESTGEN_DISPATCH="demo",
+    ):
+        from example_project.testgen.models import TestSuite
+
+        # The demo test may have migrated the example app into this database already.
+        create = TestSuite._meta.db_table not in connection.introspection.table_names()
+        if create:
+            with connection.schema_editor() as editor:
+                editor.create_model(TestSuite)
+        TestSuite.objects.all().delete()
+        try:
+            yield TestSuite
+        finally:
+            if create:
+                with connection.schema_editor() as editor:
+                    editor.delete_model(TestSuite)
+            else:
+                TestSuite.objects.all().delete()
+
+
+BODY = {
+    "tenant": "acme",
+    "run": "run-42",
+    "service": "payments",
+    "endpoint": "POST /payments",
+    "version": "v3",
+}
+KEY = "run-42:payments:POST /payments:test-generation@v3"
+
+
+def post(client: Any, body: Any) -> Any:
+    return client.post("/api/jobs", data=json.dumps(body), content_type="application/json")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_post_requests_a_job_once_and_refuses_other_input_for_the_same_job(
+    client, example_app
+) -> None:  # type: ignore[no-untyped-def]
+    first = post(client, BODY)
+    assert first.status_code == 201, first.content
+    assert first.json() == {"key": KEY, "tenant": "acme", "status": "pending", "created": True}
+    again = post(client, BODY)  # a double click, a retried request
+    assert again.status_code == 200 and again.json()["created"] is False
+    other_tenant = post(client, {**BODY, "tenant": "globex"})
+    assert other_tenant.status_code == 201 and other_tenant.json()["key"] == KEY
+    assert Task.objects.filter(key=KEY).count() == 2
+    task = Task.objects.get(tenant="acme", key=KEY)
+    assert task.payload == {
+        "service": "payments",
+        "endpoint": "POST /payments",
+        "spec_version": "v3",
+        "framework": "pytest",
+    }
+    conflict = post(client, {**BODY, "framework": "unittest"})
+    assert conflict.status_code == 409 and "different payload" in conflict.json()["error"]
+    next_version = post(client, {**BODY, "version": "v4"})  # new input, new identity
+    assert next_version.status_code == 201 and next_version.json()["key"].endswith("@v4")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({k: v for k, v in BODY.items() if k != "endpoint"}, "missing field(s): endpoint"),
+        ({**BODY, "priority": "high"}, "unknown field(s): priority"),
+        ({**BODY, "run": 42}, "must be non-empty strings: run"),
+        ({**BODY, "endpoint": "POST /pay\x00ments"}, "non-printable"),
+        (["not", "an", "object"], "JSON object"),
+    ],
+)
+@pytest.mark.django_db(transaction=True)
+def test_post_rejects_bad_input_with_a_clear_message(client, example_app, body, message) -> None:  # type: ignore[no-untyped-def]
+    response = post(client, body)
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+    assert not Task.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_post_rejects_a_body_that_is_not_json(client, example_app) -> None:  # type: ignore[no-untyped-def]
+    response = client.post("/api/jobs", data=b"{oops", content_type="application/json")
+    assert response.status_code == 400 and "error" in response.json()
+    assert client.put("/api/jobs").status_code == 405
+
+
+@pytest.mark.django_db(transaction=True)
+def test_state_endpoint_and_page_show_jobs_as_agents_work(client, example_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from example_project.testgen.jobs import JobSpec
+    from example_project.testgen.work import generate_suite, publish
+
+    post(client, BODY)
+    post(client, {**BODY, "service": "users", "endpoint": "GET /users", "run": "run-43"})
+    outcome = Task.objects.claim(KEY, "acme", owner="agent-1", lease=30)
+    assert outcome.claimed and outcome.claim is not None
+    duplicate = Task.objects.claim(KEY, "acme", owner="agent-2", lease=30)  # a redelivery
+    assert not duplicate.claimed
+    jobs = {j["key"]: j for j in client.get("/api/jobs").json()["jobs"]}
+    assert jobs[KEY]["status"] == "running" and jobs[KEY]["owner"] == "agent-1"
+    assert jobs[KEY]["duplicates_refused"] == 1 and jobs[KEY]["claims"] == 1
+
+    spec = JobSpec("acme", "run-42", "payments", "POST /payments", "v3")
+    rel, tests = generate_suite(outcome.claim, spec, "agent-1", work_seconds=0.01, steps=2)
+    publish(outcome.claim, spec, "agent-1", rel, tests)
+    only_run = client.get("/api/jobs", {"run": "run-42"}).json()["jobs"]
+    assert [j["key"] for j in only_run] == [KEY]
+    assert only_run[0]["status"] == "succeeded" and only_run[0]["artifact"] == rel
+    assert only_run[0]["result"] == {"tests": 2, "agent": "agent-1", "token": 1}
+
+    page = client.get("/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "run-42:payments:POST /payments:test-generation@v3" in html
+    assert "1 succeeded" in html and "1 pending" in html and rel in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_publish_of_a_fenced_off_agent_writes_nothing(example_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from example_project.testgen.jobs import JobSpec
+    from example_project.testgen.work import generate_suite, publish
+
+    TestSuite = example_app
+    spec = JobSpec("acme", "run-42", "payments", "POST /payments", "v3")
+    slow = Task.objects.claim(spec.task_key, owner="paused-agent", lease=30).claim
+    assert slow is not None
+    rel_slow, tests = generate_suite(slow, spec, "paused-agent", work_seconds=0.01, steps=1)
+    expire(slow)  # it was paused past its lease...
+    fast = Task.objects.claim(spec.task_key, owner="agent-2", lease=30).claim  # ...and taken over
+    assert fast is not None and fast.token == slow.token + 1
+    rel_fast, _ = generate_suite(fast, spec, "agent-2", work_seconds=0.01, steps=1)
+    assert rel_fast != rel_slow  # drafts are named by token: attempts never share a file
+    publish(fast, spec, "agent-2", rel_fast, 1)
+    with pytest.raises(StaleClaim):
+        publish(slow, spec, "paused-agent", rel_slow, tests)
+    assert list(TestSuite.objects.values_list("agent", "token")) == [("agent-2", 2)]
+    task = Task.objects.get(key=spec.task_key.key)
+    assert task.status == "succeeded" and task.result_ref == rel_fast
+    assert Attempt.objects.get(task=task, token=1).stale_writes == 1
+
+
+def test_database_url_parsing() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from example_project.dburl import parse_database_url, redact
+
+    default = Path("/tmp/x.sqlite3")
+    assert parse_database_url("", default)["NAME"] == str(default)
+    pg = parse_database_url("postgres://app:p%40ss@db.example:6543/jobs?sslmode=require", default)
+    assert pg == {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "jobs",
+        "USER": "app",
+        "PASSWORD": "p@ss",
+        "HOST": "db.example",
+        "PORT": "6543",
+        "OPTIONS": {"sslmode": "require"},
+    }
+    assert parse_database_url("sqlite:////abs/demo.db", default)["NAME"] == "/abs/demo.db"
+    assert parse_database_url("sqlite:///rel/demo.db", default)["NAME"] == "rel/demo.db"
+    with pytest.raises(ImproperlyConfigured, match="'mysql' is not supported"):
+        parse_database_url("mysql://u@h/db", default)
+    with pytest.raises(ImproperlyConfigured, match="names no database"):
+        parse_database_url("postgresql://u:secret@h:5432/", default)
+    with pytest.raises(ImproperlyConfigured, match="needs a file path"):
+        parse_database_url("sqlite:///", default)
+    assert "secret" not in redact("postgresql://u:secret@h/db")
