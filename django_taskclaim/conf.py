@@ -12,6 +12,9 @@ Setting                         Type       Default     Meaning
 ``TASKCLAIM_DATABASE``          str        default     Database alias that holds the task table.
 ``TASKCLAIM_AUDIT``             bool       ``True``    Record an ``Attempt`` row for every claim.
 ``TASKCLAIM_POLL_INTERVAL``     float      ``0.5``     Seconds between polls of ``on_busy="wait"``.
+``TASKCLAIM_CELERY_APP``        str        ``None``    Dotted path of the Celery app the bridge's
+                                                       checks inspect (default: Celery's current app;
+                                                       read and validated by ``django_taskclaim.celery``).
 ==============================  =========  ==========  ==============================================
 """
 

@@ -29,14 +29,42 @@ class InvalidResult(TaskClaimError, ValueError):
     """A result cannot be stored: not JSON-serialisable, or larger than the limit."""
 
 
-class PayloadMismatch(TaskClaimError):
+class _Rebuildable(TaskClaimError):
+    """An error with structured fields that can also be rebuilt from its message alone.
+
+    Result backends (Celery's JSON serializer) recreate an exception as ``cls(message)``;
+    pickle uses ``__reduce__``. Both must work, or the worker's error is lost in transit.
+    """
+
+    _fields: tuple[str, ...] = ()
+
+    def _from_message(self, args: tuple[Any, ...]) -> bool:
+        if len(args) == 1 and isinstance(args[0], str):
+            for name in self._fields:
+                setattr(self, name, None)
+            TaskClaimError.__init__(self, args[0])
+            return True
+        return False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if getattr(self, self._fields[0], None) is None:
+            return (type(self), (str(self),))
+        return (type(self), tuple(getattr(self, name) for name in self._fields))
+
+
+class PayloadMismatch(_Rebuildable):
     """The same ``(tenant, key)`` arrived with a payload that differs from the stored one.
 
     Like an idempotency key reused with a different request body: it is a client error,
     never a duplicate delivery.
     """
 
-    def __init__(self, key: str, tenant: str, stored: str, given: str) -> None:
+    _fields = ("key", "tenant", "stored_fingerprint", "given_fingerprint")
+
+    def __init__(self, *args: Any) -> None:
+        if self._from_message(args):
+            return
+        key, tenant, stored, given = args
         self.key, self.tenant = key, tenant
         self.stored_fingerprint, self.given_fingerprint = stored, given
         super().__init__(
@@ -45,13 +73,18 @@ class PayloadMismatch(TaskClaimError):
         )
 
 
-class StaleClaim(TaskClaimError):
+class StaleClaim(_Rebuildable):
     """The claim no longer owns its task: its lease was taken over, or the task moved on.
 
     Nothing was written. The worker holding this claim should stop its work.
     """
 
-    def __init__(self, key: str, tenant: str, token: int, action: str) -> None:
+    _fields = ("key", "tenant", "token", "action")
+
+    def __init__(self, *args: Any) -> None:
+        if self._from_message(args):
+            return
+        key, tenant, token, action = args
         self.key, self.tenant, self.token, self.action = key, tenant, token, action
         super().__init__(
             f"{action} refused: claim with token {token} on task {key!r} (tenant {tenant!r}) "
@@ -59,10 +92,14 @@ class StaleClaim(TaskClaimError):
         )
 
 
-class TaskBusy(TaskClaimError):
+class TaskBusy(_Rebuildable):
     """Another worker holds a live claim on the task."""
 
+    _fields = ("task",)
+
     def __init__(self, task: Any) -> None:
+        if self._from_message((task,)):
+            return
         self.task = task
         super().__init__(
             f"task {task.key!r} (tenant {task.tenant!r}) is running under owner {task.owner!r} "
@@ -70,10 +107,14 @@ class TaskBusy(TaskClaimError):
         )
 
 
-class TaskFailed(TaskClaimError):
+class TaskFailed(_Rebuildable):
     """The task ended FAILED or CANCELLED; it is not run again until an operator resets it."""
 
+    _fields = ("task",)
+
     def __init__(self, task: Any) -> None:
+        if self._from_message((task,)):
+            return
         self.task = task
         super().__init__(
             f"task {task.key!r} (tenant {task.tenant!r}) is {task.status}"

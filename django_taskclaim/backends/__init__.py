@@ -20,14 +20,16 @@ class DbNow(Func):
     """The database clock as an ORM expression: leases are compared with this, never ``timezone.now()``.
 
     PostgreSQL: ``statement_timestamp()`` (not ``now()``, which is frozen at the start of a
-    possibly long transaction). SQLite: UTC with milliseconds, in the text form Django stores.
+    possibly long transaction). SQLite: UTC, in the text form Django stores.
     """
 
     template = "statement_timestamp()"
     output_field = DateTimeField()
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
-        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')", ()
+        from .sqlite import backend
+
+        return backend.now, ()
 
 
 def get_backend(alias: str) -> Backend:

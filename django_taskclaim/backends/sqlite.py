@@ -12,11 +12,12 @@ from .base import Backend
 
 class SQLiteBackend(Backend):
     vendor = "sqlite"
-    # UTC with milliseconds, in the text form Django stores datetimes in (compared as text).
-    now = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    # UTC in the text form Django stores datetimes in (six fraction digits), because SQLite
+    # compares these columns as text. Its clock has millisecond resolution.
+    now = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')"
 
     def lease_sql(self) -> str:
-        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+        return "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')"
 
     def lease_param(self, seconds: float) -> str:
         return f"+{seconds:.3f} seconds"
