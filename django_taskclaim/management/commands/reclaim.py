@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import signal
 import threading
 from typing import Any
@@ -11,27 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from django_taskclaim.claims import reclaim_expired_rows
+from django_taskclaim.management.arguments import positive_int, positive_seconds
 from django_taskclaim.models import Task
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be greater than zero")
-    return value
 
 
 class ReclaimLoop:
@@ -161,4 +141,4 @@ class Command(BaseCommand):
             self.stderr.write(f"requeue {item.key!r} tenant={item.tenant!r} failed: {item.error}")
 
 
-__all__ = ["Command", "CommandError", "ReclaimLoop", "positive_int", "positive_seconds"]
+__all__ = ["Command", "ReclaimLoop"]

@@ -12,7 +12,6 @@ It reads the ``Attempt`` audit trail and reports:
 
 from __future__ import annotations
 
-import argparse
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,30 +21,12 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, DateTimeField, Exists, F, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from django_taskclaim.backends import DbNow
-from django_taskclaim.management.commands.reclaim import positive_int
-from django_taskclaim.management.commands.taskclaim_inspect import tenant_name
-from django_taskclaim.management.commands.taskclaim_purge import duration
+from django_taskclaim.management.arguments import positive_int, since_value, tenant_name
 from django_taskclaim.models import Attempt
 
 OVERLAP_FOUND = 1
-
-
-def since_value(text: str) -> timedelta | datetime:
-    """A duration before now (``30d``, ``12h``) or an ISO 8601 date/time."""
-    parsed = parse_datetime(text.strip())
-    if parsed is None:
-        try:
-            return duration(text)
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is neither a duration (30d, 12h, 15m, 90s) nor an ISO date/time "
-                "(2026-01-31T12:00:00+00:00)") from None
-    if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed)
-    return parsed
 
 
 def attempt_end() -> Coalesce:
@@ -198,4 +179,4 @@ class Command(BaseCommand):
         return f"{item['tenant']}/{item['key']}" if item["tenant"] else repr(item["key"])
 
 
-__all__ = ["Command", "since_value"]
+__all__ = ["Command"]

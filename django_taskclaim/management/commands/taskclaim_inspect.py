@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -10,25 +9,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from django_taskclaim.backends import DbNow
-from django_taskclaim.exceptions import InvalidTaskKey
-from django_taskclaim.keys import validate_key, validate_tenant
+from django_taskclaim.management.arguments import task_key, tenant_name
 from django_taskclaim.models import Attempt, Task
 
 NOT_FOUND = 1
-
-
-def task_key(text: str) -> str:
-    try:
-        return validate_key(text)
-    except InvalidTaskKey as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def tenant_name(text: str) -> str:
-    try:
-        return validate_tenant(text)
-    except InvalidTaskKey as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def task_as_dict(task: Task, lease_remaining: float | None) -> dict[str, Any]:
@@ -115,4 +99,4 @@ class Command(BaseCommand):
                 f"owner={a.owner!r} {' '.join(extras)}".rstrip())
 
 
-__all__ = ["Command", "task_key", "tenant_name"]
+__all__ = ["Command"]

@@ -2,47 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
-import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from django_taskclaim.management.commands.reclaim import positive_int
+from django_taskclaim.management.arguments import TERMINAL, duration, positive_int, terminal_status
 from django_taskclaim.models import Attempt, Task
-
-UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
-_DURATION = re.compile(r"(\d+)([wdhms])")
-TERMINAL = [str(s) for s in Task.TERMINAL]
-
-
-def duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``15m``, ``90s``, ``2w``, or a combination such as ``1h30m``."""
-    spec = text.strip().lower()
-    parts = _DURATION.findall(spec)
-    if not spec or "".join(n + u for n, u in parts) != spec:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration: use a number and a unit (s, m, h, d, w), "
-            "e.g. 30d, 12h, 1h30m")
-    value = timedelta()
-    for number, unit in parts:
-        value += timedelta(**{UNITS[unit]: int(number)})
-    if value <= timedelta():
-        raise argparse.ArgumentTypeError(f"{text!r} must be longer than zero")
-    return value
-
-
-def terminal_status(text: str) -> str:
-    value = text.strip().lower()
-    if value not in TERMINAL:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a finished status; choose from {', '.join(TERMINAL)} "
-            "(pending and running tasks are never purged)")
-    return value
 
 
 class Command(BaseCommand):
@@ -117,4 +86,4 @@ class Command(BaseCommand):
             f"updated before {cutoff.isoformat()} would be deleted; nothing changed")
 
 
-__all__ = ["Command", "CommandError", "duration", "terminal_status"]
+__all__ = ["Command"]
