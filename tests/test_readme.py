@@ -18,8 +18,6 @@ README = ROOT / "README.md"
 
 # Written on other branches of the same release; remove a name once its file is merged.
 DOCS_OF_OTHER_ISSUES = {
-    "docs/celery.md",
-    "docs/operations.md",
     "docs/benchmarks.md",
     "docs/fault-injection.md",
 }
