@@ -83,11 +83,18 @@ def parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--quiet", type=positive(float), default=None,
                    help="longest quiet period in seconds (default: max(60, 20 x lease))")
+    p.add_argument("--faults", type=lambda text: tuple(filter(None, text.split(","))), default=None,
+                   help="comma-separated fault kinds to inject (default: all that apply: "
+                        "pause, kill, terminate, terminate_in_commit, timeout, restart)")
+    p.add_argument("--unsafe", action="store_true",
+                   help="workers write the effect outside fenced(): the checker must fail")
     p.add_argument("--celery", action="store_true",
                    help="run Celery workers through django_taskclaim.celery instead "
                         "(needs redis-server)")
     p.add_argument("--keep", action="store_true",
                    help="keep the run folder (worker logs) after a pass")
+    p.add_argument("--report", default=None,
+                   help="also write the faults, figures and violations to this JSON file")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 

@@ -151,7 +151,7 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
     overlaps = 0
     for task_id, rows in attempts.items():
         rows.sort(key=lambda a: a["token"])
-        key = by_id[task_id]["key"]
+        key = by_id[task_id]["key"] if task_id in by_id else f"task #{task_id}"
         for a, b in zip(rows, rows[1:], strict=False):
             if a["ended_at"] is None or a["ended_at"] > b["started_at"]:
                 overlaps += 1
@@ -237,13 +237,19 @@ FIGURE_LABELS = [
 ]
 
 
-def table(faults: Counter[str], verdict: Verdict, header: str) -> str:
+def table(faults: Counter[str], verdict: Verdict, header: str, kinds: list[str], skew: bool,
+          crash: str) -> str:
+    from tests.chaos.worker import parse_crash
+
+    enabled = {*kinds, *(["skewed_worker"] if skew else []),
+               *(f"crash_{point}" for point, p in parse_crash(crash).items() if p)}
     lines = [header, "", "faults injected"]
     for kind, label in FAULT_LABELS:
         extra = ""
         if kind == "terminate_in_commit" and faults.get("terminate_in_commit_tried"):
             extra = f"  (of {faults['terminate_in_commit_tried']} tried)"
-        lines.append(f"  {label:<56} {faults.get(kind, 0):>8}{extra}")
+        count = str(faults.get(kind, 0)) if kind in enabled else "n/a"
+        lines.append(f"  {label:<56} {count:>8}{extra}")
     lines += ["", "run"]
     for name, label in FIGURE_LABELS:
         lines.append(f"  {label:<56} {verdict.figures.get(name, 0):>8}")

@@ -46,6 +46,19 @@ FAULTS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 
 
+def applicable_faults(db: str, wanted: tuple[str, ...] | None) -> list[str]:
+    """The fault kinds to inject on ``db``: ``wanted`` (all by default) that apply to it."""
+    if wanted is not None:
+        unknown = sorted(set(wanted) - set(FAULTS))
+        if unknown:
+            raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(FAULTS)}")
+        inapplicable = sorted(k for k in wanted if db not in FAULTS[k][1])
+        if inapplicable:
+            raise ValueError(f"fault kind(s) {', '.join(inapplicable)} do not apply to {db}")
+    return [k for k in FAULTS if db in FAULTS[k][1] and (wanted is None or k in wanted)]
+
+
 @dataclass
 class Options:
     duration: float
@@ -60,6 +73,8 @@ class Options:
     crash: str = "after_claim=0.01,before_commit=0.01,after_commit=0.01"
     skew: float = 0.25
     quiet: float | None = None
+    faults: tuple[str, ...] | None = None
+    unsafe: bool = False
     keep: bool = False
     verbose: bool = False
 
@@ -123,6 +138,10 @@ class Harness:
         self.workers: list[WorkerProc] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.next_tag = 0
+        self.kinds = applicable_faults(opts.db, opts.faults)
+        # The first faults go through every kind once (in a seeded order), so that even a
+        # short run injects each; after that the kinds are drawn by weight.
+        self.first = self.rng.sample(self.kinds, len(self.kinds))
         self.skew_available = opts.db == "postgresql" and opts.skew > 0
         if self.skew_available and not os.path.exists(FAKETIME_LIB):
             raise RuntimeError(f"libfaketime not found at {FAKETIME_LIB}: "
@@ -188,7 +207,7 @@ class Harness:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.chaos.worker", "--tag", tag,
              "--lease", str(self.opts.lease), "--steps", str(self.opts.steps),
-             "--work-ms", str(self.opts.work_ms)],
+             "--work-ms", str(self.opts.work_ms), *(["--unsafe"] if self.opts.unsafe else [])],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
             text=True,
         )
@@ -263,9 +282,12 @@ class Harness:
 
     # -- the nemesis ----------------------------------------------------------------------
     def nemesis(self) -> None:
-        kinds = [k for k, (_, dbs) in FAULTS.items() if self.opts.db in dbs]
-        weights = [FAULTS[k][0] for k in kinds]
-        kind = self.rng.choices(kinds, weights)[0]
+        if not self.kinds:
+            return
+        if self.first:
+            kind = self.first.pop(0)
+        else:
+            kind = self.rng.choices(self.kinds, [FAULTS[k][0] for k in self.kinds])[0]
         candidates = [w for w in self.live_workers() if w.paused_until is None]
         if kind != "restart" and not candidates:
             return
@@ -320,7 +342,7 @@ class Harness:
         from django.db import connection
 
         self.log.faults["terminate_in_commit_tried"] += 1
-        end = time.monotonic() + 2.0
+        end = time.monotonic() + 5.0
         while time.monotonic() < end:
             def find() -> list[int]:
                 with connection.cursor() as cursor:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from tests.chaos.checker import check, load_state, table
 from tests.chaos.harness import Harness, Options
@@ -17,9 +19,13 @@ def run(args: argparse.Namespace) -> int:
         duration=args.duration, workers=args.workers, seed=args.seed, db=args.db,
         lease=args.lease, tasks=args.tasks, steps=args.steps, work_ms=args.work_ms,
         fault_interval=args.fault_interval, crash=args.crash, skew=args.skew, quiet=args.quiet,
-        keep=args.keep, verbose=args.verbose,
+        faults=args.faults, unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
     )
-    harness = Harness(opts)
+    try:
+        harness = Harness(opts)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     ok = False
     try:
         print(f"chaos on {opts.db}: {opts.workers} workers, lease {opts.lease} s, "
@@ -37,8 +43,15 @@ def run(args: argparse.Namespace) -> int:
         header = (f"django-taskclaim fault injection: {opts.db}, seed {opts.seed}, "
                   f"{opts.workers} workers, lease {opts.lease} s, {log.chaos_seconds:.0f} s of "
                   f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
-        print(table(harness.log.faults, verdict, header), flush=True)
+        print(table(harness.log.faults, verdict, header, harness.kinds, harness.skew_available,
+                    opts.crash), flush=True)
         ok = verdict.ok
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump({"seed": opts.seed, "db": opts.db, "ok": ok, "faults": dict(log.faults),
+                           "kinds": harness.kinds, "figures": verdict.figures,
+                           "violations": {k: v for k, v in verdict.violations.items() if v}},
+                          f, indent=1)
         return 0 if ok else 1
     finally:
         harness.teardown(ok)

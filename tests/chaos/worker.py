@@ -127,7 +127,27 @@ class Worker:
     def work(self) -> None:
         time.sleep(self.args.work_ms / 1000 * self.rng.uniform(0.5, 1.5))  # simulated work
 
+    def execute_unsafe(self, claim: Any, info: dict[str, Any]) -> None:
+        """The broken recipe, to show the checker catches it: the effect outside ``fenced()``."""
+        from django_taskclaim.backends import DbNow
+        from django_taskclaim.exceptions import StaleClaim
+        from tests.testapp.models import Effect
+
+        self.work()
+        effect = Effect.objects.create(task_key=claim.key, token=claim.token,
+                                       worker=f"{self.owner}#final")
+        Effect.objects.filter(pk=effect.pk).update(created_at=DbNow())
+        try:
+            claim.complete({"owner": self.owner, "token": claim.token})
+        except StaleClaim as exc:
+            emit(event="stale", action=exc.action, step=0, **info)
+            return
+        emit(event="done", **info)
+
     def execute(self, claim: Any, info: dict[str, Any]) -> None:
+        if self.args.unsafe:
+            self.execute_unsafe(claim, info)
+            return
         from django.db import Error
 
         from django_taskclaim.backends import DbNow
@@ -190,6 +210,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--work-ms", type=float, default=100)
     parser.add_argument("--idle", type=float, default=0.05)
+    parser.add_argument("--unsafe", action="store_true",
+                        help="write the effect outside fenced() (to prove the checker fails)")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.chaos.settings")
     import django
