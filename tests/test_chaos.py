@@ -161,7 +161,7 @@ def require_binaries() -> None:
 @pytest.mark.slow
 def test_short_run_injects_every_fault_and_passes(tmp_path: Path) -> None:
     require_binaries()
-    duration = "20" if DB == "postgresql" else "12"
+    duration = "15" if DB == "postgresql" else "10"
     code, out, report = chaos(
         tmp_path, "--duration", duration, "--workers", "4", "--seed", "7",
         "--fault-interval", "0.7",
@@ -187,8 +187,32 @@ def test_short_run_fails_when_effects_are_not_fenced(tmp_path: Path) -> None:
     if DB != "sqlite":
         pytest.skip("one database suffices to show the checker failing (kept to the CI budget)")
     code, out, report = chaos(
-        tmp_path, "--duration", "10", "--workers", "6", "--seed", "3", "--faults", "pause",
+        tmp_path, "--duration", "8", "--workers", "6", "--seed", "3", "--faults", "pause",
         "--fault-interval", "0.7", "--work-ms", "400", "--unsafe", timeout=180)
     assert code == 1, out
     assert report["figures"]["duplicated"] > 0, out
     assert "duplicated" in report["violations"] and "FAIL" in out, out
+
+
+@pytest.mark.slow
+def test_short_celery_run_passes(tmp_path: Path) -> None:
+    """Celery workers through the bridge, killed and paused, the broker restarted."""
+    if not (ROOT / "django_taskclaim" / "celery.py").exists():
+        pytest.skip("the Celery bridge (django_taskclaim/celery.py) is not in this checkout")
+    if DB != "postgresql":
+        pytest.skip("run on PostgreSQL only (kept to the CI budget)")
+    import shutil
+
+    from tests.conftest import requirement_missing
+
+    if shutil.which("redis-server") is None:
+        requirement_missing("redis-server")
+    require_binaries()
+    code, out, report = chaos(tmp_path, "--celery", "--duration", "12", "--workers", "3",
+                              "--seed", "11", "--fault-interval", "0.8", timeout=240)
+    assert code == 0, out
+    assert report["ok"] and not report["violations"], out
+    for kind in ("pause", "kill", "kill_worker", "broker_restart"):
+        assert report["faults"].get(kind, 0) > 0, f"{kind} never injected\n{out}"
+    figures = report["figures"]
+    assert figures["effects_accepted"] == figures["tasks_enqueued"] > 0, out

@@ -80,6 +80,8 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
     stale_actions: Counter[str] = Counter()
     for ev in events:
         kind = ev.get("event")
+        if "task" not in ev and ev.get("key") in tasks:  # the Celery variant reports keys
+            ev = {**ev, "task": tasks[ev["key"]]["id"]}
         ident = (ev["task"], ev["token"]) if "task" in ev and "token" in ev else None
         if ident is None:
             continue
@@ -97,7 +99,8 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
     for a in state["attempts"]:
         if a["token"] is not None:
             try:
-                owner_pid[(a["task_id"], a["token"])] = int(a["owner"].rsplit(":", 1)[1])
+                # "w3:pid" (harness workers) or "host:pid:random" (the default owner).
+                owner_pid[(a["task_id"], a["token"])] = int(a["owner"].split(":")[1])
             except (IndexError, ValueError):
                 verdict.add("harness", f"attempt {a['id']} has an owner the harness did not give: "
                                        f"{a['owner']!r}")
