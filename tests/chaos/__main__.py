@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--crash", type=probability_spec,
                    default="after_claim=0.01,before_commit=0.01,after_commit=0.01",
                    help="crash points and their probabilities (default: %(default)s)")
+    p.add_argument("--give-up", type=fraction, default=0.03,
+                   help="share of executions that fail (to be retried) or release the task instead "
+                        "of completing it (default: %(default)s)")
     p.add_argument("--skew", type=fraction, default=0.25,
                    help="share of workers started with the clock +1 h, PostgreSQL only "
                         "(default: %(default)s)")

@@ -71,6 +71,7 @@ class Options:
     work_ms: float = 100.0
     fault_interval: float = 1.0
     crash: str = "after_claim=0.01,before_commit=0.01,after_commit=0.01"
+    give_up: float = 0.03
     skew: float = 0.25
     quiet: float | None = None
     faults: tuple[str, ...] | None = None
@@ -207,7 +208,8 @@ class Harness:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.chaos.worker", "--tag", tag,
              "--lease", str(self.opts.lease), "--steps", str(self.opts.steps),
-             "--work-ms", str(self.opts.work_ms), *(["--unsafe"] if self.opts.unsafe else [])],
+             "--work-ms", str(self.opts.work_ms), "--give-up", str(self.opts.give_up),
+             *(["--unsafe"] if self.opts.unsafe else [])],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
             text=True,
         )
@@ -330,8 +332,13 @@ class Harness:
         return self.db(run)
 
     def fault_terminate(self, worker: WorkerProc) -> None:
-        if self._terminate("application_name", worker.app_name):
-            self.log.faults["terminate"] += 1
+        # A worker that is reconnecting (after a restart, say) has no session for a moment.
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and worker.alive():
+            if self._terminate("application_name", worker.app_name):
+                self.log.faults["terminate"] += 1
+                return
+            time.sleep(0.01)  # poll pg_stat_activity
 
     def fault_terminate_in_commit(self, worker: WorkerProc) -> None:
         """Terminate whichever worker is first seen inside a fenced transaction.
@@ -380,12 +387,17 @@ class Harness:
         end = start + opts.duration
         next_fault = start + self.rng.expovariate(1 / opts.fault_interval)
         last_report = start
+        next_sweep = start + opts.lease
         while time.monotonic() < end:
             self.drain_events()
             self.resume_due()
             self.replace_dead()
             self.top_up()
             now = time.monotonic()
+            if now >= next_sweep:
+                # What `manage.py reclaim --every` does, racing the workers' takeovers.
+                self.sweep()
+                next_sweep = now + opts.lease
             if now >= next_fault:
                 self.nemesis()
                 next_fault = time.monotonic() + self.rng.expovariate(1 / opts.fault_interval)
@@ -395,6 +407,12 @@ class Harness:
                       f"{dict(self.log.faults)}", flush=True)
             time.sleep(0.05)  # the nemesis's tick
         self.log.chaos_seconds = time.monotonic() - start
+
+    def sweep(self) -> None:
+        from django_taskclaim.models import Task
+
+        self.log.faults["reclaim_sweeps"] += 1
+        self.db(lambda: Task.objects.reclaim_expired())
 
     def quiet(self) -> None:
         """No more faults: resume everyone, sweep expired leases, let the survivors finish."""
@@ -406,7 +424,7 @@ class Harness:
         while time.monotonic() - start < limit:
             self.drain_events()
             self.replace_dead()
-            self.db(lambda: Task.objects.reclaim_expired())
+            self.sweep()
             if not self.db(lambda: Task.objects.unfinished().exists()):
                 break
             time.sleep(self.opts.lease / 4)  # sweep interval; leases are what we wait for

@@ -18,7 +18,8 @@ def run(args: argparse.Namespace) -> int:
     opts = Options(
         duration=args.duration, workers=args.workers, seed=args.seed, db=args.db,
         lease=args.lease, tasks=args.tasks, steps=args.steps, work_ms=args.work_ms,
-        fault_interval=args.fault_interval, crash=args.crash, skew=args.skew, quiet=args.quiet,
+        fault_interval=args.fault_interval, crash=args.crash, give_up=args.give_up,
+        skew=args.skew, quiet=args.quiet,
         faults=args.faults, unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
     )
     try:

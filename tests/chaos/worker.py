@@ -110,18 +110,22 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 self.apply_controls()
-                claims = Task.objects.claim_next(owner=self.owner, lease=self.args.lease)
+                # Now and then a batch: the later claims of a batch wait under their leases.
+                claims = Task.objects.claim_next(owner=self.owner, lease=self.args.lease,
+                                                 limit=self.rng.choice((1, 1, 1, 2, 3)))
             except Error as exc:
                 self.reconnect("claim_next", exc)
                 continue
             if not claims:
                 time.sleep(self.args.idle)  # idle poll of the queue
                 continue
-            claim = claims[0]
-            info = {"task": claim.task_id, "key": claim.key, "token": claim.token}
-            emit(event="claimed", expires=claim.lease_expires_at, **info)
-            self.maybe_crash("after_claim", **info)
-            self.execute(claim, info)
+            for claim in claims:
+                info = {"task": claim.task_id, "key": claim.key, "token": claim.token}
+                emit(event="claimed", expires=claim.lease_expires_at, **info)
+            for claim in claims:
+                info = {"task": claim.task_id, "key": claim.key, "token": claim.token}
+                self.maybe_crash("after_claim", **info)
+                self.execute(claim, info)
         emit(event="exit")
 
     def work(self) -> None:
@@ -157,6 +161,9 @@ class Worker:
         for step in range(self.args.steps):
             final = step == self.args.steps - 1
             self.work()
+            if final and self.rng.random() < self.args.give_up:
+                self.give_up(claim, info)
+                return
             for attempt in range(DB_RETRIES + 1):
                 try:
                     # Half the steps go straight to the fenced write, so that a worker resumed
@@ -190,6 +197,31 @@ class Worker:
         emit(event="done", **info)
 
 
+    def give_up(self, claim: Any, info: dict[str, Any]) -> None:
+        """The task's own failure (retried later) or a release: the task goes back to PENDING."""
+        from django.db import Error
+
+        from django_taskclaim.exceptions import StaleClaim
+
+        release = self.rng.random() < 0.5
+        for attempt in range(DB_RETRIES + 1):
+            try:
+                if release:
+                    claim.release()
+                    emit(event="released", **info)
+                else:
+                    status = claim.fail("injected failure", retry=True)
+                    emit(event="failed", status=status, **info)
+                return
+            except StaleClaim as exc:
+                emit(event="stale", action=exc.action, step="give_up", **info)
+                return
+            except Error as exc:
+                self.reconnect("give_up", exc, **info)
+                if attempt == DB_RETRIES:
+                    emit(event="abandon", step="give_up", **info)
+
+
 def parse_crash(spec: str) -> dict[str, float]:
     points = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -210,6 +242,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--work-ms", type=float, default=100)
     parser.add_argument("--idle", type=float, default=0.05)
+    parser.add_argument("--give-up", type=float, default=0.0,
+                        help="probability that an execution fails (retry) or releases instead")
     parser.add_argument("--unsafe", action="store_true",
                         help="write the effect outside fenced() (to prove the checker fails)")
     args = parser.parse_args()
