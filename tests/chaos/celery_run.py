@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -144,8 +145,13 @@ class CeleryHarness(Harness):
         if kind in ("pause", "kill") and pool:
             pid = self.rng.choice(pool)
             if kind == "pause":
+                seconds = self.rng.uniform(2, 3) * self.opts.lease
                 os.kill(pid, signal.SIGSTOP)
-                self.paused[pid] = time.monotonic() + self.rng.uniform(2, 3) * self.opts.lease
+                self.paused[pid] = time.monotonic() + seconds
+                # A timer resumes it even while the harness waits on a lock the process holds.
+                timer = threading.Timer(seconds, self.resume_pid, args=(pid,))
+                timer.daemon = True
+                timer.start()
             else:
                 os.kill(pid, signal.SIGKILL)
                 self.log.killed_pids.add(pid)
@@ -170,12 +176,16 @@ class CeleryHarness(Harness):
                     break
                 time.sleep(0.01)  # poll pg_stat_activity
 
+    def resume_pid(self, pid: int) -> None:
+        with self.lock:
+            if self.paused.pop(pid, None) is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     def resume_due(self, everyone: bool = False) -> None:
         for pid, until in list(self.paused.items()):
             if everyone or time.monotonic() >= until:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-                del self.paused[pid]
+                self.resume_pid(pid)
 
     def chaos(self) -> None:
         opts = self.opts

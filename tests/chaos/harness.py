@@ -139,6 +139,7 @@ class Harness:
         self.workers: list[WorkerProc] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.next_tag = 0
+        self.lock = threading.Lock()
         self.kinds = applicable_faults(opts.db, opts.faults)
         # The first faults go through every kind once (in a seeded order), so that even a
         # short run injects each; after that the kinds are drawn by weight.
@@ -300,15 +301,25 @@ class Harness:
         seconds = self.rng.uniform(2, 3) * self.opts.lease
         os.kill(worker.pid, signal.SIGSTOP)
         worker.paused_until = time.monotonic() + seconds
+        # Resumed by a timer, not by the main loop: on SQLite a worker paused inside its write
+        # transaction holds the database lock, and the harness's own queries wait for it.
+        timer = threading.Timer(seconds, self.resume, args=(worker,))
+        timer.daemon = True
+        timer.start()
         self.log.faults["pause"] += 1
 
-    def resume_due(self, everyone: bool = False) -> None:
-        for worker in self.workers:
-            due = worker.paused_until is not None and time.monotonic() >= worker.paused_until
-            if worker.paused_until is not None and (everyone or due):
+    def resume(self, worker: WorkerProc) -> None:
+        with self.lock:
+            if worker.paused_until is not None:
                 if worker.alive():
                     os.kill(worker.pid, signal.SIGCONT)
                 worker.paused_until = None
+
+    def resume_due(self, everyone: bool = False) -> None:
+        for worker in list(self.workers):
+            due = worker.paused_until is not None and time.monotonic() >= worker.paused_until
+            if worker.paused_until is not None and (everyone or due):
+                self.resume(worker)
 
     def fault_kill(self, worker: WorkerProc) -> None:
         os.kill(worker.pid, signal.SIGKILL)
