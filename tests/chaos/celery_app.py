@@ -24,8 +24,8 @@ django.setup()
 
 from celery import Celery  # noqa: E402
 from django.db import InterfaceError, OperationalError  # noqa: E402
-from django_taskclaim.celery import claimed_task  # noqa: E402
 
+from django_taskclaim import celery as bridge  # noqa: E402
 from django_taskclaim import signals  # noqa: E402
 
 LEASE = float(os.environ.get("CHAOS_LEASE", "2"))
@@ -73,7 +73,7 @@ signals.stale_write_refused.connect(_refused, weak=False, dispatch_uid="chaos-re
 # A dropped database connection is transient: Celery retries the task (the bridge records the
 # attempt as a retry), as a careful user configures it. Without autoretry_for the bridge ends
 # the task FAILED on the first terminated session, by design (no retry decided by Celery).
-@claimed_task(key="{key}", lease=LEASE, on_busy="retry", busy_countdown=LEASE / 2,
+@bridge.claimed_task(key="{key}", lease=LEASE, on_busy="retry", busy_countdown=LEASE / 2,
               max_attempts=100_000, app=app, bind=True, name="chaos.step_task",
               autoretry_for=(OperationalError, InterfaceError), max_retries=None,
               default_retry_delay=0.2, retry_backoff=False)

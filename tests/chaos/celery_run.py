@@ -110,8 +110,7 @@ class CeleryHarness(Harness):
                 self.start_worker()
 
     def top_up(self) -> None:
-        from django_taskclaim.celery import enqueue_once
-
+        from django_taskclaim import celery as bridge
         from django_taskclaim.models import Task
 
         backlog = self.db(lambda: Task.objects.pending().count())
@@ -120,16 +119,16 @@ class CeleryHarness(Harness):
             want = min(want, self.opts.tasks - len(self.log.enqueued))
         for _ in range(max(want, 0)):
             key = f"chaos:{self.opts.seed}:{len(self.log.enqueued)}"
-            self.db(lambda key=key: enqueue_once(self.task, key=key, kwargs={"key": key}))
+            self.db(lambda key=key: bridge.enqueue_once(self.task, key=key, kwargs={"key": key}))
             self.log.enqueued.append(key)
 
     def sweep(self, older_than: float) -> None:
-        from django_taskclaim.celery import requeue_lost
-
+        from django_taskclaim import celery as bridge
         from django_taskclaim.claims import reclaim_expired_rows
 
         def run() -> int:
-            return len(requeue_lost(reclaim_expired_rows(), older_than=older_than, app=self.app))
+            sent = bridge.requeue_lost(reclaim_expired_rows(), older_than=older_than, app=self.app)
+            return len(sent)
 
         self.log.faults["requeued"] += self.db(run)
 

@@ -287,10 +287,8 @@ class Harness:
     def nemesis(self) -> None:
         if not self.kinds:
             return
-        if self.first:
-            kind = self.first.pop(0)
-        else:
-            kind = self.rng.choices(self.kinds, [FAULTS[k][0] for k in self.kinds])[0]
+        weights = [FAULTS[k][0] for k in self.kinds]
+        kind = self.first.pop(0) if self.first else self.rng.choices(self.kinds, weights)[0]
         candidates = [w for w in self.live_workers() if w.paused_until is None]
         if kind != "restart" and not candidates:
             return
