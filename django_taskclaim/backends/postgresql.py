@@ -11,14 +11,22 @@ from typing import Any
 from .base import ATTEMPT, TASK, TASK_COLUMNS, Backend, Row, claimable
 
 _OPEN_ATTEMPTS = (
-    # Close the attempt that was taken over (token - 1 still running), open the new one.
-    f", closed AS (UPDATE {ATTEMPT} a SET outcome = 'taken_over', ended_at = statement_timestamp() "
+    # Close the attempt that was taken over (token - 1 still running), open the new one, both
+    # at c.claimed_at: the clock read once the row was claimed (see returning()).
+    f", closed AS (UPDATE {ATTEMPT} a SET outcome = 'taken_over', ended_at = c.claimed_at "
     f"FROM claimed c WHERE a.task_id = c.id AND a.token = c.fencing_token - 1 AND a.outcome = 'running' "
     f"RETURNING a.task_id, a.owner), "
     f"opened AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
-    f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, statement_timestamp(), NULL, "
+    f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, "
     f"'running', 0 FROM claimed c) "
 )
+# When the row was claimed, for the attempt's audit times. Not statement_timestamp(): that is
+# when the statement *arrived*, and a claim that arrived while the owner still held the row
+# (inside fenced()) and ran after its release committed would be stamped before the release
+# ended the previous attempt. clock_timestamp() in RETURNING is read after the row lock and
+# the re-check, so attempts of a task are stamped in the order they happened. Callers read
+# the task columns by position; this trailing column is ignored by them.
+_CLAIMED_AT = ", clock_timestamp() AS claimed_at"
 _SELECT_WITH_PREVIOUS = (
     "SELECT c.*, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) FROM claimed c ORDER BY c.id"
 )
@@ -38,7 +46,7 @@ class PostgreSQLBackend(Backend):
     def returning(self) -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
         return ", ".join(f'"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'"{c}"'
-                         for c in TASK_COLUMNS)
+                         for c in TASK_COLUMNS) + _CLAIMED_AT
 
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
@@ -87,7 +95,7 @@ class PostgreSQLBackend(Backend):
         return ", ".join(
             f'{TASK}."{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'{TASK}."{c}"'
             for c in TASK_COLUMNS
-        )
+        ) + _CLAIMED_AT
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],

@@ -1,0 +1,278 @@
+"""The checker: reads the final database state and the workers' replies, and judges the run.
+
+Properties (each violation is listed, and makes the run fail):
+
+- **lost**: every enqueued task ended SUCCEEDED, with its final effect written;
+- **duplicated**: no task has more than one final effect;
+- **token order**: per task, the tokens of accepted effects in commit order (id order; the
+  fenced row lock serialises one task's transactions) never go down, and the final effect
+  carries the task's last token;
+- **effect inside its claim**: each effect's database-clock timestamp (taken inside its fenced
+  transaction) lies within its attempt's ``[started_at, ended_at]``;
+- **no overlap**: per task, each attempt ended (``ended_at``) no later than the next one began,
+  and one that was taken over or reclaimed had every lease it was granted (the expiry the
+  database returned for its claim and heartbeats) run out before it ended;
+- **stale writes refused and counted**: every ``StaleClaim`` a worker reported is counted in
+  ``Attempt.stale_writes`` of that attempt; a count above the reported number is allowed only
+  where the reply could be lost (the worker was killed, or its connection failed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Verdict:
+    figures: dict[str, int] = field(default_factory=dict)
+    violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, kind: str, message: str) -> None:
+        self.violations[kind].append(message)
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    if value is None or isinstance(value, dt.datetime):
+        return value
+    return dt.datetime.fromisoformat(str(value))
+
+
+def load_state() -> dict[str, Any]:
+    """Everything the checker reads from the database, as plain values."""
+    from django_taskclaim.models import Attempt, Task
+    from tests.testapp.models import Effect
+
+    return {
+        "tasks": list(Task.objects.values("id", "key", "status", "fencing_token", "attempts")),
+        "attempts": list(Attempt.objects.values(
+            "id", "task_id", "token", "owner", "started_at", "ended_at", "outcome", "stale_writes",
+        )),
+        "effects": list(Effect.objects.order_by("id").values(
+            "id", "task_key", "token", "worker", "created_at",
+        )),
+    }
+
+
+def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[str],
+          killed_pids: set[int]) -> Verdict:
+    verdict = Verdict()
+    tasks = {t["key"]: t for t in state["tasks"]}
+    by_id = {t["id"]: t for t in state["tasks"]}
+    attempts: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for a in state["attempts"]:
+        if a["token"] is not None:
+            attempts[a["task_id"]].append(a)
+    effects: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in state["effects"]:
+        effects[e["task_key"]].append(e)
+
+    # What the workers replied, per (task id, token).
+    granted: dict[tuple[int, int], dt.datetime] = {}
+    reported_stale: Counter[tuple[int, int]] = Counter()
+    disturbed: set[tuple[int, int]] = set()
+    stale_actions: Counter[str] = Counter()
+    for ev in events:
+        kind = ev.get("event")
+        if "task" not in ev and ev.get("key") in tasks:  # the Celery variant reports keys
+            ev = {**ev, "task": tasks[ev["key"]]["id"]}
+        ident = (ev["task"], ev["token"]) if "task" in ev and "token" in ev else None
+        if ident is None:
+            continue
+        if kind in ("claimed", "beat") and ev.get("expires"):
+            expires = parse_time(ev["expires"])
+            assert expires is not None
+            if ident not in granted or expires > granted[ident]:
+                granted[ident] = expires
+        elif kind == "stale":
+            reported_stale[ident] += 1
+            stale_actions[ev["action"]] += 1
+        elif kind in ("dberror", "abandon", "crash"):
+            disturbed.add(ident)
+    owner_pid = {}
+    for a in state["attempts"]:
+        if a["token"] is not None:
+            try:
+                # "w3:pid" (harness workers) or "host:pid:random" (the default owner).
+                owner_pid[(a["task_id"], a["token"])] = int(a["owner"].split(":")[1])
+            except (IndexError, ValueError):
+                verdict.add("harness", f"attempt {a['id']} has an owner the harness did not give: "
+                                       f"{a['owner']!r}")
+
+    # Lost / duplicated.
+    lost = duplicated = final_effects = 0
+    for key in enqueued:
+        task = tasks.get(key)
+        finals = [e for e in effects.get(key, []) if e["worker"].endswith("#final")]
+        final_effects += len(finals)
+        if task is None:
+            lost += 1
+            verdict.add("lost", f"{key}: the task row is gone")
+            continue
+        if task["status"] != "succeeded":
+            lost += 1
+            verdict.add("lost", f"{key}: ended {task['status']} (token {task['fencing_token']})")
+        elif not finals:
+            lost += 1
+            verdict.add("lost", f"{key}: SUCCEEDED without its effect")
+        if len(finals) > 1:
+            duplicated += 1
+            verdict.add("duplicated", f"{key}: {len(finals)} final effects, "
+                                      f"tokens {[e['token'] for e in finals]}")
+        if finals and task is not None and finals[-1]["token"] != task["fencing_token"]:
+            verdict.add("token order", f"{key}: final effect token {finals[-1]['token']} "
+                                       f"!= task token {task['fencing_token']}")
+
+    # Token order in commit order, and each effect inside its attempt's interval.
+    for key, rows in effects.items():
+        task = tasks.get(key)
+        spans = {a["token"]: a for a in attempts.get(task["id"], [])} if task else {}
+        high = None
+        for e in rows:
+            if high is not None and e["token"] < high:
+                verdict.add("token order", f"{key}: effect {e['id']} with token {e['token']} "
+                                           f"committed after one with token {high}")
+            high = e["token"] if high is None else max(high, e["token"])
+            span = spans.get(e["token"])
+            if span is None:
+                verdict.add("token order", f"{key}: effect {e['id']} carries token {e['token']}, "
+                                           "never granted")
+                continue
+            at = e["created_at"]
+            if at < span["started_at"] or (span["ended_at"] is not None and at > span["ended_at"]):
+                verdict.add("effect outside claim",
+                            f"{key}: effect {e['id']} (token {e['token']}) at {at} outside "
+                            f"[{span['started_at']}, {span['ended_at']}] ({span['outcome']})")
+
+    # No two claims of one task overlap on the database clock.
+    overlaps = 0
+    for task_id, rows in attempts.items():
+        rows.sort(key=lambda a: a["token"])
+        key = by_id[task_id]["key"] if task_id in by_id else f"task #{task_id}"
+        for a, b in zip(rows, rows[1:], strict=False):
+            if a["ended_at"] is None or a["ended_at"] > b["started_at"]:
+                overlaps += 1
+                verdict.add("overlap", f"{key}: token {a['token']} ({a['outcome']}) ended "
+                                       f"{a['ended_at']}, token {b['token']} started "
+                                       f"{b['started_at']}")
+        for a in rows:
+            if a["outcome"] == "running":
+                verdict.add("overlap", f"{key}: attempt with token {a['token']} still running "
+                                       "at the end")
+            expiry = granted.get((task_id, a["token"]))
+            ended_early = a["outcome"] in ("taken_over", "expired")
+            if ended_early and expiry is not None and expiry >= a["ended_at"]:
+                overlaps += 1
+                verdict.add("overlap", f"{key}: token {a['token']} {a['outcome']} at "
+                                       f"{a['ended_at']} while its lease ran until {expiry}")
+
+    # Stale writes: refused (no effect landed, checked above) and counted.
+    db_stale = 0
+    for a in state["attempts"]:
+        if a["token"] is None:
+            continue
+        ident = (a["task_id"], a["token"])
+        db_stale += a["stale_writes"]
+        told = reported_stale.get(ident, 0)
+        where = f"task {a['task_id']} token {a['token']}"
+        undisturbed = ident not in disturbed and owner_pid.get(ident) not in killed_pids
+        if told > a["stale_writes"]:
+            verdict.add("stale count", f"{where}: {told} refusals reported, "
+                                       f"{a['stale_writes']} recorded")
+        elif a["stale_writes"] > told and undisturbed:
+            verdict.add("stale count", f"{where}: {a['stale_writes']} refusals recorded, {told} "
+                                       "reported by an undisturbed worker")
+
+    outcomes = Counter(a["outcome"] for a in state["attempts"])
+    verdict.figures.update(
+        tasks_enqueued=len(enqueued),
+        executions_started=sum(len(v) for v in attempts.values()),
+        takeovers=outcomes["taken_over"],
+        reclaimed=outcomes["expired"],
+        retried=outcomes["retry"] + outcomes["released"],
+        effects_accepted=final_effects,
+        progress_effects=sum(1 for e in state["effects"] if not e["worker"].endswith("#final")),
+        stale_refused_db=db_stale,
+        stale_reported=sum(reported_stale.values()),
+        stale_heartbeat=stale_actions["heartbeat"],
+        stale_fenced=stale_actions["fenced write"],
+        stale_other=sum(stale_actions.values()) - stale_actions["heartbeat"]
+        - stale_actions["fenced write"],
+        db_errors_survived=sum(1 for ev in events if ev.get("event") == "dberror"),
+        lost=lost,
+        duplicated=duplicated,
+        overlaps=overlaps,
+    )
+    return verdict
+
+
+FAULT_LABELS = [
+    ("pause", "SIGSTOP for 2-3x the lease, then SIGCONT"),
+    ("kill", "SIGKILL (a replacement is started)"),
+    ("terminate", "pg_terminate_backend of a worker"),
+    ("terminate_in_commit", "pg_terminate_backend inside the completing transaction"),
+    ("timeout", "statement_timeout/lock_timeout = 1 ms"),
+    ("restart", "pg_ctl restart -m immediate"),
+    ("skewed_worker", "worker started with its clock +1 h (libfaketime)"),
+    ("crash_after_claim", "crash point: after claim"),
+    ("crash_before_commit", "crash point: after effect, before commit"),
+    ("crash_after_commit", "crash point: after commit, before reply"),
+]
+
+FIGURE_LABELS = [
+    ("tasks_enqueued", "tasks enqueued"),
+    ("executions_started", "executions started (claims)"),
+    ("takeovers", "  of which ended by takeover"),
+    ("reclaimed", "  of which ended by reclaim"),
+    ("retried", "  of which failed (retried) or released"),
+    ("effects_accepted", "effects accepted (final)"),
+    ("progress_effects", "progress effects accepted"),
+    ("stale_refused_db", "stale writes refused (Attempt.stale_writes)"),
+    ("stale_reported", "stale writes reported by workers"),
+    ("stale_heartbeat", "  heartbeats"),
+    ("stale_fenced", "  fenced writes (effect + completion)"),
+    ("stale_other", "  completions, failures, releases, keepalive"),
+    ("db_errors_survived", "database errors survived"),
+    ("lost", "LOST"),
+    ("duplicated", "DUPLICATED"),
+    ("overlaps", "OVERLAPPING CLAIMS"),
+]
+
+
+def table(faults: Counter[str], verdict: Verdict, header: str, kinds: list[str], skew: bool,
+          crash: str) -> str:
+    from tests.chaos.worker import parse_crash
+
+    enabled = {*kinds, *(["skewed_worker"] if skew else []),
+               *(f"crash_{point}" for point, p in parse_crash(crash).items() if p)}
+    lines = [header, "", "faults injected"]
+    for kind, label in FAULT_LABELS:
+        extra = ""
+        if kind == "terminate_in_commit" and faults.get("terminate_in_commit_tried"):
+            extra = f"  (of {faults['terminate_in_commit_tried']} tried)"
+        count = str(faults.get(kind, 0)) if kind in enabled else "n/a"
+        lines.append(f"  {label:<56} {count:>8}{extra}")
+    lines += ["", "run"]
+    for name, label in FIGURE_LABELS:
+        lines.append(f"  {label:<56} {verdict.figures.get(name, 0):>8}")
+    lines += ["", "violations"]
+    total = 0
+    for kind, items in sorted(verdict.violations.items()):
+        if not items:
+            continue
+        total += len(items)
+        lines.append(f"  {kind}: {len(items)}")
+        lines += [f"    {m}" for m in items[:10]]
+        if len(items) > 10:
+            lines.append(f"    ... and {len(items) - 10} more")
+    if not total:
+        lines.append("  none")
+    lines.append("")
+    lines.append("PASS" if verdict.ok else "FAIL")
+    return "\n".join(lines)

@@ -1,0 +1,475 @@
+"""The run: a database server of its own, W worker processes, the nemesis, the quiet period.
+
+Everything the run needs is started here and stopped at the end: a throwaway PostgreSQL
+(``tests.servers.PostgresServer``) or a SQLite file, the schema (``migrate``), the workers
+(``tests.chaos.worker``) and the tasks. The nemesis draws every decision (which fault, which
+worker, how long) from one ``random.Random(seed)``; the timing of the processes is not
+deterministic, so a seed reproduces the fault schedule, not the interleaving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests.servers import PostgresServer
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+SKEW_SECONDS = 3600
+T = TypeVar("T")
+
+# Fault kinds the nemesis draws from, with their weights, and the databases they apply to.
+FAULTS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "pause": (3, ("sqlite", "postgresql")),
+    "kill": (2, ("sqlite", "postgresql")),
+    "terminate": (2, ("postgresql",)),
+    "terminate_in_commit": (2, ("postgresql",)),
+    "timeout": (2, ("postgresql",)),
+    "restart": (1, ("postgresql",)),
+}
+
+
+def applicable_faults(db: str, wanted: tuple[str, ...] | None) -> list[str]:
+    """The fault kinds to inject on ``db``: ``wanted`` (all by default) that apply to it."""
+    if wanted is not None:
+        unknown = sorted(set(wanted) - set(FAULTS))
+        if unknown:
+            raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(FAULTS)}")
+        inapplicable = sorted(k for k in wanted if db not in FAULTS[k][1])
+        if inapplicable:
+            raise ValueError(f"fault kind(s) {', '.join(inapplicable)} do not apply to {db}")
+    return [k for k in FAULTS if db in FAULTS[k][1] and (wanted is None or k in wanted)]
+
+
+@dataclass
+class Options:
+    duration: float
+    workers: int
+    seed: int
+    db: str
+    lease: float = 2.0
+    tasks: int | None = None
+    steps: int = 3
+    work_ms: float = 100.0
+    fault_interval: float = 1.0
+    crash: str = "after_claim=0.01,before_commit=0.01,after_commit=0.01"
+    give_up: float = 0.03
+    skew: float = 0.25
+    quiet: float | None = None
+    faults: tuple[str, ...] | None = None
+    unsafe: bool = False
+    keep: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class WorkerProc:
+    tag: str
+    proc: subprocess.Popen[str]
+    skewed: bool
+    started: float
+    paused_until: float | None = None
+    stopping: bool = False
+    reader: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def app_name(self) -> str:
+        return f"chaos-{self.tag}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, command: str) -> bool:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+
+@dataclass
+class RunLog:
+    """What the harness saw: faults it injected, and every event the workers replied."""
+
+    faults: Counter[str] = field(default_factory=Counter)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    killed_pids: set[int] = field(default_factory=set)
+    skew_observed: list[float] = field(default_factory=list)
+    enqueued: list[str] = field(default_factory=list)
+    workers_started: int = 0
+    quiet_seconds: float = 0.0
+    chaos_seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class Harness:
+    def __init__(self, opts: Options) -> None:
+        if opts.db not in ("sqlite", "postgresql"):
+            raise ValueError(f"--db must be sqlite or postgresql, not {opts.db!r}")
+        self.opts = opts
+        self.rng = random.Random(opts.seed)
+        self.log = RunLog()
+        self.rundir = tempfile.mkdtemp(prefix="taskclaim-chaos-")
+        self.server: PostgresServer | None = None
+        self.env: dict[str, str] = {}
+        self.workers: list[WorkerProc] = []
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.next_tag = 0
+        self.lock = threading.Lock()
+        self.kinds = applicable_faults(opts.db, opts.faults)
+        # The first faults go through every kind once (in a seeded order), so that even a
+        # short run injects each; after that the kinds are drawn by weight.
+        self.first = self.rng.sample(self.kinds, len(self.kinds))
+        self.skew_available = opts.db == "postgresql" and opts.skew > 0
+        if self.skew_available and not os.path.exists(FAKETIME_LIB):
+            raise RuntimeError(f"libfaketime not found at {FAKETIME_LIB}: "
+                               "apt-get install libfaketime, or pass --skew 0")
+
+    # -- setup ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        env = {
+            "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
+            "TASKCLAIM_TEST_DB": self.opts.db,
+            "PYTHONPATH": str(ROOT),
+            "CHAOS_SEED": str(self.opts.seed),
+            "CHAOS_APP_NAME": "chaos-harness",
+        }
+        if self.opts.db == "postgresql":
+            self.server = PostgresServer().start()
+            env.update(self.server.env)
+            env["TASKCLAIM_TEST_DB_NAME"] = "postgres"
+        else:
+            env["TASKCLAIM_TEST_DB_NAME"] = os.path.join(self.rundir, "chaos.sqlite3")
+        self.env = env
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection
+
+        call_command("migrate", verbosity=0)
+        if self.opts.db == "sqlite":
+            with connection.cursor() as cursor:
+                # Readers never wait for the writer; the mode is stored in the file.
+                cursor.execute("PRAGMA journal_mode=WAL")
+
+    def db(self, fn: Callable[[], T], deadline: float = 120.0) -> T:
+        """Run a query of the harness itself, reconnecting while the server restarts."""
+        from django.db import Error, connection
+
+        end = time.monotonic() + deadline
+        while True:
+            try:
+                return fn()
+            except Error:
+                connection.close()
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.2)  # back-off while the server is down
+
+    # -- workers --------------------------------------------------------------------------
+    def start_worker(self, skewed: bool | None = None) -> WorkerProc:
+        tag = f"w{self.next_tag}"
+        self.next_tag += 1
+        if skewed is None:
+            skewed = self.skew_available and self.rng.random() < self.opts.skew
+        env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}",
+               "CHAOS_CRASH": self.opts.crash}
+        if skewed:
+            # FORCE_MONOTONIC_FIX: without it, libfaketime 0.9.10 breaks clock_nanosleep, so
+            # time.sleep() fails with EINVAL (monotonic time is offset too, harmlessly).
+            env.update(LD_PRELOAD=FAKETIME_LIB, FAKETIME=f"+{SKEW_SECONDS // 3600}h",
+                       FAKETIME_FORCE_MONOTONIC_FIX="1")
+        stderr = open(os.path.join(self.rundir, f"{tag}.stderr"), "w")  # noqa: SIM115 (closed by the child's exit)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.worker", "--tag", tag,
+             "--lease", str(self.opts.lease), "--steps", str(self.opts.steps),
+             "--work-ms", str(self.opts.work_ms), "--give-up", str(self.opts.give_up),
+             *(["--unsafe"] if self.opts.unsafe else [])],
+            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+            text=True,
+        )
+        stderr.close()
+        worker = WorkerProc(tag=tag, proc=proc, skewed=skewed, started=time.monotonic())
+        worker.reader = threading.Thread(target=self._read, args=(worker,), daemon=True)
+        worker.reader.start()
+        self.workers.append(worker)
+        self.log.workers_started += 1
+        if skewed:
+            self.log.faults["skewed_worker"] += 1
+        return worker
+
+    def _read(self, worker: WorkerProc) -> None:
+        assert worker.proc.stdout is not None
+        for line in worker.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = {"event": "garbage", "line": line[:200]}
+            event.update(tag=worker.tag, pid=worker.pid, seen=time.time(), skewed=worker.skewed)
+            self.events.put(event)
+
+    def drain_events(self) -> None:
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            self.log.events.append(event)
+            kind = event.get("event")
+            if kind == "crash":
+                self.log.faults[f"crash_{event['point']}"] += 1
+                self.log.killed_pids.add(event["pid"])
+            elif kind == "start":
+                self.log.skew_observed.append(event["wall"] - event["seen"])
+                if event["skewed"] != (event["wall"] - event["seen"] > SKEW_SECONDS / 2):
+                    self.log.errors.append(
+                        f"worker {event['tag']} skewed={event['skewed']} but its clock is off by "
+                        f"{event['wall'] - event['seen']:.0f} s")
+            elif self.opts.verbose and kind in ("stale", "abandon"):
+                print(f"  {event}", flush=True)
+
+    def live_workers(self) -> list[WorkerProc]:
+        return [w for w in self.workers if w.alive() and not w.stopping]
+
+    def replace_dead(self) -> None:
+        for worker in list(self.workers):
+            if not worker.stopping and not worker.alive():
+                worker.stopping = True  # counted once
+                if worker.proc.returncode != -signal.SIGKILL:
+                    self.log.errors.append(
+                        f"worker {worker.tag} exited with code {worker.proc.returncode} "
+                        f"(see {self.rundir}/{worker.tag}.stderr)")
+                self.start_worker()
+
+    # -- tasks ----------------------------------------------------------------------------
+    def top_up(self) -> None:
+        from django_taskclaim.models import Task
+
+        cap = self.opts.tasks
+        if cap is not None and len(self.log.enqueued) >= cap:
+            return
+        backlog = self.db(lambda: Task.objects.pending().count())
+        want = 4 * self.opts.workers - backlog
+        if cap is not None:
+            want = min(want, cap - len(self.log.enqueued))
+        for _ in range(max(want, 0)):
+            key = f"chaos:{self.opts.seed}:{len(self.log.enqueued)}"
+            self.db(partial(Task.objects.ensure, key, max_attempts=100_000))
+            self.log.enqueued.append(key)
+
+    # -- the nemesis ----------------------------------------------------------------------
+    def nemesis(self) -> None:
+        if not self.kinds:
+            return
+        weights = [FAULTS[k][0] for k in self.kinds]
+        kind = self.first.pop(0) if self.first else self.rng.choices(self.kinds, weights)[0]
+        candidates = [w for w in self.live_workers() if w.paused_until is None]
+        if kind != "restart" and not candidates:
+            return
+        target = self.rng.choice(candidates) if candidates else None
+        getattr(self, f"fault_{kind}")(target)
+
+    def fault_pause(self, worker: WorkerProc) -> None:
+        seconds = self.rng.uniform(2, 3) * self.opts.lease
+        os.kill(worker.pid, signal.SIGSTOP)
+        worker.paused_until = time.monotonic() + seconds
+        # Resumed by a timer, not by the main loop: on SQLite a worker paused inside its write
+        # transaction holds the database lock, and the harness's own queries wait for it.
+        timer = threading.Timer(seconds, self.resume, args=(worker,))
+        timer.daemon = True
+        timer.start()
+        self.log.faults["pause"] += 1
+
+    def resume(self, worker: WorkerProc) -> None:
+        with self.lock:
+            if worker.paused_until is not None:
+                if worker.alive():
+                    os.kill(worker.pid, signal.SIGCONT)
+                worker.paused_until = None
+
+    def resume_due(self, everyone: bool = False) -> None:
+        for worker in list(self.workers):
+            due = worker.paused_until is not None and time.monotonic() >= worker.paused_until
+            if worker.paused_until is not None and (everyone or due):
+                self.resume(worker)
+
+    def fault_kill(self, worker: WorkerProc) -> None:
+        os.kill(worker.pid, signal.SIGKILL)
+        self.log.killed_pids.add(worker.pid)
+        self.log.faults["kill"] += 1
+
+    def _terminate(self, column: str, value: Any) -> int:
+        from django.db import connection
+
+        sql = {
+            "application_name": "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE application_name = %s",
+            "pid": "SELECT pg_terminate_backend(%s)",
+        }[column]
+
+        def run() -> int:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [value])
+                return sum(1 for (ok,) in cursor.fetchall() if ok)
+
+        return self.db(run)
+
+    def fault_terminate(self, worker: WorkerProc) -> None:
+        # A worker that is reconnecting (after a restart, say) has no session for a moment.
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and worker.alive():
+            if self._terminate("application_name", worker.app_name):
+                self.log.faults["terminate"] += 1
+                return
+            time.sleep(0.01)  # poll pg_stat_activity
+
+    def fault_terminate_in_commit(self, worker: WorkerProc) -> None:
+        """Terminate whichever worker is first seen inside a fenced transaction.
+
+        ``idle in transaction`` with the completion as its last statement: the effect and the
+        completion are written, the COMMIT is next (or under way).
+        """
+        from django.db import connection
+
+        self.log.faults["terminate_in_commit_tried"] += 1
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:
+            def find() -> list[int]:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s "
+                        "AND state IN ('idle in transaction', 'active') AND xact_start IS NOT NULL "
+                        "AND query LIKE %s", ["chaos-w%", "%status = 'succeeded'%"])
+                    return [pid for (pid,) in cursor.fetchall()]
+
+            pids = self.db(find)
+            if pids:
+                if self._terminate("pid", pids[0]):
+                    self.log.faults["terminate_in_commit"] += 1
+                return
+
+    def fault_timeout(self, worker: WorkerProc) -> None:
+        if worker.send("timeout"):
+            self.log.faults["timeout"] += 1
+
+    def fault_restart(self, worker: WorkerProc | None) -> None:
+        assert self.server is not None
+        from django.db import connection
+
+        connection.close()
+        self.server.restart("immediate")
+        self.log.faults["restart"] += 1
+
+    # -- phases ---------------------------------------------------------------------------
+    def chaos(self) -> None:
+        opts = self.opts
+        skewed_first = self.skew_available
+        for i in range(opts.workers):
+            self.start_worker(skewed=True if (skewed_first and i == 0) else None)
+        start = time.monotonic()
+        end = start + opts.duration
+        next_fault = start + self.rng.expovariate(1 / opts.fault_interval)
+        last_report = start
+        next_sweep = start + opts.lease
+        while time.monotonic() < end:
+            self.drain_events()
+            self.resume_due()
+            self.replace_dead()
+            self.top_up()
+            now = time.monotonic()
+            if now >= next_sweep:
+                # What `manage.py reclaim --every` does, racing the workers' takeovers.
+                self.sweep()
+                next_sweep = now + opts.lease
+            if now >= next_fault:
+                self.nemesis()
+                next_fault = time.monotonic() + self.rng.expovariate(1 / opts.fault_interval)
+            if now - last_report >= 30:
+                last_report = now
+                print(f"  {now - start:5.0f} s: {len(self.log.enqueued)} tasks enqueued, faults "
+                      f"{dict(self.log.faults)}", flush=True)
+            time.sleep(0.05)  # the nemesis's tick
+        self.log.chaos_seconds = time.monotonic() - start
+
+    def sweep(self) -> None:
+        from django_taskclaim.models import Task
+
+        self.log.faults["reclaim_sweeps"] += 1
+        self.db(lambda: Task.objects.reclaim_expired())
+
+    def quiet(self) -> None:
+        """No more faults: resume everyone, sweep expired leases, let the survivors finish."""
+        from django_taskclaim.models import Task
+
+        self.resume_due(everyone=True)
+        start = time.monotonic()
+        limit = self.opts.quiet if self.opts.quiet is not None else max(60.0, 20 * self.opts.lease)
+        while time.monotonic() - start < limit:
+            self.drain_events()
+            self.replace_dead()
+            self.sweep()
+            if not self.db(lambda: Task.objects.unfinished().exists()):
+                break
+            time.sleep(self.opts.lease / 4)  # sweep interval; leases are what we wait for
+        self.log.quiet_seconds = time.monotonic() - start
+        for worker in self.workers:
+            worker.stopping = True
+            worker.send("stop")
+        deadline = time.monotonic() + 30
+        for worker in self.workers:
+            try:
+                worker.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.log.errors.append(f"worker {worker.tag} did not stop when told; killed")
+                worker.proc.kill()
+                worker.proc.wait()
+        for worker in self.workers:
+            if worker.reader is not None:
+                worker.reader.join(10)
+            if worker.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    worker.proc.stdin.close()
+        self.drain_events()
+
+    def teardown(self, ok: bool) -> None:
+        for worker in self.workers:
+            if worker.alive():
+                if worker.paused_until is not None:
+                    os.kill(worker.pid, signal.SIGCONT)
+                worker.proc.kill()
+                worker.proc.wait()
+        from django.db import connection
+
+        connection.close()
+        if self.server is not None:
+            self.server.stop()
+        if ok and not self.opts.keep:
+            shutil.rmtree(self.rundir, ignore_errors=True)
+        else:
+            print(f"worker logs kept in {self.rundir}", flush=True)

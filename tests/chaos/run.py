@@ -1,0 +1,58 @@
+"""One run, from options to exit status: set up, inject, go quiet, check, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tests.chaos.checker import check, load_state, table
+from tests.chaos.harness import Harness, Options
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.celery:
+        from tests.chaos.celery_run import run_celery
+
+        return run_celery(args)
+    opts = Options(
+        duration=args.duration, workers=args.workers, seed=args.seed, db=args.db,
+        lease=args.lease, tasks=args.tasks, steps=args.steps, work_ms=args.work_ms,
+        fault_interval=args.fault_interval, crash=args.crash, give_up=args.give_up,
+        skew=args.skew, quiet=args.quiet,
+        faults=args.faults, unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
+    )
+    try:
+        harness = Harness(opts)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ok = False
+    try:
+        print(f"chaos on {opts.db}: {opts.workers} workers, lease {opts.lease} s, "
+              f"{opts.duration:.0f} s of faults, seed {opts.seed}", flush=True)
+        harness.setup()
+        harness.chaos()
+        print(f"  quiet period (faults stopped after {harness.log.chaos_seconds:.0f} s) ...",
+              flush=True)
+        harness.quiet()
+        state = harness.db(load_state)
+        verdict = check(state, harness.log.events, harness.log.enqueued, harness.log.killed_pids)
+        for error in harness.log.errors:
+            verdict.add("harness", error)
+        log = harness.log
+        header = (f"django-taskclaim fault injection: {opts.db}, seed {opts.seed}, "
+                  f"{opts.workers} workers, lease {opts.lease} s, {log.chaos_seconds:.0f} s of "
+                  f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
+        print(table(harness.log.faults, verdict, header, harness.kinds, harness.skew_available,
+                    opts.crash), flush=True)
+        ok = verdict.ok
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump({"seed": opts.seed, "db": opts.db, "ok": ok, "faults": dict(log.faults),
+                           "kinds": harness.kinds, "figures": verdict.figures,
+                           "violations": {k: v for k, v in verdict.violations.items() if v}},
+                          f, indent=1)
+        return 0 if ok else 1
+    finally:
+        harness.teardown(ok)

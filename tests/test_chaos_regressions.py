@@ -1,0 +1,61 @@
+"""Regression tests for core bugs the fault-injection harness found (docs/fault-injection.md).
+
+Each test reproduces the interleaving the harness caught, deterministically, with real OS
+processes and real row locks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.db import connection
+
+from django_taskclaim.models import Attempt, Task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_until_blocked_on_a_lock(pid: int, deadline: float = 15.0) -> None:
+    """Poll until the backend serving OS process ``pid``'s claim waits for a row lock."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND pid <> pg_backend_pid()")
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.02)  # polling pg_stat_activity is the point
+    raise AssertionError(f"the claim of process {pid} never waited for the row lock")
+
+
+def test_attempts_of_a_task_do_not_overlap_when_a_claim_waits_for_a_release(spawn) -> None:  # type: ignore[no-untyped-def]
+    """Seed 20261202 of the long run: ``token 1 (released) ended 14:29:55.890203, token 2
+    started 14:29:55.889141``.
+
+    A claim that *arrives* while the owner still holds the row (here: inside ``fenced()``)
+    waits for the lock; the owner releases and commits; the waiting claim then takes the task.
+    Its attempt was stamped with ``statement_timestamp()`` — the time the claim statement
+    arrived, before the release — so the audit trail showed the new claim starting before the
+    old one ended: an overlap of two claims on the database clock, which never happened.
+    """
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has one writer: a claim never waits inside a statement for a release")
+    first = Task.objects.claim("overlap-after-release", lease=30).claim
+    assert first is not None
+    racer = spawn("race", "overlap-after-release", "--lease", "30")
+    assert json.loads(racer.stdout.readline())["event"] == "ready"
+    with first.fenced():
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+        wait_until_blocked_on_a_lock(racer.pid)
+        first.release()  # arrives after the racer's claim, commits before it runs
+    done = json.loads(racer.stdout.readline())
+    assert done["claimed"] is True and done["token"] == 2, done
+    one, two = Attempt.objects.filter(task_id=first.task_id).order_by("token")
+    assert (one.token, one.outcome, two.token) == (1, "released", 2)
+    assert one.ended_at is not None
+    assert one.ended_at <= two.started_at, (
+        f"attempt 2 started at {two.started_at}, before attempt 1 ended at {one.ended_at}")
