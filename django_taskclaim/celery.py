@@ -45,7 +45,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string, module_has_submodule
 
 from . import claims
-from .backends import DbNow
+from .backends import DbNow, DbNowPlus
 from .claims import Claim
 from .conf import settings
 from .exceptions import InvalidResult, InvalidTaskKey, StaleClaim, TaskFailed
@@ -619,7 +619,8 @@ def requeue_lost(
         if task is not None:
             picked.append((task, {"fencing_token": r[3]}))
     if older_than is not None:
-        cutoff = timezone.now() - timedelta(seconds=older_than)
+        # The database's clock, like updated_at itself: a sweeper's own clock may be off.
+        cutoff = DbNowPlus(-older_than)
         stale = rows.filter(status="pending", dispatch__isnull=False, updated_at__lt=cutoff).order_by("id")
         seen = {t.pk for t, _ in picked}
         for task in stale[:limit] if limit else stale:

@@ -32,6 +32,24 @@ class DbNow(Func):
         return backend.now, ()
 
 
+class DbNowPlus(Func):
+    """The database clock shifted by ``seconds`` (negative for the past), e.g. an age cutoff."""
+
+    output_field = DateTimeField()
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = float(seconds)
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+        return "(statement_timestamp() + make_interval(secs => %s))", (self.seconds,)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+        from .sqlite import backend
+
+        return backend.lease_sql(), (f"{self.seconds:+.3f} seconds",)
+
+
 def get_backend(alias: str) -> Backend:
     """The backend for database ``alias``; ``ImproperlyConfigured`` for unsupported vendors."""
     vendor = connections[alias].vendor
