@@ -6,8 +6,12 @@ queue claim (``FOR UPDATE SKIP LOCKED`` plus audit) are each one round trip.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+from django.db import DatabaseError
+
+from ..conf import settings
 from .base import ATTEMPT, TASK, TASK_COLUMNS, Backend, Row, claimable
 
 _OPEN_ATTEMPTS = (
@@ -25,6 +29,27 @@ _SELECT_WITH_PREVIOUS = (
 _SELECT_PLAIN = "SELECT c.*, NULL FROM claimed c ORDER BY c.id"
 
 
+# SQL text -> (statement name, PREPARE statement, EXECUTE statement with %s placeholders).
+_STATEMENTS: dict[str, tuple[str, str, str]] = {}
+
+
+def _prepared_form(sql: str) -> tuple[str, str, str]:
+    name = "taskclaim_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:20]
+    parts = sql.split("%%")
+    count = 0
+    numbered = []
+    for part in parts:
+        pieces = part.split("%s")
+        out = pieces[0]
+        for piece in pieces[1:]:
+            count += 1
+            out += f"${count}{piece}"
+        numbered.append(out)
+    prepare_sql = f"PREPARE {name} AS {'%'.join(numbered)}"
+    execute_sql = f"EXECUTE {name}({', '.join(['%s'] * count)})" if count else f"EXECUTE {name}"
+    return name, prepare_sql, execute_sql
+
+
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
@@ -34,6 +59,46 @@ class PostgreSQLBackend(Backend):
 
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
+
+    def execute(self, cursor: Any, sql: str, params: list[Any]) -> None:
+        # Django binds parameters on the client and never prepares (prepare_threshold=None, for
+        # connection poolers), so PostgreSQL would parse and plan each claim again: planning
+        # these fused CTE statements costs more than running them. The statements are few and
+        # fixed, so each is PREPAREd once per connection and then run with EXECUTE.
+        # TASKCLAIM_PREPARED_STATEMENTS = False turns this off (for poolers that drop them).
+        db = getattr(cursor, "db", None)  # a Django CursorWrapper; plain DB-API cursors run as is
+        if db is None or not settings.PREPARED_STATEMENTS:
+            cursor.execute(sql, params)
+            return
+        entry = _STATEMENTS.get(sql)
+        if entry is None:
+            entry = _STATEMENTS[sql] = _prepared_form(sql)
+        name, prepare_sql, execute_sql = entry
+        self._prepare(db, name, prepare_sql)
+        try:
+            cursor.execute(execute_sql, params)
+        except DatabaseError as exc:
+            # Someone ran DISCARD ALL / DEALLOCATE on this session: prepare again, once, where a
+            # failed statement did not abort an enclosing transaction.
+            cause = exc.__cause__
+            if getattr(cause, "sqlstate", getattr(cause, "pgcode", None)) != "26000" or db.in_atomic_block:
+                raise
+            db._taskclaim_prepared = None
+            self._prepare(db, name, prepare_sql)
+            cursor.execute(execute_sql, params)
+
+    def _prepare(self, db: Any, name: str, prepare_sql: str) -> None:
+        raw = db.connection
+        state: tuple[Any, set[str]] | None = getattr(db, "_taskclaim_prepared", None)
+        if state is None or state[0] is not raw:  # a new server session: nothing prepared yet
+            state = (raw, set())
+            db._taskclaim_prepared = state
+        if name not in state[1]:
+            # On the DB-API cursor: an internal, once-per-connection statement that query
+            # budgets (assertNumQueries) do not count.
+            with db.wrap_database_errors, raw.cursor() as prep:
+                prep.execute(prepare_sql)
+            state[1].add(name)
 
     def returning(self) -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
@@ -50,7 +115,7 @@ class PostgreSQLBackend(Backend):
             params.append(delivery_id)
         else:
             sql = f"WITH claimed AS ({self.upsert_claim_sql()}) {_SELECT_PLAIN}"
-        cursor.execute(sql, params)
+        self.execute(cursor, sql, params)
         row = cursor.fetchone()
         return (None, None) if row is None else (row[:-1], row[-1])
 
@@ -80,7 +145,7 @@ class PostgreSQLBackend(Backend):
             params.append(delivery_id)
         else:
             sql += " " + _SELECT_PLAIN
-        cursor.execute(sql, params)
+        self.execute(cursor, sql, params)
         return [(row[:-1], row[-1]) for row in cursor.fetchall()]
 
     def _qualified_returning(self) -> str:
@@ -95,7 +160,8 @@ class PostgreSQLBackend(Backend):
     ) -> str | None:
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
-        cursor.execute(
+        self.execute(
+            cursor,
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
             f"updated_at = statement_timestamp() WHERE id = %s AND status = 'running' "
             f"AND fencing_token = %s RETURNING id, status), "
@@ -109,7 +175,8 @@ class PostgreSQLBackend(Backend):
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         # A row lock, not a write: NO KEY UPDATE does not block the attempt table's FK checks.
-        cursor.execute(
+        self.execute(
+            cursor,
             f"SELECT 1 FROM {TASK} WHERE id = %s AND status = 'running' AND fencing_token = %s "
             f"FOR NO KEY UPDATE",
             [task_id, token],
