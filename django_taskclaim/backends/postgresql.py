@@ -12,7 +12,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from ..conf import settings
-from .base import ATTEMPT, TASK, TASK_COLUMNS, Backend, Row, claimable
+from .base import ATTEMPT, INSERT_COLUMNS, TASK, TASK_COLUMNS, Backend, Row, claimable
 
 _OPEN_ATTEMPTS = (
     # Close the attempt that was taken over (token - 1 still running), open the new one.
@@ -109,15 +109,46 @@ class PostgreSQLBackend(Backend):
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
     ) -> tuple[Row | None, str | None]:
-        params: list[Any] = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
+        params: list[Any] = [
+            owner, lease, payload, fingerprint, tenant, key, fingerprint, fingerprint,  # update
+            tenant, key, owner, max_attempts, lease, payload, fingerprint,  # insert
+        ]
         if audit:
-            sql = f"WITH claimed AS ({self.upsert_claim_sql()}){_OPEN_ATTEMPTS}{_SELECT_WITH_PREVIOUS}"
+            sql = f"WITH {self.claim_key_sql()}{_OPEN_ATTEMPTS}{_SELECT_WITH_PREVIOUS}"
             params.append(delivery_id)
         else:
-            sql = f"WITH claimed AS ({self.upsert_claim_sql()}) {_SELECT_PLAIN}"
+            sql = f"WITH {self.claim_key_sql()} {_SELECT_PLAIN}"
         self.execute(cursor, sql, params)
         row = cursor.fetchone()
         return (None, None) if row is None else (row[:-1], row[-1])
+
+    def claim_key_sql(self) -> str:
+        """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
+
+        Not ``INSERT … ON CONFLICT DO UPDATE … WHERE``: that locks the conflicting row even when
+        its WHERE is false, so the losers of a race on one key each held the row lock until their
+        own commit (a WAL flush) and were decided one after another. An ``UPDATE`` whose WHERE
+        fails on the row version it waited for (re-checked under READ COMMITTED) locks nothing,
+        nor does ``ON CONFLICT DO NOTHING``: losers are decided together, without writing. A row
+        committed after this statement's snapshot makes it claim nothing; ``claim()`` reads the
+        row and tries again when it is claimable.
+        """
+        t, now = TASK, self.now
+        return (
+            f"upd AS (UPDATE {t} SET status = 'running', owner = %s, fencing_token = {t}.fencing_token + 1, "
+            f"attempts = {t}.attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now}, "
+            f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN %s::jsonb ELSE {t}.payload END, "
+            f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' THEN %s "
+            f"ELSE {t}.payload_fingerprint END "
+            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, now)} '
+            f"AND (%s::text = '' OR {t}.payload_fingerprint IN ('', %s::text)) "
+            f"RETURNING {self._qualified_returning()}), "
+            f"ins AS (INSERT INTO {t} ({INSERT_COLUMNS}) SELECT %s::text, %s::text, 'running', %s::text, 1, 1, "
+            f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
+            f'WHERE NOT EXISTS (SELECT 1 FROM upd) ON CONFLICT (tenant, "key") DO NOTHING '
+            f"RETURNING {self.returning()}), "
+            f"claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)"
+        )
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
