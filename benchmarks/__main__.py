@@ -37,7 +37,8 @@ ATTEMPT = "django_taskclaim_attempt"
 @dataclass
 class Sizes:
     bykey_workers: tuple[int, ...] = (1, 2, 4, 8)
-    bykey_seconds: float = 5.0
+    bykey_seconds: float = 3.0
+    rounds: int = 3
     drain_tasks: int = 20_000
     drain_workers: tuple[int, ...] = (1, 2, 4)
     procrastinate_concurrency: tuple[int, ...] = (1, 4)
@@ -46,11 +47,11 @@ class Sizes:
     racers: int = 32
     race_keys: int = 500
     audit_workers: int = 4
-    audit_seconds: float = 5.0
+    audit_seconds: float = 3.0
     peers: bool = True
 
 
-SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, drain_tasks=300, drain_workers=(1, 2),
+SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
               table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
               audit_workers=2, audit_seconds=0.3, peers=False)
 
@@ -97,6 +98,9 @@ class Bench:
             cursor = conn.execute(statement, params)  # type: ignore[arg-type]
             return cursor.fetchall() if cursor.description else []
 
+    def _keys(self) -> int:
+        return int(self.sql(f"SELECT count(*) FROM {TASK}")[0][0])
+
     def clear(self) -> None:
         self.sql(f"TRUNCATE {ATTEMPT}, {TASK} RESTART IDENTITY")
 
@@ -132,16 +136,18 @@ class Bench:
 
         s = self.sizes
         for w in s.bykey_workers:
-            for system in ("raw", "app"):
-                self.clear()
-                run = f"bk-{system}-{w}"
-                if system == "app":
-                    out = run_workers(bykey_app, w, lambda i, run=run: (run, s.bykey_seconds, True))
-                else:
-                    out = run_workers(bykey_raw, w, lambda i, run=run: (run, s.bykey_seconds, True, self.url))
-                total = sum(r["count"] for r in out)
-                self.results.bykey[system][w] = rate(out, total)
-                log(f"  by-key {system:3} W={w}: {self.results.bykey[system][w]:,.0f} claim+complete/s")
+            # Interleaved rounds, best of each: other load on a shared machine only slows a run down.
+            for n in range(s.rounds):
+                for system in ("raw", "app"):
+                    self.clear()
+                    run = f"bk-{system}-{w}-{n}"
+                    if system == "app":
+                        out = run_workers(bykey_app, w, lambda i, run=run: (run, s.bykey_seconds, True))
+                    else:
+                        out = run_workers(bykey_raw, w, lambda i, run=run: (run, s.bykey_seconds, True, self.url))
+                    value = rate(out, sum(r["count"] for r in out))
+                    self.results.bykey[system][w] = max(value, self.results.bykey[system].get(w, 0.0))
+                    log(f"  by-key {system:3} W={w} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s")
 
     def drain(self) -> None:
         from .workers import drain_app, run_workers
@@ -270,7 +276,7 @@ class Bench:
             self.clear()
             rounds = CTX.Barrier(racers)
             out = run_workers(race, racers, lambda i, label=label, rounds=rounds: (label, s.race_keys, rounds),
-                              progress=lambda label=label: log(f"  {label}: racing…"))
+                              progress=lambda label=label: log(f"  {label}: {self._keys():,}/{s.race_keys:,} keys"))
             winners = sorted(k for r in out for k in r["won"])
             if winners != list(range(s.race_keys)):
                 raise RuntimeError(f"{label}: expected one winner per key, got {len(winners)} wins "
@@ -290,13 +296,15 @@ class Bench:
         from .workers import bykey_app, run_workers
 
         s = self.sizes
-        for audit in (True, False):
-            self.clear()
-            run = f"audit-{audit}"
-            out = run_workers(bykey_app, s.audit_workers, lambda i, run=run, a=audit: (run, s.audit_seconds, a))
-            key = "on" if audit else "off"
-            self.results.audit[key] = rate(out, sum(r["count"] for r in out))
-            log(f"  audit {key}: {self.results.audit[key]:,.0f} claim+complete/s (W={s.audit_workers})")
+        for n in range(s.rounds):
+            for audit in (True, False):
+                self.clear()
+                run = f"audit-{audit}-{n}"
+                out = run_workers(bykey_app, s.audit_workers, lambda i, run=run, a=audit: (run, s.audit_seconds, a))
+                key = "on" if audit else "off"
+                value = rate(out, sum(r["count"] for r in out))
+                self.results.audit[key] = max(value, self.results.audit.get(key, 0.0))
+                log(f"  audit {key} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s (W={s.audit_workers})")
 
 
 def _memory() -> str:
@@ -350,6 +358,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true", help="skip procrastinate and django-tasks-db")
     parser.add_argument("--max-rows", type=int, default=None,
                         help="largest table size of the latency phase (default: 10,000,000; smoke 10,000)")
+    parser.add_argument("--drain-tasks", type=int, default=None,
+                        help="tasks drained per system and W (default: 20,000; smoke 300)")
     parser.add_argument("--db-name", default="taskclaim_bench",
                         help="database created (dropped first) for the run (default: %(default)r)")
     parser.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
@@ -363,6 +373,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.argv = argv
     if args.max_rows is not None and args.max_rows < 1:
         parser.error("--max-rows must be positive")
+    if args.drain_tasks is not None and args.drain_tasks < 1:
+        parser.error("--drain-tasks must be positive")
     unknown = set(args.phases.split(",")) - {"bykey", "drain", "size", "race", "audit"}
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
@@ -372,6 +384,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     sizes = SMOKE if args.smoke else Sizes()
+    if args.drain_tasks is not None:
+        sizes.drain_tasks = args.drain_tasks
     if args.max_rows is not None:
         sizes.table_rows = tuple(r for r in sizes.table_rows if r < args.max_rows) + (args.max_rows,)
     server = None

@@ -30,7 +30,7 @@ MAX_ATTEMPTS = 5
 
 def run_workers(
     target: Callable[..., Any], count: int, args: Callable[[int], tuple[Any, ...]],
-    progress: Callable[[], None] | None = None, progress_every: float = 2.0,
+    progress: Callable[[], None] | None = None, progress_every: float = 10.0,
 ) -> list[Any]:
     """Fork ``count`` workers running ``target(index, barrier, *args(index))``; their results in order."""
     from django.db import connections
@@ -47,14 +47,16 @@ def run_workers(
     try:
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(BARRIER_TIMEOUT)  # broken when a child failed: its traceback is queued
+        last = time.monotonic()
         while len(out) + len(errors) < count:
             try:
-                status, index, value = results.get(timeout=progress_every)
+                status, index, value = results.get(timeout=1.0)
             except queue_module.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
                     raise RuntimeError(f"worker exited with code {dead[0].exitcode} without a report") from None
-                if progress is not None:
+                if progress is not None and time.monotonic() - last >= progress_every:
+                    last = time.monotonic()
                     progress()
                 continue
             if status == "ok":
