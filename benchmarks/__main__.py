@@ -95,7 +95,7 @@ class Bench:
         import psycopg
 
         with psycopg.connect(self.url, autocommit=True) as conn:
-            cursor = conn.execute(statement, params)  # type: ignore[arg-type]
+            cursor = conn.execute(statement, params)
             return cursor.fetchall() if cursor.description else []
 
     def _keys(self) -> int:
@@ -119,6 +119,7 @@ class Bench:
         env = self.results.env
         env["machine"] = f"{os.cpu_count()} CPU(s) (nproc), {_memory()} RAM, {platform.platform()}"
         env["cpu"] = _cpu_model()
+        env["load average at start (1/5/15 min)"] = _loadavg()
         env["python"] = platform.python_version()
         env["django"] = django.get_version()
         for dist in ("django-taskclaim", "psycopg", "procrastinate", "django-tasks-db", "django-tasks"):
@@ -142,82 +143,91 @@ class Bench:
                     self.clear()
                     run = f"bk-{system}-{w}-{n}"
                     if system == "app":
-                        out = run_workers(bykey_app, w, lambda i, run=run: (run, s.bykey_seconds, True))
+                        out = run_workers(bykey_app, w, (run, s.bykey_seconds, True))
                     else:
-                        out = run_workers(bykey_raw, w, lambda i, run=run: (run, s.bykey_seconds, True, self.url))
+                        out = run_workers(bykey_raw, w, (run, s.bykey_seconds, True, self.url))
                     value = rate(out, sum(r["count"] for r in out))
                     self.results.bykey[system][w] = max(value, self.results.bykey[system].get(w, 0.0))
                     log(f"  by-key {system:3} W={w} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s")
 
     def drain(self) -> None:
+        """For each W, every system in turn (so that load from elsewhere hits them alike)."""
+        s = self.sizes
+        systems: list[tuple[str, Any]] = [("django-taskclaim", self._drain_taskclaim)]
+        if self.run_peers:
+            from . import peers
+
+            have = peers.available()
+            if have["procrastinate"]:
+                peers.procrastinate_setup(self.url)
+                for c in s.procrastinate_concurrency:
+                    systems.append((f"procrastinate (concurrency {c})",
+                                    lambda w, c=c: self._drain_procrastinate(w, c)))
+            else:
+                log("  procrastinate is not installed: skipped (pip install django-taskclaim[bench])")
+            if have["django-tasks-db"]:
+                systems.append(("django-tasks-db", self._drain_dtdb))
+            else:
+                log("  django-tasks-db is not installed: skipped (pip install django-taskclaim[bench])")
+        for name, _ in systems:
+            self.results.drain[name], self.results.duplicates[name] = {}, {}
+        for w in s.drain_workers:
+            for name, drain in systems:
+                executed, value = drain(w)
+                self._check(name, w, executed, s.drain_tasks)
+                self.results.drain[name][w] = value
+                log(f"  drain {name} W={w}: {value:,.0f} tasks/s")
+
+    def _drain_taskclaim(self, w: int) -> tuple[list[Any], float]:
         from .workers import drain_app, run_workers
 
-        s = self.sizes
-        n = s.drain_tasks
-        self.results.drain["django-taskclaim"] = {}
-        self.results.duplicates["django-taskclaim"] = {}
-        for w in s.drain_workers:
-            self.clear()
-            self.sql(
-                f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
-                f"payload_fingerprint, result_ref, error, created_at, updated_at) "
-                f"SELECT '', 'drain:' || g, 'pending', '', 0, 0, 5, '', '', '', now(), now() "
-                f"FROM generate_series(1, %s::bigint) g",
-                [n],
-            )
-            self.sql(f"VACUUM ANALYZE {TASK}")
-            out = run_workers(drain_app, w, lambda i: (True,),
-                              progress=self.pending_progress(f"taskclaim W={w}", n))
-            executed = [e for r in out for e in r["executed"]]
-            self._check("django-taskclaim", w, executed, n)
-            done = self.sql(f"SELECT count(*) FROM {TASK} WHERE status = 'succeeded'")[0][0]
-            if done != n:
-                raise RuntimeError(f"taskclaim drain W={w}: {done} tasks succeeded, expected {n}")
-            self.results.drain["django-taskclaim"][w] = rate(out, n)
-            log(f"  drain django-taskclaim W={w}: {self.results.drain['django-taskclaim'][w]:,.0f} tasks/s")
-        if not self.run_peers:
-            return
+        n = self.sizes.drain_tasks
+        self.clear()
+        self.sql(
+            f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
+            f"payload_fingerprint, result_ref, error, created_at, updated_at) "
+            f"SELECT '', 'drain:' || g, 'pending', '', 0, 0, 5, '', '', '', now(), now() "
+            f"FROM generate_series(1, %s::bigint) g",
+            [n],
+        )
+        self.sql(f"VACUUM ANALYZE {TASK}")
+        out = run_workers(drain_app, w, (True,), progress=self.pending_progress(f"taskclaim W={w}", n))
+        done = self.sql(f"SELECT count(*) FROM {TASK} WHERE status = 'succeeded'")[0][0]
+        if done != n:
+            raise RuntimeError(f"taskclaim drain W={w}: {done} tasks succeeded, expected {n}")
+        return [e for r in out for e in r["executed"]], rate(out, n)
+
+    def _drain_procrastinate(self, w: int, c: int) -> tuple[list[Any], float]:
         from . import peers
+        from .workers import run_workers
 
-        have = peers.available()
-        if have["procrastinate"]:
-            peers.procrastinate_setup(self.url)
-            for c in s.procrastinate_concurrency:
-                name = f"procrastinate (concurrency {c})"
-                self.results.drain[name], self.results.duplicates[name] = {}, {}
-                for w in s.drain_workers:
-                    peers.procrastinate_fill(self.url, n)
+        n = self.sizes.drain_tasks
+        peers.procrastinate_fill(self.url, n)
 
-                    def show(w: int = w, c: int = c) -> None:
-                        log(f"  procrastinate c={c} W={w}: {n - peers.procrastinate_left(self.url)[0]:,}/{n:,} done")
+        def show() -> None:
+            log(f"  procrastinate c={c} W={w}: {n - peers.procrastinate_left(self.url)[0]:,}/{n:,} done")
 
-                    out = run_workers(peers.procrastinate_worker, w, lambda i, c=c: (self.url, c), progress=show)
-                    left, done = peers.procrastinate_left(self.url)
-                    if left or done != n:
-                        raise RuntimeError(f"procrastinate c={c} W={w}: {left} jobs left, {done} succeeded")
-                    self._check(name, w, [e for r in out for e in r["executed"]], n)
-                    self.results.drain[name][w] = rate(out, n)
-                    log(f"  drain {name} W={w}: {self.results.drain[name][w]:,.0f} jobs/s")
-        else:
-            log("  procrastinate is not installed: skipped (pip install django-taskclaim[bench])")
-        if have["django-tasks-db"]:
-            name = "django-tasks-db"
-            self.results.drain[name], self.results.duplicates[name] = {}, {}
-            for w in s.drain_workers:
-                peers.dtdb_fill(n)
+        out = run_workers(peers.procrastinate_worker, w, (self.url, c), progress=show)
+        left, done = peers.procrastinate_left(self.url)
+        if left or done != n:
+            raise RuntimeError(f"procrastinate c={c} W={w}: {left} jobs left, {done} succeeded")
+        return [e for r in out for e in r["executed"]], rate(out, n)
 
-                def show_dtdb(w: int = w) -> None:
-                    log(f"  django-tasks-db W={w}: {n - peers.dtdb_left()[0]:,}/{n:,} done")
+    def _drain_dtdb(self, w: int) -> tuple[list[Any], float]:
+        from . import peers
+        from .workers import run_workers
 
-                out = run_workers(peers.dtdb_worker, w, lambda i: (), progress=show_dtdb)
-                left, done = peers.dtdb_left()
-                if left or done != n:
-                    raise RuntimeError(f"django-tasks-db W={w}: {left} jobs left, {done} succeeded")
-                self._check(name, w, [e for r in out for e in r["executed"]], n)
-                self.results.drain[name][w] = rate(out, n)
-                log(f"  drain {name} W={w}: {self.results.drain[name][w]:,.0f} jobs/s")
-        else:
-            log("  django-tasks-db is not installed: skipped (pip install django-taskclaim[bench])")
+        n = self.sizes.drain_tasks
+        peers.dtdb_fill(n)
+
+        def show() -> None:
+            log(f"  django-tasks-db W={w}: {n - peers.dtdb_left()[0]:,}/{n:,} done")
+
+        out = run_workers(peers.dtdb_worker, w, (), progress=show)
+        left, done = peers.dtdb_left()
+        if left or done != n:
+            raise RuntimeError(f"django-tasks-db W={w}: {left} jobs left, {done} succeeded")
+        return [e for r in out for e in r["executed"]], rate(out, n)
 
     def _check(self, system: str, w: int, executed: list[Any], n: int) -> None:
         duplicates = len(executed) - len(set(executed))
@@ -256,7 +266,7 @@ class Bench:
                 f"FROM generate_series(1, %s::bigint) g",
                 [rows, s.latency_samples],
             )
-            (out,) = run_workers(latency, 1, lambda i, rows=rows: (f"size-{rows}", s.latency_samples))
+            (out,) = run_workers(latency, 1, (f"size-{rows}", s.latency_samples))
             self.results.sizes[rows] = {
                 "bykey_p50": pct(out["bykey"], 50), "bykey_p99": pct(out["bykey"], 99),
                 "queue_p50": pct(out["queue"], 50), "queue_p99": pct(out["queue"], 99),
@@ -275,8 +285,11 @@ class Bench:
         for label, racers in (("uncontended", 1), ("contended", s.racers)):
             self.clear()
             rounds = CTX.Barrier(racers)
-            out = run_workers(race, racers, lambda i, label=label, rounds=rounds: (label, s.race_keys, rounds),
-                              progress=lambda label=label: log(f"  {label}: {self._keys():,}/{s.race_keys:,} keys"))
+
+            def show(label: str = label) -> None:
+                log(f"  {label}: {self._keys():,}/{s.race_keys:,} keys")
+
+            out = run_workers(race, racers, (label, s.race_keys, rounds), progress=show)
             winners = sorted(k for r in out for k in r["won"])
             if winners != list(range(s.race_keys)):
                 raise RuntimeError(f"{label}: expected one winner per key, got {len(winners)} wins "
@@ -300,11 +313,18 @@ class Bench:
             for audit in (True, False):
                 self.clear()
                 run = f"audit-{audit}-{n}"
-                out = run_workers(bykey_app, s.audit_workers, lambda i, run=run, a=audit: (run, s.audit_seconds, a))
+                out = run_workers(bykey_app, s.audit_workers, (run, s.audit_seconds, audit))
                 key = "on" if audit else "off"
                 value = rate(out, sum(r["count"] for r in out))
                 self.results.audit[key] = max(value, self.results.audit.get(key, 0.0))
                 log(f"  audit {key} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s (W={s.audit_workers})")
+
+
+def _loadavg() -> str:
+    try:
+        return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def _memory() -> str:
@@ -444,6 +464,7 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         started = time.perf_counter()
         method()
         bench.results.phase_seconds[name] = time.perf_counter() - started
+    bench.results.env["load average at end (1/5/15 min)"] = _loadavg()
     text = report.markdown(bench.results, sizes, smoke=args.smoke)
     print(text, flush=True)
     if args.out != "-":

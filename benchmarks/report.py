@@ -67,6 +67,11 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
         "machine, against the same PostgreSQL server, in the same run; compare the ratios, not the "
         "absolute figures, which drift on shared machines.")
     add("")
+    add("Reproduce with `pip install -e '.[bench]'` then `python -m benchmarks --start-server` (a private "
+        "PostgreSQL with `fsync=on` and `full_page_writes=on`) or `python -m benchmarks --pg-url URL`; "
+        "`--smoke` runs tiny sizes without the peers in seconds (CI does, in `tests/test_benchmarks.py`), "
+        "`--max-rows` caps the table-size phase, `--drain-tasks` the queue drain, `--phases` picks phases.")
+    add("")
     add("## Environment")
     add("")
     for name, value in r.env.items():
@@ -110,12 +115,12 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
             add(f"| {w} | " + " | ".join(f"{r.drain[s][w]:,.0f}" if w in r.drain[s] else "–" for s in systems) + " |")
         add("| duplicates | " + " | ".join(str(sum(r.duplicates.get(s, {}).values())) for s in systems) + " |")
         add("")
-        app = r.drain.get(APP, {})
+        ours = r.drain.get(APP, {})
         if len(systems) > 1:
             add("| W | " + " | ".join(f"taskclaim / {s}" for s in systems[1:]) + " |")
             add("|---:|" + "---:|" * (len(systems) - 1))
             for w in ws:
-                add(f"| {w} | " + " | ".join(_fmt_ratio(_ratio(app.get(w), r.drain[s].get(w))) for s in systems[1:])
+                add(f"| {w} | " + " | ".join(_fmt_ratio(_ratio(ours.get(w), r.drain[s].get(w))) for s in systems[1:])
                     + " |")
             add("")
     if r.sizes:

@@ -29,16 +29,16 @@ MAX_ATTEMPTS = 5
 
 
 def run_workers(
-    target: Callable[..., Any], count: int, args: Callable[[int], tuple[Any, ...]],
+    target: Callable[..., Any], count: int, args: tuple[Any, ...],
     progress: Callable[[], None] | None = None, progress_every: float = 10.0,
 ) -> list[Any]:
-    """Fork ``count`` workers running ``target(index, barrier, *args(index))``; their results in order."""
+    """Fork ``count`` workers running ``target(index, barrier, *args)``; their results in order."""
     from django.db import connections
 
     connections.close_all()  # never share a socket with a child
     barrier = CTX.Barrier(count + 1)
     results: CTX.Queue = CTX.Queue()  # type: ignore[name-defined]
-    procs = [CTX.Process(target=_child, args=(target, i, barrier, results, args(i)), daemon=True)
+    procs = [CTX.Process(target=_child, args=(target, i, barrier, results, args), daemon=True)
              for i in range(count)]
     for proc in procs:
         proc.start()

@@ -41,7 +41,7 @@ def test_claim_and_complete_run_as_prepared_statements() -> None:
 
 
 @pytest.mark.django_db
-def test_prepared_statements_can_be_turned_off(settings) -> None:  # type: ignore[no-untyped-def]
+def test_prepared_statements_can_be_turned_off(settings) -> None:
     settings.TASKCLAIM_AUDIT = False  # statements of their own, so none is prepared yet
     settings.TASKCLAIM_PREPARED_STATEMENTS = False
     before = set(prepared_statements())
