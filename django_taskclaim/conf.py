@@ -3,19 +3,25 @@
 Each property reads ``TASKCLAIM_<NAME>`` when accessed, never at import, so
 ``override_settings`` works and nothing is cached across tests.
 
-==============================  =========  ==========  ==============================================
-Setting                         Type       Default     Meaning
-==============================  =========  ==========  ==============================================
-``TASKCLAIM_DEFAULT_LEASE``     float      ``30.0``    Lease in seconds when a call passes none.
-``TASKCLAIM_MAX_ATTEMPTS``      int        ``5``       Claims a task may get before it ends FAILED.
-``TASKCLAIM_MAX_RESULT_BYTES``  int        ``1048576`` Largest JSON result ``complete()`` stores.
-``TASKCLAIM_DATABASE``          str        default     Database alias that holds the task table.
-``TASKCLAIM_AUDIT``             bool       ``True``    Record an ``Attempt`` row for every claim.
-``TASKCLAIM_POLL_INTERVAL``     float      ``0.5``     Seconds between polls of ``on_busy="wait"``.
-``TASKCLAIM_CELERY_APP``        str        ``None``    Dotted path of the Celery app the bridge's
-                                                       checks inspect (default: Celery's current app;
-                                                       read and validated by ``django_taskclaim.celery``).
-==============================  =========  ==========  ==============================================
+===================================  =========  ============  ==============================================
+Setting                              Type       Default       Meaning
+===================================  =========  ============  ==============================================
+``TASKCLAIM_DEFAULT_LEASE``          float      ``30.0``      Lease in seconds when a call passes none.
+``TASKCLAIM_MAX_ATTEMPTS``           int        ``5``         Claims a task may get before it ends FAILED.
+``TASKCLAIM_MAX_RESULT_BYTES``       int        ``1048576``   Largest JSON result ``complete()`` stores.
+``TASKCLAIM_DATABASE``               str        default       Database alias that holds the task table.
+``TASKCLAIM_AUDIT``                  bool       ``True``      Record an ``Attempt`` row for every claim.
+``TASKCLAIM_POLL_INTERVAL``          float      ``0.5``       Seconds between polls of ``on_busy="wait"``.
+``TASKCLAIM_PREPARED_STATEMENTS``    bool       ``True``      PostgreSQL: run the claim, heartbeat and
+                                                              completion statements as prepared statements
+                                                              (planned once per connection). Set ``False``
+                                                              behind a pooler that does not keep them:
+                                                              PgBouncer in transaction mode before 1.21, or
+                                                              with ``max_prepared_statements = 0``.
+``TASKCLAIM_CELERY_APP``             str        ``None``      Dotted path of the Celery app the bridge's
+                                                              checks inspect (default: Celery's current app;
+                                                              read and validated by ``django_taskclaim.celery``).
+===================================  =========  ============  ==============================================
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ class TaskClaimSettings:
     @property
     def POLL_INTERVAL(self) -> float:
         return float(self._get("POLL_INTERVAL", 0.5))  # type: ignore[arg-type]
+
+    @property
+    def PREPARED_STATEMENTS(self) -> bool:
+        return bool(self._get("PREPARED_STATEMENTS", True))
 
 
 settings = TaskClaimSettings()

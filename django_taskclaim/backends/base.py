@@ -83,6 +83,10 @@ class Backend:
             values.append(value)
         return Task.from_db(using, list(TASK_COLUMNS), values)
 
+    def execute(self, cursor: Any, sql: str, params: list[Any]) -> None:
+        """Run one of this app's statements; PostgreSQL runs the hot ones as prepared statements."""
+        cursor.execute(sql, params)
+
     # -- statements ------------------------------------------------------------------------
     def upsert_claim_sql(self) -> str:
         now, t = self.now, TASK
@@ -156,7 +160,8 @@ class Backend:
         max_attempts: int, dispatch: str | None,
     ) -> Row | None:
         """Insert a PENDING task unless ``(tenant, key)`` exists; the new row, or ``None``."""
-        cursor.execute(
+        self.execute(
+            cursor,
             f"INSERT INTO {TASK} ({INSERT_COLUMNS}) VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, "
             f"{self.json_param}, %s, NULL, '', '', {self.json_param}, {self.now}, {self.now}) "
             f'ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}',
@@ -165,7 +170,8 @@ class Backend:
         return cursor.fetchone()
 
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> Any:
-        cursor.execute(
+        self.execute(
+            cursor,
             f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
             f"WHERE id = %s AND status = 'running' AND fencing_token = %s RETURNING lease_expires_at",
             [self.lease_param(lease), task_id, token],
@@ -181,7 +187,8 @@ class Backend:
 
         ``outcomes`` is the attempt outcome when the task went back to pending, and otherwise.
         """
-        cursor.execute(
+        self.execute(
+            cursor,
             f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} "
             f"WHERE id = %s AND status = 'running' AND fencing_token = %s RETURNING status",
             [*set_params, task_id, token],
@@ -209,7 +216,8 @@ class Backend:
         return bool(cursor.rowcount == 1)
 
     def check(self, cursor: Any, task_id: int, token: int) -> bool:
-        cursor.execute(
+        self.execute(
+            cursor,
             f"SELECT 1 FROM {TASK} WHERE id = %s AND status = 'running' AND fencing_token = %s",
             [task_id, token],
         )
@@ -246,13 +254,15 @@ class Backend:
         )
 
     def record_stale(self, cursor: Any, task_id: int, token: int) -> None:
-        cursor.execute(
+        self.execute(
+            cursor,
             f"UPDATE {ATTEMPT} SET stale_writes = stale_writes + 1 WHERE task_id = %s AND token = %s",
             [task_id, token],
         )
 
     def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> None:
-        cursor.execute(
+        self.execute(
+            cursor,
             f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
             f"stale_writes) VALUES (%s, NULL, %s, %s, {self.now}, {self.now}, 'duplicate', 0)",
             [task_id, owner, delivery_id],

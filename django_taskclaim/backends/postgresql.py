@@ -6,9 +6,13 @@ queue claim (``FOR UPDATE SKIP LOCKED`` plus audit) are each one round trip.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-from .base import ATTEMPT, TASK, TASK_COLUMNS, Backend, Row, claimable
+from django.db import DatabaseError
+
+from ..conf import settings
+from .base import ATTEMPT, INSERT_COLUMNS, TASK, TASK_COLUMNS, Backend, Row, claimable
 
 _OPEN_ATTEMPTS = (
     # Close the attempt that was taken over (token - 1 still running), open the new one, both
@@ -33,6 +37,27 @@ _SELECT_WITH_PREVIOUS = (
 _SELECT_PLAIN = "SELECT c.*, NULL FROM claimed c ORDER BY c.id"
 
 
+# SQL text -> (statement name, PREPARE statement, EXECUTE statement with %s placeholders).
+_STATEMENTS: dict[str, tuple[str, str, str]] = {}
+
+
+def _prepared_form(sql: str) -> tuple[str, str, str]:
+    name = "taskclaim_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:20]
+    parts = sql.split("%%")
+    count = 0
+    numbered = []
+    for part in parts:
+        pieces = part.split("%s")
+        out = pieces[0]
+        for piece in pieces[1:]:
+            count += 1
+            out += f"${count}{piece}"
+        numbered.append(out)
+    prepare_sql = f"PREPARE {name} AS {'%'.join(numbered)}"
+    execute_sql = f"EXECUTE {name}({', '.join(['%s'] * count)})" if count else f"EXECUTE {name}"
+    return name, prepare_sql, execute_sql
+
+
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
@@ -43,6 +68,46 @@ class PostgreSQLBackend(Backend):
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
+    def execute(self, cursor: Any, sql: str, params: list[Any]) -> None:
+        # Django binds parameters on the client and never prepares (prepare_threshold=None, for
+        # connection poolers), so PostgreSQL would parse and plan each claim again: planning
+        # these fused CTE statements costs more than running them. The statements are few and
+        # fixed, so each is PREPAREd once per connection and then run with EXECUTE.
+        # TASKCLAIM_PREPARED_STATEMENTS = False turns this off (for poolers that drop them).
+        db = getattr(cursor, "db", None)  # a Django CursorWrapper; plain DB-API cursors run as is
+        if db is None or not settings.PREPARED_STATEMENTS:
+            cursor.execute(sql, params)
+            return
+        entry = _STATEMENTS.get(sql)
+        if entry is None:
+            entry = _STATEMENTS[sql] = _prepared_form(sql)
+        name, prepare_sql, execute_sql = entry
+        self._prepare(db, name, prepare_sql)
+        try:
+            cursor.execute(execute_sql, params)
+        except DatabaseError as exc:
+            # Someone ran DISCARD ALL / DEALLOCATE on this session: prepare again, once, where a
+            # failed statement did not abort an enclosing transaction.
+            cause = exc.__cause__
+            if getattr(cause, "sqlstate", getattr(cause, "pgcode", None)) != "26000" or db.in_atomic_block:
+                raise
+            db._taskclaim_prepared = None
+            self._prepare(db, name, prepare_sql)
+            cursor.execute(execute_sql, params)
+
+    def _prepare(self, db: Any, name: str, prepare_sql: str) -> None:
+        raw = db.connection
+        state: tuple[Any, set[str]] | None = getattr(db, "_taskclaim_prepared", None)
+        if state is None or state[0] is not raw:  # a new server session: nothing prepared yet
+            state = (raw, set())
+            db._taskclaim_prepared = state
+        if name not in state[1]:
+            # On the DB-API cursor: an internal, once-per-connection statement that query
+            # budgets (assertNumQueries) do not count.
+            with db.wrap_database_errors, raw.cursor() as prep:
+                prep.execute(prepare_sql)
+            state[1].add(name)
+
     def returning(self) -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
         return ", ".join(f'"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'"{c}"'
@@ -52,15 +117,46 @@ class PostgreSQLBackend(Backend):
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
     ) -> tuple[Row | None, str | None]:
-        params: list[Any] = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
+        params: list[Any] = [
+            owner, lease, payload, fingerprint, tenant, key, fingerprint, fingerprint,  # update
+            tenant, key, owner, max_attempts, lease, payload, fingerprint,  # insert
+        ]
         if audit:
-            sql = f"WITH claimed AS ({self.upsert_claim_sql()}){_OPEN_ATTEMPTS}{_SELECT_WITH_PREVIOUS}"
+            sql = f"WITH {self.claim_key_sql()}{_OPEN_ATTEMPTS}{_SELECT_WITH_PREVIOUS}"
             params.append(delivery_id)
         else:
-            sql = f"WITH claimed AS ({self.upsert_claim_sql()}) {_SELECT_PLAIN}"
-        cursor.execute(sql, params)
+            sql = f"WITH {self.claim_key_sql()} {_SELECT_PLAIN}"
+        self.execute(cursor, sql, params)
         row = cursor.fetchone()
         return (None, None) if row is None else (row[:-1], row[-1])
+
+    def claim_key_sql(self) -> str:
+        """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
+
+        Not ``INSERT … ON CONFLICT DO UPDATE … WHERE``: that locks the conflicting row even when
+        its WHERE is false, so the losers of a race on one key each held the row lock until their
+        own commit (a WAL flush) and were decided one after another. An ``UPDATE`` whose WHERE
+        fails on the row version it waited for (re-checked under READ COMMITTED) locks nothing,
+        nor does ``ON CONFLICT DO NOTHING``: losers are decided together, without writing. A row
+        committed after this statement's snapshot makes it claim nothing; ``claim()`` reads the
+        row and tries again when it is claimable.
+        """
+        t, now = TASK, self.now
+        return (
+            f"upd AS (UPDATE {t} SET status = 'running', owner = %s, fencing_token = {t}.fencing_token + 1, "
+            f"attempts = {t}.attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now}, "
+            f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN %s::jsonb ELSE {t}.payload END, "
+            f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' THEN %s "
+            f"ELSE {t}.payload_fingerprint END "
+            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, now)} '
+            f"AND (%s::text = '' OR {t}.payload_fingerprint IN ('', %s::text)) "
+            f"RETURNING {self._qualified_returning()}), "
+            f"ins AS (INSERT INTO {t} ({INSERT_COLUMNS}) SELECT %s::text, %s::text, 'running', %s::text, 1, 1, "
+            f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
+            f'WHERE NOT EXISTS (SELECT 1 FROM upd) ON CONFLICT (tenant, "key") DO NOTHING '
+            f"RETURNING {self.returning()}), "
+            f"claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)"
+        )
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
@@ -88,7 +184,7 @@ class PostgreSQLBackend(Backend):
             params.append(delivery_id)
         else:
             sql += " " + _SELECT_PLAIN
-        cursor.execute(sql, params)
+        self.execute(cursor, sql, params)
         return [(row[:-1], row[-1]) for row in cursor.fetchall()]
 
     def _qualified_returning(self) -> str:
@@ -103,7 +199,8 @@ class PostgreSQLBackend(Backend):
     ) -> str | None:
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
-        cursor.execute(
+        self.execute(
+            cursor,
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
             f"updated_at = statement_timestamp() WHERE id = %s AND status = 'running' "
             f"AND fencing_token = %s RETURNING id, status), "
@@ -117,7 +214,8 @@ class PostgreSQLBackend(Backend):
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         # A row lock, not a write: NO KEY UPDATE does not block the attempt table's FK checks.
-        cursor.execute(
+        self.execute(
+            cursor,
             f"SELECT 1 FROM {TASK} WHERE id = %s AND status = 'running' AND fencing_token = %s "
             f"FOR NO KEY UPDATE",
             [task_id, token],

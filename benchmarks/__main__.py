@@ -1,0 +1,483 @@
+"""Benchmark django-taskclaim on PostgreSQL against raw SQL and against peer task queues.
+
+    python -m benchmarks --start-server                  # full run on a private server (fsync on)
+    python -m benchmarks --pg-url postgresql://u@h/db    # full run on your server
+    python -m benchmarks --start-server --smoke          # seconds: app and raw-SQL phases only
+
+The run creates (and afterwards drops) its own database on the server, prints a table,
+writes it to ``--out`` (default docs/benchmarks.md) and draws ``--chart`` (default
+docs/benchmarks.png, needs matplotlib). The peers (procrastinate, django-tasks-db) are
+measured when they import (``pip install django-taskclaim[bench]``); ``--smoke`` never runs
+them. Phases:
+
+1. by-key claim + complete, app vs the same SQL sent with plain psycopg, W = 1, 2, 4, 8;
+2. queue drain (claim_next + complete) of 20,000 no-op tasks, W = 1, 2, 4, vs the peers;
+3. claim latency with 10 thousand, 1 million and 10 million finished rows in the table;
+4. contention: 32 processes racing on each of 500 keys, vs an uncontended claim;
+5. the cost of the attempt audit trail (TASKCLAIM_AUDIT on vs off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK = "django_taskclaim_task"
+ATTEMPT = "django_taskclaim_attempt"
+
+
+@dataclass
+class Sizes:
+    bykey_workers: tuple[int, ...] = (1, 2, 4, 8)
+    bykey_seconds: float = 3.0
+    rounds: int = 3
+    drain_tasks: int = 20_000
+    drain_workers: tuple[int, ...] = (1, 2, 4)
+    procrastinate_concurrency: tuple[int, ...] = (1, 4)
+    table_rows: tuple[int, ...] = (10_000, 1_000_000, 10_000_000)
+    latency_samples: int = 2_000
+    racers: int = 32
+    race_keys: int = 500
+    audit_workers: int = 4
+    audit_seconds: float = 3.0
+    peers: bool = True
+
+
+SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
+              table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
+              audit_workers=2, audit_seconds=0.3, peers=False)
+
+
+@dataclass
+class Results:
+    env: dict[str, str] = field(default_factory=dict)
+    bykey: dict[str, dict[int, float]] = field(default_factory=lambda: {"app": {}, "raw": {}})
+    drain: dict[str, dict[int, float]] = field(default_factory=dict)
+    duplicates: dict[str, dict[int, int]] = field(default_factory=dict)
+    sizes: dict[int, dict[str, float]] = field(default_factory=dict)
+    fill_seconds: dict[int, float] = field(default_factory=dict)
+    race: dict[str, float] = field(default_factory=dict)
+    audit: dict[str, float] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def rate(results: list[dict[str, Any]], count: int) -> float:
+    span = max(r["end"] for r in results) - min(r["start"] for r in results)
+    return count / span
+
+
+class Bench:
+    def __init__(self, url: str, sizes: Sizes, run_peers: bool) -> None:
+        self.url = url
+        self.sizes = sizes
+        self.run_peers = run_peers and sizes.peers
+        self.results = Results()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _keys(self) -> int:
+        return int(self.sql(f"SELECT count(*) FROM {TASK}")[0][0])
+
+    def clear(self) -> None:
+        self.sql(f"TRUNCATE {ATTEMPT}, {TASK} RESTART IDENTITY")
+
+    def pending_progress(self, label: str, total: int) -> Any:
+        def show() -> None:
+            left = self.sql(f"SELECT count(*) FROM {TASK} WHERE status = 'pending'")[0][0]
+            log(f"  {label}: {total - left:,}/{total:,} done")
+        return show
+
+    # -- environment ------------------------------------------------------------------------
+    def describe(self, args: argparse.Namespace) -> None:
+        import django
+
+        from .peers import version
+
+        env = self.results.env
+        env["machine"] = f"{os.cpu_count()} CPU(s) (nproc), {_memory()} RAM, {platform.platform()}"
+        env["cpu"] = _cpu_model()
+        env["load average at start (1/5/15 min)"] = _loadavg()
+        env["python"] = platform.python_version()
+        env["django"] = django.get_version()
+        for dist in ("django-taskclaim", "psycopg", "procrastinate", "django-tasks-db", "django-tasks"):
+            env[dist] = version(dist)
+        env["postgresql"] = self.sql("SHOW server_version")[0][0]
+        env["pg settings"] = ", ".join(
+            f"{name}={self.sql(f'SHOW {name}')[0][0]}"
+            for name in ("fsync", "synchronous_commit", "full_page_writes", "shared_buffers", "max_connections")
+        )
+        env["command"] = "python -m benchmarks " + " ".join(args.argv)
+
+    # -- phases ------------------------------------------------------------------------------
+    def bykey(self) -> None:
+        from .workers import bykey_app, bykey_raw, run_workers
+
+        s = self.sizes
+        for w in s.bykey_workers:
+            # Interleaved rounds, best of each: other load on a shared machine only slows a run down.
+            for n in range(s.rounds):
+                for system in ("raw", "app"):
+                    self.clear()
+                    run = f"bk-{system}-{w}-{n}"
+                    if system == "app":
+                        out = run_workers(bykey_app, w, (run, s.bykey_seconds, True))
+                    else:
+                        out = run_workers(bykey_raw, w, (run, s.bykey_seconds, True, self.url))
+                    value = rate(out, sum(r["count"] for r in out))
+                    self.results.bykey[system][w] = max(value, self.results.bykey[system].get(w, 0.0))
+                    log(f"  by-key {system:3} W={w} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s")
+
+    def drain(self) -> None:
+        """For each W, every system in turn (so that load from elsewhere hits them alike)."""
+        s = self.sizes
+        systems: list[tuple[str, Any]] = [("django-taskclaim", self._drain_taskclaim)]
+        if self.run_peers:
+            from . import peers
+
+            have = peers.available()
+            if have["procrastinate"]:
+                peers.procrastinate_setup(self.url)
+                for c in s.procrastinate_concurrency:
+                    systems.append((f"procrastinate (concurrency {c})",
+                                    lambda w, c=c: self._drain_procrastinate(w, c)))
+            else:
+                log("  procrastinate is not installed: skipped (pip install django-taskclaim[bench])")
+            if have["django-tasks-db"]:
+                systems.append(("django-tasks-db", self._drain_dtdb))
+            else:
+                log("  django-tasks-db is not installed: skipped (pip install django-taskclaim[bench])")
+        for name, _ in systems:
+            self.results.drain[name], self.results.duplicates[name] = {}, {}
+        for w in s.drain_workers:
+            for name, drain in systems:
+                executed, value = drain(w)
+                self._check(name, w, executed, s.drain_tasks)
+                self.results.drain[name][w] = value
+                log(f"  drain {name} W={w}: {value:,.0f} tasks/s")
+
+    def _drain_taskclaim(self, w: int) -> tuple[list[Any], float]:
+        from .workers import drain_app, run_workers
+
+        n = self.sizes.drain_tasks
+        self.clear()
+        self.sql(
+            f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
+            f"payload_fingerprint, result_ref, error, created_at, updated_at) "
+            f"SELECT '', 'drain:' || g, 'pending', '', 0, 0, 5, '', '', '', now(), now() "
+            f"FROM generate_series(1, %s::bigint) g",
+            [n],
+        )
+        self.sql(f"VACUUM ANALYZE {TASK}")
+        out = run_workers(drain_app, w, (True,), progress=self.pending_progress(f"taskclaim W={w}", n))
+        done = self.sql(f"SELECT count(*) FROM {TASK} WHERE status = 'succeeded'")[0][0]
+        if done != n:
+            raise RuntimeError(f"taskclaim drain W={w}: {done} tasks succeeded, expected {n}")
+        return [e for r in out for e in r["executed"]], rate(out, n)
+
+    def _drain_procrastinate(self, w: int, c: int) -> tuple[list[Any], float]:
+        from . import peers
+        from .workers import run_workers
+
+        n = self.sizes.drain_tasks
+        peers.procrastinate_fill(self.url, n)
+
+        def show() -> None:
+            log(f"  procrastinate c={c} W={w}: {n - peers.procrastinate_left(self.url)[0]:,}/{n:,} done")
+
+        out = run_workers(peers.procrastinate_worker, w, (self.url, c), progress=show)
+        left, done = peers.procrastinate_left(self.url)
+        if left or done != n:
+            raise RuntimeError(f"procrastinate c={c} W={w}: {left} jobs left, {done} succeeded")
+        return [e for r in out for e in r["executed"]], rate(out, n)
+
+    def _drain_dtdb(self, w: int) -> tuple[list[Any], float]:
+        from . import peers
+        from .workers import run_workers
+
+        n = self.sizes.drain_tasks
+        peers.dtdb_fill(n)
+
+        def show() -> None:
+            log(f"  django-tasks-db W={w}: {n - peers.dtdb_left()[0]:,}/{n:,} done")
+
+        out = run_workers(peers.dtdb_worker, w, (), progress=show)
+        left, done = peers.dtdb_left()
+        if left or done != n:
+            raise RuntimeError(f"django-tasks-db W={w}: {left} jobs left, {done} succeeded")
+        return [e for r in out for e in r["executed"]], rate(out, n)
+
+    def _check(self, system: str, w: int, executed: list[Any], n: int) -> None:
+        duplicates = len(executed) - len(set(executed))
+        self.results.duplicates.setdefault(system, {})[w] = duplicates
+        if len(set(executed)) != n:
+            raise RuntimeError(f"{system} W={w}: {len(set(executed))} distinct jobs executed, expected {n}")
+
+    def table_size(self) -> None:
+        from .workers import latency, run_workers
+
+        s = self.sizes
+        self.clear()
+        have = 0
+        for rows in s.table_rows:
+            started = time.perf_counter()
+            step = 1_000_000
+            while have < rows:
+                upto = min(rows, have + step)
+                self.sql(
+                    f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
+                    f"payload_fingerprint, result, result_ref, error, created_at, updated_at) "
+                    f"SELECT '', 'done:' || g, 'succeeded', 'generated', 1, 1, 5, '', 'null'::jsonb, '', '', "
+                    f"now(), now() FROM generate_series(%s::bigint, %s::bigint) g",
+                    [have + 1, upto],
+                )
+                have = upto
+                if rows >= step:
+                    log(f"  table size: {have:,}/{rows:,} finished rows generated")
+            self.sql(f"VACUUM ANALYZE {TASK}")
+            self.sql(f"VACUUM ANALYZE {ATTEMPT}")
+            self.results.fill_seconds[rows] = time.perf_counter() - started
+            self.sql(
+                f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
+                f"payload_fingerprint, result_ref, error, created_at, updated_at) "
+                f"SELECT '', 'queued:' || %s || ':' || g, 'pending', '', 0, 0, 5, '', '', '', now(), now() "
+                f"FROM generate_series(1, %s::bigint) g",
+                [rows, s.latency_samples],
+            )
+            (out,) = run_workers(latency, 1, (f"size-{rows}", s.latency_samples))
+            self.results.sizes[rows] = {
+                "bykey_p50": pct(out["bykey"], 50), "bykey_p99": pct(out["bykey"], 99),
+                "queue_p50": pct(out["queue"], 50), "queue_p99": pct(out["queue"], 99),
+            }
+            r = self.results.sizes[rows]
+            log(f"  {rows:,} rows: by-key claim p50 {r['bykey_p50'] * 1e3:.3f} ms p99 {r['bykey_p99'] * 1e3:.3f} ms; "
+                f"claim_next p50 {r['queue_p50'] * 1e3:.3f} ms p99 {r['queue_p99'] * 1e3:.3f} ms "
+                f"(generated in {self.results.fill_seconds[rows]:.0f} s)")
+        self.clear()
+        self.sql(f"VACUUM {TASK}")
+
+    def contention(self) -> None:
+        from .workers import CTX, race, run_workers
+
+        s = self.sizes
+        for label, racers in (("uncontended", 1), ("contended", s.racers)):
+            self.clear()
+            rounds = CTX.Barrier(racers)
+
+            def show(label: str = label) -> None:
+                log(f"  {label}: {self._keys():,}/{s.race_keys:,} keys")
+
+            out = run_workers(race, racers, (label, s.race_keys, rounds), progress=show)
+            winners = sorted(k for r in out for k in r["won"])
+            if winners != list(range(s.race_keys)):
+                raise RuntimeError(f"{label}: expected one winner per key, got {len(winners)} wins "
+                                   f"for {len(set(winners))} keys")
+            times = [t for r in out for t in r["times"]]
+            self.results.race[f"{label}_p50"] = pct(times, 50)
+            self.results.race[f"{label}_p99"] = pct(times, 99)
+            if label == "contended":
+                dup = self.sql(f"SELECT count(*) FROM {ATTEMPT} WHERE outcome = 'duplicate'")[0][0]
+                self.results.race["duplicates_recorded"] = dup
+                self.results.race["duplicates_expected"] = (racers - 1) * s.race_keys
+            p50, p99 = self.results.race[f"{label}_p50"], self.results.race[f"{label}_p99"]
+            log(f"  {label} ({racers} process(es) × {s.race_keys} keys): decision p50 "
+                f"{p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms")
+
+    def audit(self) -> None:
+        from .workers import bykey_app, run_workers
+
+        s = self.sizes
+        for n in range(s.rounds):
+            for audit in (True, False):
+                self.clear()
+                run = f"audit-{audit}-{n}"
+                out = run_workers(bykey_app, s.audit_workers, (run, s.audit_seconds, audit))
+                key = "on" if audit else "off"
+                value = rate(out, sum(r["count"] for r in out))
+                self.results.audit[key] = max(value, self.results.audit.get(key, 0.0))
+                log(f"  audit {key} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s (W={s.audit_workers})")
+
+
+def _loadavg() -> str:
+    try:
+        return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def _memory() -> str:
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        return f"{kb / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def create_database(maintenance_url: str, name: str) -> str:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(maintenance_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    parts = urlsplit(maintenance_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+def drop_database(maintenance_url: str, name: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(maintenance_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--pg-url", help="PostgreSQL server to use (any database on it; the run creates its own)")
+    where.add_argument("--start-server", action="store_true",
+                       help="start a private PostgreSQL on 127.0.0.1 with fsync=on and full_page_writes=on")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, app and raw-SQL phases only, no peers: seconds (used by CI)")
+    parser.add_argument("--no-peers", action="store_true", help="skip procrastinate and django-tasks-db")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="largest table size of the latency phase (default: 10,000,000; smoke 10,000)")
+    parser.add_argument("--drain-tasks", type=int, default=None,
+                        help="tasks drained per system and W (default: 20,000; smoke 300)")
+    parser.add_argument("--db-name", default="taskclaim_bench",
+                        help="database created (dropped first) for the run (default: %(default)r)")
+    parser.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"),
+                        help="Markdown report (default: docs/benchmarks.md); '-' for none")
+    parser.add_argument("--chart", default=str(ROOT / "docs" / "benchmarks.png"),
+                        help="PNG chart (default: docs/benchmarks.png); '-' for none")
+    parser.add_argument("--phases", default="bykey,drain,size,race,audit",
+                        help="comma-separated subset of bykey,drain,size,race,audit (default: all)")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.max_rows is not None and args.max_rows < 1:
+        parser.error("--max-rows must be positive")
+    if args.drain_tasks is not None and args.drain_tasks < 1:
+        parser.error("--drain-tasks must be positive")
+    unknown = set(args.phases.split(",")) - {"bykey", "drain", "size", "race", "audit"}
+    if unknown:
+        parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    sizes = SMOKE if args.smoke else Sizes()
+    if args.drain_tasks is not None:
+        sizes.drain_tasks = args.drain_tasks
+    if args.max_rows is not None:
+        sizes.table_rows = tuple(r for r in sizes.table_rows if r < args.max_rows) + (args.max_rows,)
+    server = None
+    if args.start_server:
+        sys.path.insert(0, str(ROOT))
+        from tests.servers import PostgresServer
+
+        server = PostgresServer(settings={"fsync": "on", "full_page_writes": "on"}).start()
+        log(f"started PostgreSQL on 127.0.0.1:{server.port} (fsync=on, full_page_writes=on)")
+        maintenance = server.url
+    else:
+        maintenance = args.pg_url
+    try:
+        url = create_database(maintenance, args.db_name)
+        try:
+            return run(args, sizes, url)
+        finally:
+            if not args.keep_db:
+                drop_database(maintenance, args.db_name)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
+    os.environ["TASKCLAIM_BENCH_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connections
+
+    call_command("migrate", verbosity=0)
+    connections.close_all()
+
+    from . import report
+    from .workers import check_identical_sql
+
+    bench = Bench(url, sizes, run_peers=not args.no_peers)
+    bench.describe(args)
+    checked = check_identical_sql(url)
+    connections.close_all()
+    log(f"raw phase sends the app's SQL: {checked} statements compared, identical")
+    phases = args.phases.split(",")
+    for name, method, title in (
+        ("bykey", bench.bykey, "by-key claim + complete, app vs raw SQL"),
+        ("drain", bench.drain, f"queue drain of {sizes.drain_tasks:,} no-op tasks"),
+        ("size", bench.table_size, "claim latency by table size"),
+        ("race", bench.contention, f"contention: {sizes.racers} processes × {sizes.race_keys} keys"),
+        ("audit", bench.audit, "attempt audit trail on vs off"),
+    ):
+        if name not in phases:
+            continue
+        log(f"phase: {title}")
+        started = time.perf_counter()
+        method()
+        bench.results.phase_seconds[name] = time.perf_counter() - started
+    bench.results.env["load average at end (1/5/15 min)"] = _loadavg()
+    text = report.markdown(bench.results, sizes, smoke=args.smoke)
+    print(text, flush=True)
+    if args.out != "-":
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        log(f"wrote {args.out}")
+    if args.chart != "-":
+        if report.chart(bench.results, args.chart):
+            log(f"wrote {args.chart}")
+        else:
+            log("matplotlib is not installed: no chart (pip install django-taskclaim[bench])")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

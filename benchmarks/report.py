@@ -1,0 +1,209 @@
+"""The Markdown report and the PNG chart of a benchmark run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .__main__ import Results, Sizes
+
+APP = "django-taskclaim"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
+    """(target, measured, threshold, met) for each target of the issue."""
+    out: list[tuple[str, str, str, bool | None]] = []
+    w = 4 if 4 in r.bykey["app"] else max(r.bykey["app"], default=None)
+    if w is not None:
+        ratio = _ratio(r.bykey["app"].get(w), r.bykey["raw"].get(w))
+        out.append((f"by-key claim + complete, app/raw at W={w}", _fmt_ratio(ratio), "≥ 0.60",
+                    None if ratio is None else ratio >= 0.6))
+    app = r.drain.get(APP, {})
+    wd = 4 if 4 in app else max(app, default=None)
+    if wd is not None:
+        procs = [v.get(wd) for k, v in r.drain.items() if k.startswith("procrastinate") and v.get(wd)]
+        best = max(procs) if procs else None  # type: ignore[type-var]
+        ratio = _ratio(app.get(wd), best)
+        out.append((f"queue drain at W={wd} vs procrastinate (best concurrency)", _fmt_ratio(ratio), "≥ 2.00",
+                    None if ratio is None else ratio >= 2))
+        ratio = _ratio(app.get(wd), r.drain.get("django-tasks-db", {}).get(wd))
+        out.append((f"queue drain at W={wd} vs django-tasks-db", _fmt_ratio(ratio), "≥ 2.00",
+                    None if ratio is None else ratio >= 2))
+        dups = sum(sum(v.values()) for v in r.duplicates.values())
+        out.append(("duplicate executions, every system and W", str(dups), "= 0", dups == 0))
+    if len(r.sizes) >= 2:
+        small, large = min(r.sizes), max(r.sizes)
+        ratio = _ratio(r.sizes[large]["bykey_p50"], r.sizes[small]["bykey_p50"])
+        out.append((f"by-key claim p50 at {large:,} rows / at {small:,} rows", _fmt_ratio(ratio), "≤ 1.30",
+                    None if ratio is None else ratio <= 1.3))
+        ratio = _ratio(r.sizes[large]["bykey_p99"], r.sizes[small]["bykey_p99"])
+        out.append((f"by-key claim p99 at {large:,} rows / at {small:,} rows", _fmt_ratio(ratio), "≤ 1.30",
+                    None if ratio is None else ratio <= 1.3))
+    if "contended_p99" in r.race:
+        ratio = _ratio(r.race["contended_p99"], r.race["uncontended_p99"])
+        out.append(("contended p99 / uncontended p99", _fmt_ratio(ratio), "≤ 3.00",
+                     None if ratio is None else ratio <= 3))
+    return out
+
+
+def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
+    lines: list[str] = []
+    add = lines.append
+    add("# Benchmarks" + (" (smoke size: not figures to quote)" if smoke else ""))
+    add("")
+    add("Measured by `python -m benchmarks` (see `benchmarks/__main__.py`). All systems ran on the same "
+        "machine, against the same PostgreSQL server, in the same run; compare the ratios, not the "
+        "absolute figures, which drift on shared machines.")
+    add("")
+    add("Reproduce with `pip install -e '.[bench]'` then `python -m benchmarks --start-server` (a private "
+        "PostgreSQL with `fsync=on` and `full_page_writes=on`) or `python -m benchmarks --pg-url URL`; "
+        "`--smoke` runs tiny sizes without the peers in seconds (CI does, in `tests/test_benchmarks.py`), "
+        "`--max-rows` caps the table-size phase, `--drain-tasks` the queue drain, `--phases` picks phases.")
+    add("")
+    add("## Environment")
+    add("")
+    for name, value in r.env.items():
+        add(f"- **{name}**: `{value}`" if name == "command" else f"- **{name}**: {value}")
+    add("")
+    add("## Targets")
+    add("")
+    add("| target | measured | threshold | met |")
+    add("|---|---:|---:|:---:|")
+    for name, measured, threshold, met in targets(r):
+        add(f"| {name} | {measured} | {threshold} | {'n/a' if met is None else ('yes' if met else '**no**')} |")
+    add("")
+    if r.bykey["app"]:
+        add("## By-key claim + complete (claims/s)")
+        add("")
+        add(f"Each worker process claims a fresh key and completes it, in a loop, for {sizes.bykey_seconds:g} s. "
+            "*raw* sends the very statements of `django_taskclaim/backends/postgresql.py` (the run checks "
+            "they are identical, captured with `connection.execute_wrapper`) with plain psycopg, no ORM: "
+            "autocommit, server-side parameter binding and psycopg's automatic prepared statements. The app "
+            "goes through `Task.objects.claim()` and `Claim.complete()` on Django's connection "
+            "(client-side binding). Audit trail on: one round trip per claim and per completion.")
+        add("")
+        add("| W | raw SQL | django-taskclaim | app/raw |")
+        add("|---:|---:|---:|---:|")
+        for w in sorted(r.bykey["app"]):
+            raw, app = r.bykey["raw"].get(w), r.bykey["app"].get(w)
+            add(f"| {w} | {raw or 0:,.0f} | {app or 0:,.0f} | {_fmt_ratio(_ratio(app, raw))} |")
+        add("")
+    if r.drain:
+        add(f"## Queue drain of {sizes.drain_tasks:,} no-op tasks (tasks/s)")
+        add("")
+        add("Each system drains the same number of no-op jobs with its own workers (W processes), from "
+            "the first worker's start to the last worker's exit. Every worker counts the jobs it executed; "
+            "*duplicates* is executions minus distinct jobs (must be 0), and every job must have run.")
+        add("")
+        systems = list(r.drain)
+        ws = sorted({w for v in r.drain.values() for w in v})
+        add("| W | " + " | ".join(systems) + " |")
+        add("|---:|" + "---:|" * len(systems))
+        for w in ws:
+            add(f"| {w} | " + " | ".join(f"{r.drain[s][w]:,.0f}" if w in r.drain[s] else "–" for s in systems) + " |")
+        add("| duplicates | " + " | ".join(str(sum(r.duplicates.get(s, {}).values())) for s in systems) + " |")
+        add("")
+        ours = r.drain.get(APP, {})
+        if len(systems) > 1:
+            add("| W | " + " | ".join(f"taskclaim / {s}" for s in systems[1:]) + " |")
+            add("|---:|" + "---:|" * (len(systems) - 1))
+            for w in ws:
+                add(f"| {w} | " + " | ".join(_fmt_ratio(_ratio(ours.get(w), r.drain[s].get(w))) for s in systems[1:])
+                    + " |")
+            add("")
+    if r.sizes:
+        add("## Claim latency by table size (ms)")
+        add("")
+        add(f"Finished (succeeded) rows bulk-generated with `generate_series`, then `VACUUM ANALYZE`; "
+            f"one process takes {sizes.latency_samples:,} by-key claims of fresh keys (each completed, untimed) "
+            f"and {sizes.latency_samples:,} `claim_next()` claims of pending tasks.")
+        add("")
+        add("| finished rows | generated in | by-key p50 | by-key p99 | claim_next p50 | claim_next p99 |")
+        add("|---:|---:|---:|---:|---:|---:|")
+        for rows, v in sorted(r.sizes.items()):
+            add(f"| {rows:,} | {r.fill_seconds.get(rows, 0):.0f} s | {_ms(v['bykey_p50'])} | {_ms(v['bykey_p99'])} "
+                f"| {_ms(v['queue_p50'])} | {_ms(v['queue_p99'])} |")
+        small, large = min(r.sizes), max(r.sizes)
+        add(f"| ratio {large:,} / {small:,} | | "
+            + " | ".join(_fmt_ratio(_ratio(r.sizes[large][k], r.sizes[small][k]))
+                         for k in ("bykey_p50", "bykey_p99", "queue_p50", "queue_p99")) + " |")
+        add("")
+    if r.race:
+        add("## Contention (ms)")
+        add("")
+        add(f"{sizes.racers} processes claim the same key at once (released together by a barrier), for each of "
+            f"{sizes.race_keys} keys: one wins, the others get the decision that the task is running (and record "
+            "a `duplicate` attempt). Decision latency is the time `Task.objects.claim()` takes to return. "
+            "Uncontended: one process, the same keys, no rivals.")
+        add("")
+        add("| | p50 | p99 |")
+        add("|---|---:|---:|")
+        add(f"| uncontended | {_ms(r.race['uncontended_p50'])} | {_ms(r.race['uncontended_p99'])} |")
+        add(f"| contended ({sizes.racers} racers) | {_ms(r.race['contended_p50'])} | {_ms(r.race['contended_p99'])} |")
+        add(f"| ratio | {_fmt_ratio(_ratio(r.race['contended_p50'], r.race['uncontended_p50']))} "
+            f"| {_fmt_ratio(_ratio(r.race['contended_p99'], r.race['uncontended_p99']))} |")
+        add("")
+        add(f"Exactly one winner per key; duplicate attempts recorded: {r.race.get('duplicates_recorded', 0):,} "
+            f"(expected {r.race.get('duplicates_expected', 0):,}).")
+        add("")
+    if r.audit:
+        add("## Attempt audit trail (claims/s)")
+        add("")
+        add(f"By-key claim + complete through the app with W = {sizes.audit_workers}, `TASKCLAIM_AUDIT` on vs off.")
+        add("")
+        add("| audit on | audit off | on/off |")
+        add("|---:|---:|---:|")
+        add(f"| {r.audit['on']:,.0f} | {r.audit['off']:,.0f} | {_fmt_ratio(_ratio(r.audit['on'], r.audit['off']))} |")
+        add("")
+    if r.phase_seconds:
+        add("Phase durations: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.phase_seconds.items()) + ".")
+        add("")
+    return "\n".join(lines)
+
+
+def chart(r: Results, path: str) -> bool:
+    """Throughput by worker count for every system; ``False`` when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    panels: list[tuple[Any, str, dict[str, dict[int, float]], str]] = [
+        (axes[0], "By-key claim + complete", {"django-taskclaim": r.bykey["app"], "raw SQL (psycopg)": r.bykey["raw"]},
+         "claims/s"),
+        (axes[1], "Queue drain of no-op tasks", r.drain, "tasks/s"),
+    ]
+    for ax, title, series, unit in panels:
+        for name, points in series.items():
+            if points:
+                ws = sorted(points)
+                ax.plot(ws, [points[w] for w in ws], marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel("worker processes (W)")
+        ax.set_ylabel(unit)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({w for p in series.values() for w in p}) or [1])
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

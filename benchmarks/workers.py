@@ -1,0 +1,265 @@
+"""Worker processes and the fork/barrier harness that times them.
+
+Every measured loop runs in its own OS process (forked from the driver after Django is set
+up and every database connection is closed), waits on a barrier with the driver, runs, and
+sends its figures back on a queue. Times are ``time.perf_counter()`` (CLOCK_MONOTONIC on
+Linux, the same clock in every process), so the driver can take the span from the first
+start to the last end across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import queue as queue_module
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+CTX = multiprocessing.get_context("fork")
+BARRIER_TIMEOUT = 300.0
+
+# ``Claim.complete()`` with no result sends this SET list: the raw phase passes the same
+# fragment to the backend, and ``check_identical_sql`` proves both send identical SQL.
+COMPLETE_SET_SQL = "status = 'succeeded', result = %s::jsonb, result_ref = %s, error = ''"
+LEASE = 30.0
+MAX_ATTEMPTS = 5
+
+
+def run_workers(
+    target: Callable[..., Any], count: int, args: tuple[Any, ...],
+    progress: Callable[[], None] | None = None, progress_every: float = 10.0,
+) -> list[Any]:
+    """Fork ``count`` workers running ``target(index, barrier, *args)``; their results in order."""
+    from django.db import connections
+
+    connections.close_all()  # never share a socket with a child
+    barrier = CTX.Barrier(count + 1)
+    results: CTX.Queue = CTX.Queue()  # type: ignore[name-defined]
+    procs = [CTX.Process(target=_child, args=(target, i, barrier, results, args), daemon=True)
+             for i in range(count)]
+    for proc in procs:
+        proc.start()
+    out: dict[int, Any] = {}
+    errors: list[str] = []
+    try:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(BARRIER_TIMEOUT)  # broken when a child failed: its traceback is queued
+        last = time.monotonic()
+        while len(out) + len(errors) < count:
+            try:
+                status, index, value = results.get(timeout=1.0)
+            except queue_module.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"worker exited with code {dead[0].exitcode} without a report") from None
+                if progress is not None and time.monotonic() - last >= progress_every:
+                    last = time.monotonic()
+                    progress()
+                continue
+            if status == "ok":
+                out[index] = value
+            else:
+                errors.append(value)
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if errors:
+        raise RuntimeError("a benchmark worker failed:\n" + errors[0])
+    return [out[i] for i in range(count)]
+
+
+def _child(target: Callable[..., Any], index: int, barrier: Any, results: Any, args: tuple[Any, ...]) -> None:
+    from django.db import connections
+
+    try:
+        value = target(index, barrier, *args)
+    except BaseException:
+        barrier.abort()
+        results.put(("error", index, traceback.format_exc()))
+    else:
+        results.put(("ok", index, value))
+    finally:
+        connections.close_all()
+
+
+def _audit(audit: bool) -> None:
+    from django.test import override_settings
+
+    override_settings(TASKCLAIM_AUDIT=audit).enable()  # this process only
+
+
+# -- by-key claim + complete ---------------------------------------------------------------
+
+def bykey_app(index: int, barrier: Any, run: str, duration: float, audit: bool) -> dict[str, Any]:
+    from django_taskclaim.models import Task
+
+    _audit(audit)
+    owner = f"bench-app-{index}"
+
+    def cycle(key: str) -> None:
+        outcome = Task.objects.claim(key, owner=owner, lease=LEASE)
+        assert outcome.claim is not None, key
+        outcome.claim.complete()
+
+    for n in range(20):
+        cycle(f"{run}:warm:{index}:{n}")
+    barrier.wait(BARRIER_TIMEOUT)
+    start = time.perf_counter()
+    end, n = start + duration, 0
+    while time.perf_counter() < end:
+        cycle(f"{run}:{index}:{n}")
+        n += 1
+    return {"count": n, "start": start, "end": time.perf_counter()}
+
+
+def raw_cycle(cursor: Any, key: str, owner: str, audit: bool) -> None:
+    """One claim + complete through the app's PostgreSQL backend methods on a plain cursor."""
+    from django_taskclaim.backends.postgresql import backend as pg
+
+    row, _ = pg.claim_key(cursor, tenant="", key=key, owner=owner, lease=LEASE, payload=None,
+                          fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=audit)
+    assert row is not None, key
+    status = pg.finish(cursor, row[0], row[5], COMPLETE_SET_SQL, [None, ""],
+                       ("succeeded", "succeeded"), audit)
+    assert status == "succeeded", key
+
+
+def bykey_raw(index: int, barrier: Any, run: str, duration: float, audit: bool, url: str) -> dict[str, Any]:
+    import psycopg
+
+    owner = f"bench-raw-{index}"
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
+        for n in range(20):
+            raw_cycle(cursor, f"{run}:warm:{index}:{n}", owner, audit)
+        barrier.wait(BARRIER_TIMEOUT)
+        start = time.perf_counter()
+        end, n = start + duration, 0
+        while time.perf_counter() < end:
+            raw_cycle(cursor, f"{run}:{index}:{n}", owner, audit)
+            n += 1
+        return {"count": n, "start": start, "end": time.perf_counter()}
+
+
+def check_identical_sql(url: str) -> int:
+    """Prove that the raw phase sends the very statements the app sends; returns how many."""
+    import psycopg
+    from django.db import connection
+
+    from django_taskclaim.models import Task
+
+    class Recording:
+        def __init__(self, cursor: Any, log: list[str]) -> None:
+            self.cursor, self.log = cursor, log
+
+        def execute(self, sql: str, params: Any = None) -> Any:
+            self.log.append(sql)
+            return self.cursor.execute(sql, params)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.cursor, name)
+
+    from django.test import override_settings
+
+    checked = 0
+    for audit in (True, False):
+        app_sql: list[str] = []
+
+        def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any,
+                    log: list[str] = app_sql) -> Any:
+            log.append(sql)
+            return execute(sql, params, many, context)
+
+        with override_settings(TASKCLAIM_AUDIT=audit), connection.execute_wrapper(wrapper):
+            outcome = Task.objects.claim(f"sqlcheck:app:{audit}", owner="sqlcheck", lease=LEASE)
+            assert outcome.claim is not None
+            outcome.claim.complete()
+        raw_sql: list[str] = []
+        with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
+            raw_cycle(Recording(cursor, raw_sql), f"sqlcheck:raw:{audit}", "sqlcheck", audit)
+        # The app runs its statements as prepared statements (PREPARE once, then EXECUTE name);
+        # psycopg prepares the raw ones on its own after 5 runs. Compare the statements' text.
+        from django_taskclaim.backends import postgresql
+
+        bodies = {execute: sql for sql, (_, _, execute) in postgresql._STATEMENTS.items()}
+        app_sql = [bodies.get(sql, sql) for sql in app_sql]
+        if app_sql != raw_sql:
+            raise RuntimeError(
+                f"the raw phase no longer sends the app's SQL (audit={audit}):\n"
+                f"app: {app_sql}\nraw: {raw_sql}"
+            )
+        checked += len(app_sql)
+    return checked
+
+
+# -- queue drain ------------------------------------------------------------------------------
+
+def drain_app(index: int, barrier: Any, audit: bool) -> dict[str, Any]:
+    from django.db import connection
+
+    from django_taskclaim.models import Task
+
+    _audit(audit)
+    owner = f"bench-drain-{index}"
+    connection.ensure_connection()
+    barrier.wait(BARRIER_TIMEOUT)
+    start = time.perf_counter()
+    executed: list[int] = []
+    while True:
+        claims = Task.objects.claim_next(owner=owner, lease=LEASE)
+        if not claims:
+            break
+        for claim in claims:
+            executed.append(claim.task_id)  # the no-op "execution"
+            claim.complete()
+    return {"executed": executed, "start": start, "end": time.perf_counter()}
+
+
+# -- latency by table size and under contention ----------------------------------------------
+
+def latency(index: int, barrier: Any, run: str, samples: int) -> dict[str, Any]:
+    from django_taskclaim.models import Task
+
+    owner = f"bench-lat-{index}"
+    for n in range(20):
+        Task.objects.claim(f"{run}:warm:{n}", owner=owner, lease=LEASE).claim.complete()  # type: ignore[union-attr]
+    barrier.wait(BARRIER_TIMEOUT)
+    bykey, queue = [], []
+    for n in range(samples):
+        t0 = time.perf_counter()
+        outcome = Task.objects.claim(f"{run}:{n}", owner=owner, lease=LEASE)
+        bykey.append(time.perf_counter() - t0)
+        outcome.claim.complete()  # type: ignore[union-attr]
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        claims = Task.objects.claim_next(owner=owner, lease=LEASE)
+        queue.append(time.perf_counter() - t0)
+        assert len(claims) == 1
+        claims[0].complete()
+    return {"bykey": bykey, "queue": queue}
+
+
+def race(index: int, barrier: Any, run: str, keys: int, rounds: Any) -> dict[str, Any]:
+    """Claim key 0, 1, … in lockstep with the other racers; one decision latency per key."""
+    from django.db import connection
+
+    from django_taskclaim.models import Task
+
+    owner = f"bench-race-{index}"
+    connection.ensure_connection()
+    Task.objects.filter(pk=-1).exists()  # warm the ORM path
+    barrier.wait(BARRIER_TIMEOUT)
+    times, won = [], []
+    for k in range(keys):
+        rounds.wait(BARRIER_TIMEOUT)
+        t0 = time.perf_counter()
+        outcome = Task.objects.claim(f"{run}:{k}", owner=owner, lease=300)
+        times.append(time.perf_counter() - t0)
+        if outcome.claimed:
+            won.append(k)
+    return {"times": times, "won": won}

@@ -1,0 +1,95 @@
+"""The benchmark command in smoke size, and the prepared statements it led to (PostgreSQL only).
+
+No timed assertion here: the smoke run proves the benchmark still works end to end (it
+produces its table, and no system executed a job twice), not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_taskclaim.models import Task
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TASKCLAIM_TEST_DB", "sqlite") != "postgresql",
+    reason="benchmarks and prepared statements need PostgreSQL",
+)
+
+
+def prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE %s", ["taskclaim%"])
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db
+def test_claim_and_complete_run_as_prepared_statements() -> None:
+    Task.objects.claim("prepared", owner="w").claim.complete()  # type: ignore[union-attr]
+    after_first = set(prepared_statements())
+    assert len(after_first) >= 2  # the fused claim and the fused completion
+    Task.objects.claim("prepared-2", owner="w").claim.complete()  # type: ignore[union-attr]
+    assert set(prepared_statements()) == after_first  # prepared once per connection
+
+
+@pytest.mark.django_db
+def test_prepared_statements_can_be_turned_off(settings) -> None:
+    settings.TASKCLAIM_AUDIT = False  # statements of their own, so none is prepared yet
+    settings.TASKCLAIM_PREPARED_STATEMENTS = False
+    before = set(prepared_statements())
+    Task.objects.claim("plain", owner="w").claim.complete()  # type: ignore[union-attr]
+    assert set(prepared_statements()) == before
+    settings.TASKCLAIM_PREPARED_STATEMENTS = True
+    Task.objects.claim("prepared", owner="w").claim.complete()  # type: ignore[union-attr]
+    assert len(set(prepared_statements()) - before) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_are_prepared_again_after_deallocate() -> None:
+    Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does to the session
+    outcome = Task.objects.claim("second", owner="w")
+    assert outcome.claimed
+    outcome.claim.complete()  # type: ignore[union-attr]
+    assert Task.objects.get(key="second").status == Task.Status.SUCCEEDED
+    assert len(prepared_statements()) == 2  # prepared again
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_benchmark_smoke_run(tmp_path: Path) -> None:
+    """``python -m benchmarks --smoke`` on the test server: a table, and zero duplicates."""
+    settings_dict = connection.settings_dict
+    url = (f"postgresql://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}"
+           f"/{settings_dict['NAME']}")
+    out, chart = tmp_path / "benchmarks.md", tmp_path / "benchmarks.png"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PGPASSWORD"] = str(settings_dict["PASSWORD"] or "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--pg-url", url, "--smoke", "--db-name", f"taskclaim_bench_{os.getpid()}",
+         "--out", str(out), "--chart", str(chart)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = out.read_text()
+    assert "# Benchmarks (smoke size" in proc.stdout  # the table is printed too
+    for heading in ("## By-key claim + complete", "## Queue drain", "## Claim latency by table size",
+                    "## Contention", "## Attempt audit trail", "## Targets"):
+        assert heading in report, heading
+    # Every measured cell holds a number: W = 1 and 2 for app and raw.
+    assert re.search(r"^\| 1 \| [\d,]+ \| [\d,]+ \| [\d.]+ \|$", report, re.M), report
+    assert re.search(r"^\| 2 \| [\d,]+ \| [\d,]+ \| [\d.]+ \|$", report, re.M), report
+    duplicates = re.search(r"^\| duplicates \| (.+) \|$", report, re.M)
+    assert duplicates is not None, report
+    assert [cell.strip() for cell in duplicates.group(1).split("|")] == ["0"], report
+    assert "| duplicate executions, every system and W | 0 | = 0 | yes |" in report
+    assert "Exactly one winner per key" in report
