@@ -13,6 +13,7 @@ import pytest
 from django.db import connection
 
 from django_taskclaim.models import Attempt, Task
+from tests.conftest import expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,8 +36,8 @@ def test_attempts_of_a_task_do_not_overlap_when_a_claim_waits_for_a_release(spaw
     """Seed 20261202 of the long run: ``token 1 (released) ended 14:29:55.890203, token 2
     started 14:29:55.889141``.
 
-    A claim that *arrives* while the owner still holds the row (here: inside ``fenced()``)
-    waits for the lock; the owner releases and commits; the waiting claim then takes the task.
+    A claim that *arrives* while the owner still holds the row (here: inside ``fenced()``,
+    after its lease expired) waits for the lock; the owner releases and commits; the waiting claim then takes the task.
     Its attempt was stamped with ``statement_timestamp()`` — the time the claim statement
     arrived, before the release — so the audit trail showed the new claim starting before the
     old one ended: an overlap of two claims on the database clock, which never happened.
@@ -45,6 +46,9 @@ def test_attempts_of_a_task_do_not_overlap_when_a_claim_waits_for_a_release(spaw
         pytest.skip("SQLite has one writer: a claim never waits inside a statement for a release")
     first = Task.objects.claim("overlap-after-release", lease=30).claim
     assert first is not None
+    # An expired lease makes the row claimable in the racer's snapshot, so its claim waits for
+    # the owner's lock (a live row is refused at once, without waiting).
+    expire(first)
     racer = spawn("race", "overlap-after-release", "--lease", "30")
     assert json.loads(racer.stdout.readline())["event"] == "ready"
     with first.fenced():
