@@ -24,8 +24,9 @@ import threading
 import time
 from typing import Any
 
-from tests.chaos.checker import check, load_state, table
+from tests.chaos.checker import Verdict, table
 from tests.chaos.harness import ROOT, Harness, Options, WorkerProc
+from tests.chaos.run import build, drive
 
 CELERY_FAULTS: dict[str, tuple[int, tuple[str, ...]]] = {
     "pause": (3, ("sqlite", "postgresql")),
@@ -274,43 +275,25 @@ def run_celery(args: argparse.Namespace) -> int:
                    lease=args.lease, tasks=args.tasks, steps=args.steps, work_ms=args.work_ms,
                    fault_interval=args.fault_interval, crash="", skew=0.0, quiet=args.quiet,
                    keep=args.keep, verbose=args.verbose)
-    try:
-        harness = CeleryHarness(opts)
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    harness = build(CeleryHarness, opts)
+    if harness is None:
         return 2
-    ok = False
-    try:
-        print(f"celery chaos on {opts.db}: {opts.workers} workers x 2 processes, lease "
-              f"{opts.lease} s, {opts.duration:.0f} s of faults, seed {opts.seed}", flush=True)
-        harness.setup()
-        harness.chaos()
-        print("  quiet period ...", flush=True)
-        harness.quiet()
-        state = harness.db(load_state)
-        verdict = check(state, harness.log.events, harness.log.enqueued, harness.log.killed_pids)
-        for error in harness.log.errors:
-            verdict.add("harness", error)
+
+    def render(verdict: Verdict) -> str:
         log = harness.log
         header = (f"django-taskclaim fault injection, Celery variant: {opts.db}, seed {opts.seed}, "
                   f"{opts.workers} workers, lease {opts.lease} s, {log.chaos_seconds:.0f} s of "
                   f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
-        text = table(log.faults, verdict, header, [], False, "")
-        lines = text.split("\n")
+        lines = table(log.faults, verdict, header, [], False, "").split("\n")
         start = lines.index("faults injected") + 1
         end = lines.index("run") - 1
         tried = {"terminate": f"  (of {log.faults['terminate_tried']} tried)"}
         lines[start:end] = [f"  {label:<56} {log.faults.get(kind, 0):>8}{tried.get(kind, '')}"
                             for kind, label in CELERY_LABELS
                             if kind in [*harness.kinds, "requeued", "worker_died_on_broker_loss"]]
-        print("\n".join(lines), flush=True)
-        ok = verdict.ok
-        if args.report:
-            with open(args.report, "w") as f:
-                json.dump({"seed": opts.seed, "db": opts.db, "ok": ok, "celery": True,
-                           "faults": dict(log.faults), "figures": verdict.figures,
-                           "violations": {k: v for k, v in verdict.violations.items() if v}},
-                          f, indent=1)
-        return 0 if ok else 1
-    finally:
-        harness.teardown(ok)
+        return "\n".join(lines)
+
+    return drive(harness, args, render,
+                 banner=f"celery chaos on {opts.db}: {opts.workers} workers x 2 processes, lease "
+                        f"{opts.lease} s, {opts.duration:.0f} s of faults, seed {opts.seed}",
+                 report={"celery": True})

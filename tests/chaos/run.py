@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from tests.chaos.checker import check, load_state, table
+from tests.chaos.checker import Verdict, check, load_state, table
 from tests.chaos.harness import Harness, Options
+
+HarnessT = TypeVar("HarnessT", bound=Harness)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,35 +26,54 @@ def run(args: argparse.Namespace) -> int:
         skew=args.skew, quiet=args.quiet,
         faults=args.faults, unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
     )
+    harness = build(Harness, opts)
+    if harness is None:
+        return 2
+
+    def render(verdict: Verdict) -> str:
+        log = harness.log
+        header = (f"django-taskclaim fault injection: {opts.db}, seed {opts.seed}, "
+                  f"{opts.workers} workers, lease {opts.lease} s, {log.chaos_seconds:.0f} s of "
+                  f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
+        return table(log.faults, verdict, header, harness.kinds, harness.skew_available, opts.crash)
+
+    return drive(harness, args, render,
+                 banner=f"chaos on {opts.db}: {opts.workers} workers, lease {opts.lease} s, "
+                        f"{opts.duration:.0f} s of faults, seed {opts.seed}",
+                 report={"kinds": harness.kinds})
+
+
+def build(factory: Callable[[Options], HarnessT], opts: Options) -> HarnessT | None:
+    """The harness, or ``None`` after saying why it cannot run (exit status 2)."""
     try:
-        harness = Harness(opts)
+        return factory(opts)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    ok = False
+        return None
+
+
+def drive(harness: Harness, args: argparse.Namespace, render: Callable[[Verdict], str], *,
+          banner: str, report: dict[str, Any]) -> int:
+    """Set up, inject faults, go quiet, check and report; the exit status (0 ok, 1 violation)."""
+    opts, ok = harness.opts, False
     try:
-        print(f"chaos on {opts.db}: {opts.workers} workers, lease {opts.lease} s, "
-              f"{opts.duration:.0f} s of faults, seed {opts.seed}", flush=True)
+        print(banner, flush=True)
         harness.setup()
         harness.chaos()
         print(f"  quiet period (faults stopped after {harness.log.chaos_seconds:.0f} s) ...",
               flush=True)
         harness.quiet()
-        state = harness.db(load_state)
-        verdict = check(state, harness.log.events, harness.log.enqueued, harness.log.killed_pids)
-        for error in harness.log.errors:
-            verdict.add("harness", error)
         log = harness.log
-        header = (f"django-taskclaim fault injection: {opts.db}, seed {opts.seed}, "
-                  f"{opts.workers} workers, lease {opts.lease} s, {log.chaos_seconds:.0f} s of "
-                  f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
-        print(table(harness.log.faults, verdict, header, harness.kinds, harness.skew_available,
-                    opts.crash), flush=True)
+        state = harness.db(load_state)
+        verdict = check(state, log.events, log.enqueued, log.killed_pids)
+        for error in log.errors:
+            verdict.add("harness", error)
+        print(render(verdict), flush=True)
         ok = verdict.ok
         if args.report:
             with open(args.report, "w") as f:
-                json.dump({"seed": opts.seed, "db": opts.db, "ok": ok, "faults": dict(log.faults),
-                           "kinds": harness.kinds, "figures": verdict.figures,
+                json.dump({"seed": opts.seed, "db": opts.db, "ok": ok, **report,
+                           "faults": dict(log.faults), "figures": verdict.figures,
                            "violations": {k: v for k, v in verdict.violations.items() if v}},
                           f, indent=1)
         return 0 if ok else 1
