@@ -154,6 +154,17 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
         add(f"| contended ({sizes.racers} racers) | {_ms(r.race['contended_p50'])} | {_ms(r.race['contended_p99'])} |")
         add(f"| ratio | {_fmt_ratio(_ratio(r.race['contended_p50'], r.race['uncontended_p50']))} "
             f"| {_fmt_ratio(_ratio(r.race['contended_p99'], r.race['uncontended_p99']))} |")
+        if "raw_contended_p99" in r.race:
+            add(f"| raw SQL, uncontended | {_ms(r.race['raw_uncontended_p50'])} "
+                f"| {_ms(r.race['raw_uncontended_p99'])} |")
+            add(f"| raw SQL, contended ({sizes.racers} racers) | {_ms(r.race['raw_contended_p50'])} "
+                f"| {_ms(r.race['raw_contended_p99'])} |")
+            add(f"| raw SQL ratio | {_fmt_ratio(_ratio(r.race['raw_contended_p50'], r.race['raw_uncontended_p50']))} "
+                f"| {_fmt_ratio(_ratio(r.race['raw_contended_p99'], r.race['raw_uncontended_p99']))} |")
+            add("")
+            add("*Raw SQL* sends only the claim statement with plain psycopg (no state read, no `duplicate` "
+                "record, no ORM): the floor that the database's serialisation of racing writers and the "
+                "scheduling of the racing processes on this machine's cores set for the same race.")
         add("")
         add(f"Exactly one winner per key; duplicate attempts recorded: {r.race.get('duplicates_recorded', 0):,} "
             f"(expected {r.race.get('duplicates_expected', 0):,}).")

@@ -263,3 +263,29 @@ def race(index: int, barrier: Any, run: str, keys: int, rounds: Any) -> dict[str
         if outcome.claimed:
             won.append(k)
     return {"times": times, "won": won}
+
+
+def race_raw(index: int, barrier: Any, run: str, keys: int, rounds: Any, url: str) -> dict[str, Any]:
+    """The same race with plain psycopg and the claim statement alone: the floor this machine sets.
+
+    No state read and no ``duplicate`` record for losers, no ORM: what is left is the database's
+    own serialisation of racing writers and the CPU scheduling of the racing processes.
+    """
+    import psycopg
+
+    from django_taskclaim.backends.postgresql import backend as pg
+
+    owner = f"bench-raw-race-{index}"
+    times, won = [], []
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        barrier.wait(BARRIER_TIMEOUT)
+        for k in range(keys):
+            rounds.wait(BARRIER_TIMEOUT)
+            t0 = time.perf_counter()
+            row, _ = pg.claim_key(cursor, tenant="", key=f"{run}:{k}", owner=owner, lease=300, payload=None,
+                                  fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=True)
+            times.append(time.perf_counter() - t0)
+            if row is not None:
+                won.append(k)
+    return {"times": times, "won": won}

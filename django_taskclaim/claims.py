@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from . import signals
 from .backends import DbNow, get_backend
@@ -362,30 +361,28 @@ def claim(
             new = _claim_from_row(row, backend, using, seconds, delivery_id)
             _announce(new, previous)
             return ClaimOutcome(True, new, backend.row_to_task(row, using))
-        task = (Task.objects.using(using).filter(tenant=tenant, key=key)
-                .annotate(lease_expired=ExpressionWrapper(Q(lease_expires_at__lt=DbNow()),
-                                                          output_field=BooleanField()))
-                .first())
-        if task is None:
+        with connections[using].cursor() as cursor:
+            state, expired, duplicate = backend.read_state(
+                cursor, tenant=tenant, key=key, owner=owner, fingerprint=fp, delivery_id=delivery_id,
+                audit=audit, in_transaction=connections[using].in_atomic_block)
+        if state is None:
             continue  # purged between the statements
+        task = backend.row_to_task(state, using)
         if fp and task.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, task.payload_fingerprint, fp)
         running = task.status == Task.Status.RUNNING
-        if running and task.lease_expired and task.attempts >= task.max_attempts:
+        if running and expired and task.attempts >= task.max_attempts:
             _fail_exhausted(task, using)
             task.refresh_from_db(using=using)
-        elif task.status == Task.Status.PENDING or (running and task.lease_expired):
+        elif task.status == Task.Status.PENDING or (running and expired):
             continue
-        if task.status in (Task.Status.RUNNING, Task.Status.SUCCEEDED):
-            _record_duplicate(task, owner, delivery_id, using)
+        if duplicate:
+            _announce_duplicate(task, owner, delivery_id, using)
         return ClaimOutcome(False, None, task)
     raise TaskClaimError(f"task {key!r} (tenant {tenant!r}) kept changing under the claim; try again")
 
 
-def _record_duplicate(task: Task, owner: str, delivery_id: str, using: str) -> None:
-    if settings.AUDIT:
-        with connections[using].cursor() as cursor:
-            get_backend(using).record_duplicate(cursor, task.pk, owner, delivery_id)
+def _announce_duplicate(task: Task, owner: str, delivery_id: str, using: str) -> None:
     logger.info("duplicate delivery", extra={"key": task.key, "tenant": task.tenant,
                                              "token": task.fencing_token, "owner": owner})
     _send(using, signals.duplicate_delivery, task=task, owner=owner, delivery_id=delivery_id)

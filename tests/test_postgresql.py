@@ -57,3 +57,23 @@ def test_by_key_claim_uses_the_unique_index() -> None:
     Task.objects.ensure("job")
     plan = plan_of(lambda: Task.objects.claim("job"))
     assert "Conflict Arbiter Indexes: taskclaim_task_tenant_key_uniq" in plan, plan
+
+
+def synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return str(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_duplicate_records_commit_asynchronously_without_leaking_the_setting() -> None:
+    from django.db import transaction
+
+    Task.objects.claim("job", owner="winner")
+    assert not Task.objects.claim("job", owner="loser-1").claimed  # autocommit: async audit row
+    assert synchronous_commit() == "on"  # set for that one statement's transaction only
+    with transaction.atomic():
+        assert not Task.objects.claim("job", owner="loser-2").claimed
+        assert synchronous_commit() == "on"  # never inside the caller's transaction
+    owners = set(Task.objects.get(key="job").attempt_set.filter(outcome="duplicate").values_list("owner", flat=True))
+    assert owners == {"loser-1", "loser-2"}

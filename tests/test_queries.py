@@ -61,3 +61,12 @@ def test_without_audit_trail(settings, django_assert_num_queries) -> None:  # ty
     with django_assert_num_queries(1):
         claim.complete()
     assert not Task.objects.get(key="job").attempt_set.exists()
+
+
+def test_losing_a_race(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    # PostgreSQL: the claim, then one statement that reads the state and records the duplicate.
+    Task.objects.claim("job", owner="winner")
+    with django_assert_num_queries(budget(2, 3)):
+        outcome = Task.objects.claim("job", owner="loser", delivery_id="d-2")
+    assert not outcome.claimed and outcome.task.owner == "winner"
+    assert Task.objects.get(key="job").attempt_set.filter(outcome="duplicate", delivery_id="d-2").count() == 1

@@ -260,6 +260,36 @@ class Backend:
             [task_id, token],
         )
 
+    def columns(self) -> str:
+        """The task columns in ``TASK_COLUMNS`` order, for a SELECT."""
+        return ", ".join(f'"{c}"' for c in TASK_COLUMNS)
+
+    def read_state(
+        self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
+        audit: bool, in_transaction: bool,
+    ) -> tuple[Row | None, bool, bool]:
+        """After a claim matched nothing: the task's row, whether its lease has expired by the
+        database clock, and whether this delivery was recorded as a duplicate.
+
+        A delivery is a duplicate when it finds the task held under a live lease, or done, and
+        its payload is compatible (a mismatch is an error, not a duplicate).
+        """
+        self.execute(
+            cursor,
+            f'SELECT {self.columns()}, (lease_expires_at < {self.now}) FROM {TASK} WHERE tenant = %s AND "key" = %s',
+            [tenant, key],
+        )
+        found = cursor.fetchone()
+        if found is None:
+            return None, False, False
+        row, expired = found[: len(TASK_COLUMNS)], bool(found[-1])
+        status, stored_fp = row[3], row[10]
+        duplicate = (status == "succeeded" or (status == "running" and not expired)) and (
+            not fingerprint or stored_fp in ("", fingerprint))
+        if duplicate and audit:
+            self.record_duplicate(cursor, row[0], owner, delivery_id)
+        return row, expired, duplicate
+
     def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> None:
         self.execute(
             cursor,

@@ -187,6 +187,48 @@ class PostgreSQLBackend(Backend):
         self.execute(cursor, sql, params)
         return [(row[:-1], row[-1]) for row in cursor.fetchall()]
 
+    def columns(self) -> str:
+        return ", ".join(f'"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'"{c}"'
+                         for c in TASK_COLUMNS)
+
+    def read_state(
+        self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
+        audit: bool, in_transaction: bool,
+    ) -> tuple[Row | None, bool, bool]:
+        # One round trip for the loser of a race: read the state and record the duplicate
+        # delivery together. Outside a caller's transaction, the duplicate's audit row is
+        # committed asynchronously (set_config(..., is_local) lasts to this statement's commit):
+        # it decides nothing, so losers need not wait for a WAL flush. A server crash may drop
+        # the newest of these rows; claims, results and stale-write counts stay synchronous.
+        now = self.now
+        dup_sql = (
+            f", dup AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
+            f"outcome, stale_writes) SELECT cur.id, NULL, %s, %s, {now}, {now}, 'duplicate', 0 FROM cur "
+            f"WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) "
+            f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) RETURNING 1)"
+        )
+        async_sql = ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))"
+        params: list[Any] = [tenant, key]
+        sql = (f'WITH cur AS (SELECT {self.columns()}, (lease_expires_at < {now}) AS expired FROM {TASK} '
+               f'WHERE tenant = %s AND "key" = %s)')
+        if audit:
+            sql += dup_sql
+            params += [owner, delivery_id, fingerprint, fingerprint]
+            if not in_transaction:
+                sql += async_sql
+        sql += " SELECT cur.*, " + ("(SELECT count(*) FROM dup)" if audit else "0")
+        sql += ", (SELECT count(*) FROM cfg)" if audit and not in_transaction else ", 0"
+        sql += " FROM cur"
+        self.execute(cursor, sql, params)
+        found = cursor.fetchone()
+        if found is None:
+            return None, False, False
+        row, expired = found[: len(TASK_COLUMNS)], bool(found[len(TASK_COLUMNS)])
+        status, stored_fp = row[3], row[10]
+        duplicate = (status == "succeeded" or (status == "running" and not expired)) and (
+            not fingerprint or stored_fp in ("", fingerprint))
+        return row, expired, duplicate
+
     def _qualified_returning(self) -> str:
         return ", ".join(
             f'{TASK}."{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'{TASK}."{c}"'
