@@ -42,6 +42,17 @@ def claimable(table: str, now: str) -> str:
 Row = tuple[Any, ...]
 
 
+def is_duplicate(row: Row, expired: bool, fingerprint: str) -> bool:
+    """A delivery that found the task held under a live lease, or done, with a compatible payload.
+
+    (A different payload is a ``PayloadMismatch``, never a duplicate.) The PostgreSQL
+    ``read_state`` statement applies the same rule in SQL when it records the row.
+    """
+    status, stored_fp = row[3], row[10]
+    live_or_done = status == "succeeded" or (status == "running" and not expired)
+    return live_or_done and (not fingerprint or stored_fp in ("", fingerprint))
+
+
 class Backend:
     """Portable implementation; subclasses set the clock and may fuse statements."""
 
@@ -59,8 +70,14 @@ class Backend:
     def lease_param(self, seconds: float) -> Any:
         return seconds
 
-    def returning(self) -> str:
-        return ", ".join(f'"{c}"' for c in TASK_COLUMNS)
+    def columns(self, table: str = "") -> str:
+        """The task columns in ``TASK_COLUMNS`` order (qualified by ``table`` if given)."""
+        prefix = f"{table}." if table else ""
+        return ", ".join(f'{prefix}"{c}"' for c in TASK_COLUMNS)
+
+    def returning(self, table: str = "") -> str:
+        """What a statement that writes a task row returns: its columns, in order."""
+        return self.columns(table)
 
     # -- conversion -----------------------------------------------------------------------
     def to_datetime(self, value: Any) -> datetime | None:
@@ -260,10 +277,6 @@ class Backend:
             [task_id, token],
         )
 
-    def columns(self) -> str:
-        """The task columns in ``TASK_COLUMNS`` order, for a SELECT."""
-        return ", ".join(f'"{c}"' for c in TASK_COLUMNS)
-
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
         audit: bool, in_transaction: bool,
@@ -283,9 +296,7 @@ class Backend:
         if found is None:
             return None, False, False
         row, expired = found[: len(TASK_COLUMNS)], bool(found[-1])
-        status, stored_fp = row[3], row[10]
-        duplicate = (status == "succeeded" or (status == "running" and not expired)) and (
-            not fingerprint or stored_fp in ("", fingerprint))
+        duplicate = is_duplicate(row, expired, fingerprint)
         if duplicate and audit:
             self.record_duplicate(cursor, row[0], owner, delivery_id)
         return row, expired, duplicate

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from ..conf import settings
-from .base import ATTEMPT, INSERT_COLUMNS, TASK, TASK_COLUMNS, Backend, Row, claimable
+from .base import ATTEMPT, INSERT_COLUMNS, TASK, TASK_COLUMNS, Backend, Row, claimable, is_duplicate
 
 _OPEN_ATTEMPTS = (
     # Close the attempt that was taken over (token - 1 still running), open the new one, both
@@ -108,10 +108,14 @@ class PostgreSQLBackend(Backend):
                 prep.execute(prepare_sql)
             state[1].add(name)
 
-    def returning(self) -> str:
+    def columns(self, table: str = "") -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
-        return ", ".join(f'"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'"{c}"'
-                         for c in TASK_COLUMNS) + _CLAIMED_AT
+        prefix = f"{table}." if table else ""
+        return ", ".join(f'{prefix}"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch")
+                         else f'{prefix}"{c}"' for c in TASK_COLUMNS)
+
+    def returning(self, table: str = "") -> str:
+        return self.columns(table) + _CLAIMED_AT
 
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
@@ -150,7 +154,7 @@ class PostgreSQLBackend(Backend):
             f"ELSE {t}.payload_fingerprint END "
             f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, now)} '
             f"AND (%s::text = '' OR {t}.payload_fingerprint IN ('', %s::text)) "
-            f"RETURNING {self._qualified_returning()}), "
+            f"RETURNING {self.returning(t)}), "
             f"ins AS (INSERT INTO {t} ({INSERT_COLUMNS}) SELECT %s::text, %s::text, 'running', %s::text, 1, 1, "
             f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
             f'WHERE NOT EXISTS (SELECT 1 FROM upd) ON CONFLICT (tenant, "key") DO NOTHING '
@@ -176,7 +180,7 @@ class PostgreSQLBackend(Backend):
             f"claimed AS (UPDATE {t} SET status = 'running', owner = %s, "
             f"fencing_token = {t}.fencing_token + 1, attempts = {t}.attempts + 1, "
             f"lease_expires_at = {self.lease_sql()}, updated_at = {now} FROM picked p "
-            f"WHERE {t}.id = p.id AND {claimable(t, now)} RETURNING {self._qualified_returning()})"
+            f"WHERE {t}.id = p.id AND {claimable(t, now)} RETURNING {self.returning(t)})"
         )
         params: list[Any] = [*tparams, limit, *tparams, limit, limit, owner, lease]
         if audit:
@@ -186,10 +190,6 @@ class PostgreSQLBackend(Backend):
             sql += " " + _SELECT_PLAIN
         self.execute(cursor, sql, params)
         return [(row[:-1], row[-1]) for row in cursor.fetchall()]
-
-    def columns(self) -> str:
-        return ", ".join(f'"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'"{c}"'
-                         for c in TASK_COLUMNS)
 
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
@@ -224,16 +224,7 @@ class PostgreSQLBackend(Backend):
         if found is None:
             return None, False, False
         row, expired = found[: len(TASK_COLUMNS)], bool(found[len(TASK_COLUMNS)])
-        status, stored_fp = row[3], row[10]
-        duplicate = (status == "succeeded" or (status == "running" and not expired)) and (
-            not fingerprint or stored_fp in ("", fingerprint))
-        return row, expired, duplicate
-
-    def _qualified_returning(self) -> str:
-        return ", ".join(
-            f'{TASK}."{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch") else f'{TASK}."{c}"'
-            for c in TASK_COLUMNS
-        ) + _CLAIMED_AT
+        return row, expired, is_duplicate(row, expired, fingerprint)
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
