@@ -23,6 +23,17 @@ app.conf.include = ["tests.procs_celery"]
 LEASE = 2.0
 
 
+def point_at(broker_url: str | None, result_backend: str | None) -> None:
+    """Point the app at other servers, dropping the producer pool and result backend it built
+    for the old ones (Celery caches both on first use, e.g. by an in-process test)."""
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app._pool = None
+    app._backend_cache = None  # a thread-safe backend is cached here, others per thread
+    vars(app._local).pop("backend", None)
+    app.conf.update(broker_url=broker_url, result_backend=result_backend)
+
+
 @claimed_task(key="work-{name}", lease=LEASE, busy_countdown=0.3, max_attempts=5, app=app, bind=True)
 def work(self, name: str, seconds: float = 0.0) -> dict[str, object]:
     """Simulated work of ``seconds``, then one Effect row written under the claim's fence."""

@@ -31,6 +31,7 @@ redis = pytest.importorskip("redis")
 celery_app_module = pytest.importorskip("tests.celery_app")
 app = celery_app_module.app
 work = celery_app_module.work
+point_at = celery_app_module.point_at
 from tests.procs_celery import always_fails  # noqa: E402
 
 QUEUE = "celery"  # the default queue: a Redis list of that name
@@ -57,13 +58,12 @@ def redis_server() -> Iterator[Any]:
     except RuntimeError:
         requirement_missing("redis-server")
     server.start()
-    previous = {"broker_url": app.conf.broker_url, "result_backend": app.conf.result_backend}
-    app.conf.update(broker_url=server.url, result_backend=server.url.rsplit("/", 1)[0] + "/1")
+    previous = (app.conf.broker_url, app.conf.result_backend)
+    point_at(server.url, server.url.rsplit("/", 1)[0] + "/1")
     try:
         yield server
     finally:
-        app.close()
-        app.conf.update(previous)
+        point_at(*previous)
         server.stop()
 
 
