@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
 
-from .backends import DbNow
+from .backends import DbNow, get_backend
 from .conf import settings
 
 if TYPE_CHECKING:
@@ -16,6 +18,20 @@ if TYPE_CHECKING:
     from .models import Task
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@contextmanager
+def write_transaction(using: str) -> Iterator[None]:
+    """``transaction.atomic`` whose first statement takes the write lock (SQLite).
+
+    For operator actions that read the rows they then change: on SQLite a transaction that
+    reads first fails at once with "database is locked" beside busy workers instead of
+    waiting for the busy timeout.
+    """
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            get_backend(using).begin_write(cursor)
+        yield
 
 
 class TaskQuerySet(models.QuerySet["Task"]):
@@ -56,7 +72,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         alias = self.db
         rows = list(self.filter(status="running").values_list("pk", "fencing_token", "key", "tenant"))
         released = []
-        with transaction.atomic(using=alias):
+        with write_transaction(alias):
             for pk, token, key, tenant in rows:
                 n = type(self)(self.model, using=alias).filter(
                     pk=pk, status="running", fencing_token=token
@@ -79,7 +95,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         from .models import Attempt
 
         alias = self.db
-        with transaction.atomic(using=alias):
+        with write_transaction(alias):
             ids = list(self.unfinished().values_list("pk", flat=True))
             n = type(self)(self.model, using=alias).filter(pk__in=ids).unfinished().update(
                 status="cancelled", lease_expires_at=None, updated_at=DbNow())

@@ -100,6 +100,12 @@ class Backend:
             values.append(value)
         return Task.from_db(using, list(TASK_COLUMNS), values)
 
+    def begin_write(self, cursor: Any) -> None:
+        """First statement of a transaction that reads before it writes (operator actions).
+
+        Nothing to do where row locks serialise writers (PostgreSQL); SQLite overrides it.
+        """
+
     def execute(self, cursor: Any, sql: str, params: list[Any]) -> None:
         """Run one of this app's statements; PostgreSQL runs the hot ones as prepared statements."""
         cursor.execute(sql, params)
@@ -297,14 +303,21 @@ class Backend:
             return None, False, False
         row, expired = found[: len(TASK_COLUMNS)], bool(found[-1])
         duplicate = is_duplicate(row, expired, fingerprint)
-        if duplicate and audit:
-            self.record_duplicate(cursor, row[0], owner, delivery_id)
+        if duplicate and audit and not self.record_duplicate(cursor, row[0], owner, delivery_id):
+            return None, False, False  # purged between the read and the audit row
         return row, expired, duplicate
 
-    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> None:
+    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
+        """Record a duplicate delivery; ``False`` when the task no longer exists (purged).
+
+        One statement that inserts only while the task row exists: a purge that deleted the
+        task since it was read makes this insert nothing instead of violating the foreign key.
+        """
         self.execute(
             cursor,
             f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
-            f"stale_writes) VALUES (%s, NULL, %s, %s, {self.now}, {self.now}, 'duplicate', 0)",
-            [task_id, owner, delivery_id],
+            f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, 'duplicate', 0 "
+            f"FROM {TASK} WHERE id = %s",
+            [owner, delivery_id, task_id],
         )
+        return bool(cursor.rowcount == 1)

@@ -201,11 +201,16 @@ class PostgreSQLBackend(Backend):
         # it decides nothing, so losers need not wait for a WAL flush. A server crash may drop
         # the newest of these rows; claims, results and stale-write counts stay synchronous.
         now = self.now
+        # The audit row's insert locks the task row (FOR KEY SHARE, as its foreign key check
+        # would) in the same statement: a task deleted by a concurrent purge since this
+        # statement's snapshot is skipped instead of failing the foreign key at commit, and a
+        # purge that comes later waits for this row. Nothing inserted means the task vanished.
         dup_sql = (
             f", dup AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
-            f"outcome, stale_writes) SELECT cur.id, NULL, %s, %s, {now}, {now}, 'duplicate', 0 FROM cur "
+            f"outcome, stale_writes) SELECT t.id, NULL, %s, %s, {now}, {now}, 'duplicate', 0 FROM cur "
+            f"JOIN {TASK} t ON t.id = cur.id "
             f"WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) "
-            f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) RETURNING 1)"
+            f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
         )
         async_sql = ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))"
         params: list[Any] = [tenant, key]
@@ -224,7 +229,10 @@ class PostgreSQLBackend(Backend):
         if found is None:
             return None, False, False
         row, expired = found[: len(TASK_COLUMNS)], bool(found[len(TASK_COLUMNS)])
-        return row, expired, is_duplicate(row, expired, fingerprint)
+        duplicate = is_duplicate(row, expired, fingerprint)
+        if duplicate and audit and not found[len(TASK_COLUMNS) + 1]:
+            return None, False, False  # purged since the snapshot: gone, as if never read
+        return row, expired, duplicate
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],

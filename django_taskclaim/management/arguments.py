@@ -16,6 +16,13 @@ from django_taskclaim.querysets import TERMINAL
 
 UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 _DURATION = re.compile(r"(\d+)([wdhms])")
+#: Counts (``--limit``, ``--batch-size``) fit a 32-bit integer, as SQL ``LIMIT`` takes them.
+MAX_COUNT = 2**31 - 1
+#: Intervals in seconds (``--every``, ``--requeue-after``): one year at most.
+MAX_SECONDS = 365 * 86400.0
+#: Durations (``--older-than``, ``--since``): a hundred years at most, so that "now minus
+#: the duration" is still a date the databases and Python can hold.
+MAX_DURATION = timedelta(days=36500)
 
 
 def positive_int(text: str) -> int:
@@ -25,6 +32,8 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text} is too large (at most {MAX_COUNT})")
     return value
 
 
@@ -34,7 +43,9 @@ def positive_seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be greater than zero")
+        raise argparse.ArgumentTypeError(f"{text} must be greater than zero")
+    if not value <= MAX_SECONDS:  # also refuses inf
+        raise argparse.ArgumentTypeError(f"{text} seconds is too long (at most {MAX_SECONDS:.0f}, one year)")
     return value
 
 
@@ -61,10 +72,15 @@ def duration(text: str) -> timedelta:
             f"{text!r} is not a duration: use a number and a unit (s, m, h, d, w), "
             "e.g. 30d, 12h, 1h30m")
     value = timedelta()
-    for number, unit in parts:
-        value += timedelta(**{UNITS[unit]: int(number)})
+    try:
+        for number, unit in parts:
+            value += timedelta(**{UNITS[unit]: int(number)})
+    except OverflowError:
+        value = timedelta.max
     if value <= timedelta():
         raise argparse.ArgumentTypeError(f"{text!r} must be longer than zero")
+    if value > MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"{text!r} is too long (at most {MAX_DURATION.days}d, a hundred years)")
     return value
 
 
@@ -79,14 +95,16 @@ def terminal_status(text: str) -> str:
 
 def since_value(text: str) -> timedelta | datetime:
     """A duration before now (``30d``, ``12h``) or an ISO 8601 date/time."""
-    parsed = parse_datetime(text.strip())
+    try:
+        parsed = parse_datetime(text.strip())
+    except ValueError as exc:  # well formed, but no such date (2026-02-30)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid date/time: {exc}") from None
     if parsed is None:
-        try:
-            return duration(text)
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is neither a duration (30d, 12h, 15m, 90s) nor an ISO date/time "
-                "(2026-01-31T12:00:00+00:00)") from None
+        if _DURATION.search(text.strip().lower()):
+            return duration(text)  # its own message: too long, zero...
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration (30d, 12h, 15m, 90s) nor an ISO date/time "
+            "(2026-01-31T12:00:00+00:00)")
     if timezone.is_naive(parsed):
         parsed = timezone.make_aware(parsed)
     return parsed

@@ -5,20 +5,21 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
-from django.db import transaction
+from django.core.management.base import CommandParser
 from django.db.models import Count
-from django.utils import timezone
 
 from django_taskclaim.management.arguments import TERMINAL, duration, positive_int, terminal_status
+from django_taskclaim.management.base import TaskClaimCommand, database_now
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.querysets import write_transaction
 
 
-class Command(BaseCommand):
+class Command(TaskClaimCommand):
     verbosity = 1
     help = (
         "Delete finished tasks (succeeded, failed, cancelled) last updated longer ago than "
-        "--older-than, with their attempt history. One transaction per batch."
+        "--older-than (by the database clock), with their attempt history. One transaction "
+        "per batch."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -32,31 +33,39 @@ class Command(BaseCommand):
                             help="Tasks deleted per transaction (default: %(default)r).")
         parser.add_argument("--dry-run", action="store_true",
                             help="Count what would be deleted; delete nothing.")
+        self.add_json_argument(parser)
 
     def handle(self, *args: Any, older_than: timedelta, status: list[str] | None, batch_size: int,
-               dry_run: bool, verbosity: int = 1,
+               dry_run: bool, as_json: bool = False, verbosity: int = 1,
                **options: Any) -> None:
         self.verbosity = verbosity
         statuses = sorted(set(status or TERMINAL))
-        cutoff = timezone.now() - older_than
-        candidates = Task.objects.filter(status__in=statuses, updated_at__lt=cutoff)
+        tasks = Task.objects.get_queryset()  # on TASKCLAIM_DATABASE
+        # The cutoff is read from the database clock, which wrote updated_at: a process whose
+        # own clock runs ahead would otherwise purge tasks that finished a moment ago.
+        cutoff = database_now(tasks.db) - older_than
+        candidates = tasks.filter(status__in=statuses, updated_at__lt=cutoff)
         if dry_run:
-            self.dry_run(candidates, cutoff)
+            self.dry_run(candidates, cutoff, statuses, as_json)
             return
         total = candidates.count()
-        progress = self.stdout.isatty() and self.verbosity >= 1
+        progress = self.stdout.isatty() and self.verbosity >= 1 and not as_json
         deleted_tasks = deleted_attempts = 0
         while True:
-            tasks, attempts = self.delete_batch(candidates, batch_size)
-            deleted_tasks += tasks
+            deleted, attempts = self.delete_batch(candidates, batch_size)
+            deleted_tasks += deleted
             deleted_attempts += attempts
             if progress and total:
                 self.stdout.write(f"\rpurged {deleted_tasks}/{total} task(s)", ending="")
                 self.stdout.flush()
-            if tasks < batch_size:
+            if deleted < batch_size:
                 break
         if progress and total:
             self.stdout.write("")
+        if as_json:
+            self.write_json({"dry_run": False, "cutoff": cutoff, "statuses": statuses,
+                             "tasks": deleted_tasks, "attempts": deleted_attempts}, indent=None)
+            return
         self.stdout.write(
             f"purge: deleted {deleted_tasks} task(s) and {deleted_attempts} attempt(s) "
             f"({', '.join(statuses)}; last updated before {cutoff.isoformat()})")
@@ -64,9 +73,11 @@ class Command(BaseCommand):
     def delete_batch(self, candidates: Any, batch_size: int) -> tuple[int, int]:
         """Delete one batch in its own transaction; returns (tasks, attempts) deleted."""
         using = candidates.db
-        with transaction.atomic(using=using):
-            # FOR UPDATE (PostgreSQL): a concurrent reset waits, and a row it already moved
-            # out of the finished states no longer matches when the lock is taken.
+        # SQLite: the transaction's first statement takes the write lock (a transaction that
+        # read first would fail at once beside busy writers). PostgreSQL: FOR UPDATE makes a
+        # concurrent reset wait, and a row it already moved out of the finished states no
+        # longer matches when the lock is taken.
+        with write_transaction(using):
             ids = list(candidates.select_for_update().order_by("pk")
                        .values_list("pk", flat=True)[:batch_size])
             if not ids:
@@ -75,9 +86,14 @@ class Command(BaseCommand):
             _, per_model = Task.objects.using(using).filter(pk__in=ids).delete()
         return per_model.get(Task._meta.label, 0), attempts
 
-    def dry_run(self, candidates: Any, cutoff: datetime) -> None:
+    def dry_run(self, candidates: Any, cutoff: datetime, statuses: list[str], as_json: bool) -> None:
         counts = dict(candidates.order_by().values_list("status").annotate(n=Count("pk")))
         attempts = Attempt.objects.using(candidates.db).filter(task__in=candidates).count()
+        if as_json:
+            self.write_json({"dry_run": True, "cutoff": cutoff, "statuses": statuses,
+                             "tasks": sum(counts.values()), "by_status": counts,
+                             "attempts": attempts}, indent=None)
+            return
         if self.verbosity >= 1:
             for name in sorted(counts):
                 self.stdout.write(f"would delete {counts[name]} {name} task(s)")

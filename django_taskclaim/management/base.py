@@ -1,0 +1,81 @@
+"""What every taskclaim command shares: ``--json`` output (failures included) and the database clock."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections
+
+from django_taskclaim.backends import get_backend
+from django_taskclaim.conf import settings
+
+USAGE_ERROR = 2
+
+
+def database_now(using: str | None = None) -> datetime:
+    """The database's clock (as the leases use it), never this process's clock."""
+    alias = using or settings.DATABASE
+    backend = get_backend(alias)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT {backend.now}", [])
+        value = backend.to_datetime(cursor.fetchone()[0])
+    assert value is not None
+    return value
+
+
+def dumps(document: Any, *, indent: int | None = None) -> str:
+    return json.dumps(document, cls=DjangoJSONEncoder, indent=indent, ensure_ascii=False)
+
+
+class TaskClaimCommand(BaseCommand):
+    """A command with ``--json``: its report, and any failure, as JSON on stdout.
+
+    A failure is ``{"error": "...", "returncode": N}`` on stdout (the message also goes to
+    stderr as usual). Usage errors exit 2, from the command line and from ``call_command``.
+    """
+
+    json_requested = False
+
+    def add_json_argument(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", dest="as_json",
+                            help="Print JSON instead of text (failures too).")
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # The parser fails before execute() sees the options: decide from the raw arguments.
+        self.json_requested = "--json" in argv[2:]
+        super().run_from_argv(argv)
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        command = self
+
+        def error(message: str) -> None:
+            if parser.called_from_command_line:
+                if command.json_requested:
+                    sys.stdout.write(dumps({"error": message, "returncode": USAGE_ERROR}) + "\n")
+                    sys.stdout.flush()
+                parser.print_usage(sys.stderr)
+                parser.exit(USAGE_ERROR, f"{parser.prog}: error: {message}\n")
+            raise CommandError(f"Error: {message}", returncode=USAGE_ERROR)
+
+        parser.error = error  # type: ignore[method-assign]
+        return parser
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute(*args, **options)
+        except CommandError as exc:
+            if options.get("as_json"):
+                self.stdout.write(dumps({"error": str(exc), "returncode": exc.returncode}))
+            raise
+
+    def write_json(self, document: Any, *, indent: int | None = 2) -> None:
+        self.stdout.write(dumps(document, indent=indent))
+
+
+__all__ = ["USAGE_ERROR", "TaskClaimCommand", "database_now", "dumps"]

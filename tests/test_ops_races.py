@@ -1,0 +1,89 @@
+"""Operators racing workers, as separate OS processes: purge beside claims, cancel and the
+admin's cancel action beside busy SQLite writers, many queue workers on one SQLite file.
+
+Every process reports each exception it met; the tests assert there were none (no
+``IntegrityError`` from a task purged under a claim, no "database is locked") and that what
+the workers saw is a valid outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_taskclaim.models import Task
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def spawn_ops(worker_env: dict[str, str]) -> Iterator[Spawn]:
+    """Start ``python -m tests.procs_ops ARGS``; any still running at the end are killed."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.procs_ops", *args], cwd=ROOT, env={**worker_env, **(env or {})},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def run_together(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[dict[str, Any]]:
+    """Wait until every process is connected, start them at once, return each one's exit event."""
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert json.loads(line)["event"] == "ready", (line, proc.stderr.read() if proc.stderr else "")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    exits = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        exits.append(events[-1])
+    return exits
+
+
+def all_errors(exits: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [error for exit_ in exits for error in exit_["errors"]]
+
+
+# -- item: a purge racing claims ---------------------------------------------------------------
+def test_claims_racing_a_purge_loop_never_raise(spawn_ops: Spawn) -> None:
+    """Claims of a few keys, done and purged over and over: a claim whose task vanished between
+    its statements claims it afresh; none raises ``IntegrityError``, and every claim that lost
+    saw the task running or succeeded (with its result)."""
+    claimers = [spawn_ops("claimer", "--seconds", "6", "--keys", "6") for _ in range(4)]
+    purger = spawn_ops("operator", "purge", "--seconds", "6", "--backdate")
+    exits = run_together([*claimers, purger])
+    errors = all_errors(exits)
+    assert errors == [], Counter(e["type"] for e in errors)
+    counts: Counter[str] = Counter()
+    for exit_ in exits[:-1]:
+        counts.update(exit_["counts"])
+        assert exit_["invalid"] == []
+    assert exits[-1]["runs"] > 10, exits[-1]  # the purge did run, over and over
+    # Keys were claimed afresh after purges, and the other claims found them done.
+    print("purge-race figures:", dict(counts), "purge runs:", exits[-1]["runs"])
+    assert counts["claimed"] > 6 and counts["succeeded"] > 0, counts
