@@ -115,7 +115,7 @@ def operator(args: argparse.Namespace) -> None:
     from django_taskclaim.models import Task
 
     wait_for_go()
-    runs = 0
+    runs = changed = 0
     errors: list[dict[str, str]] = []
     client = admin_client() if args.action == "admin-cancel" else None
     deadline = time.monotonic() + args.seconds
@@ -126,23 +126,27 @@ def operator(args: argparse.Namespace) -> None:
                     # Age the finished tasks as if time had passed, so the purge finds work
                     # while the claimers are still hammering the same keys.
                     Task.objects.finished().update(updated_at="2000-01-01T00:00:00Z")
-                call_command("taskclaim_purge", "--older-than", "1s", stdout=io.StringIO())
+                call_command("taskclaim_purge", "--older-than", "1s", "--status", *args.status,
+                             stdout=io.StringIO())
             elif args.action == "cancel":
-                Task.objects.filter(key__startswith=args.prefix).cancel()
+                ids = list(Task.objects.filter(key__startswith=args.prefix).unfinished()
+                           .order_by("?").values_list("pk", flat=True)[:5])
+                changed += Task.objects.filter(pk__in=ids).cancel()
             else:
                 assert client is not None
                 ids = list(Task.objects.filter(key__startswith=args.prefix).unfinished()
-                           .values_list("pk", flat=True)[:20])
+                           .order_by("?").values_list("pk", flat=True)[:5])
                 response = client.post("/admin/django_taskclaim/task/", {
                     "action": "cancel", "_selected_action": ids, "index": 0})
                 if response.status_code != 302:
                     raise RuntimeError(f"admin action answered {response.status_code}")
+                changed += Task.objects.filter(pk__in=ids, status="cancelled").count()
             runs += 1
         except Exception as exc:
             errors.append({"type": error_name(exc), "text": str(exc)[:300],
                            "where": traceback.format_exc(limit=-2)[-600:]})
         time.sleep(args.pause)
-    emit(event="exit", runs=runs, errors=errors)
+    emit(event="exit", runs=runs, changed=changed, errors=errors)
 
 
 def admin_client() -> Any:
@@ -174,6 +178,7 @@ def main() -> None:
     p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--prefix", default="")
     p.add_argument("--backdate", action="store_true")
+    p.add_argument("--status", nargs="+", default=["succeeded", "failed", "cancelled"])
     args = parser.parse_args()
     setup()
     {"claimer": claimer, "drain": drain, "operator": operator}[args.mode](args)

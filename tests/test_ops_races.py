@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from django_taskclaim.models import Task
 from tests.conftest import ROOT
@@ -87,3 +86,41 @@ def test_claims_racing_a_purge_loop_never_raise(spawn_ops: Spawn) -> None:
     # Keys were claimed afresh after purges, and the other claims found them done.
     print("purge-race figures:", dict(counts), "purge runs:", exits[-1]["runs"])
     assert counts["claimed"] > 6 and counts["succeeded"] > 0, counts
+
+
+# -- item: SQLite writers beside operator actions ----------------------------------------------
+def effects_by_key() -> Counter[str]:
+    from tests.testapp.models import Effect
+
+    return Counter(Effect.objects.values_list("task_key", flat=True))
+
+
+def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> None:
+    """8 queue workers (claim_next + fenced()) drain the table while QuerySet.cancel(), the
+    admin's cancel action and taskclaim_purge run in loops beside them. On SQLite an action that
+    read before it wrote failed at once with "database is locked"; none may fail, and each task
+    ends with its effect applied once (succeeded) or never (cancelled)."""
+    for i in range(300):
+        Task.objects.ensure(f"w-{i}")
+    for i in range(150):
+        Task.objects.ensure(f"c-{i}")
+    workers = [spawn_ops("drain", "--seconds", "60", "--until-empty", "--work-ms", "5") for _ in range(8)]
+    operators = [
+        spawn_ops("operator", "cancel", "--prefix", "c-", "--seconds", "4", "--pause", "0.02"),
+        spawn_ops("operator", "admin-cancel", "--prefix", "c-", "--seconds", "4", "--pause", "0.02"),
+        spawn_ops("operator", "purge", "--status", "succeeded", "--seconds", "4", "--pause", "0.02"),
+    ]
+    exits = run_together([*workers, *operators])
+    errors = all_errors(exits)
+    assert errors == [], Counter((e["type"], e["text"]) for e in errors)
+    assert all(exit_["runs"] > 5 for exit_ in exits[len(workers):]), exits[len(workers):]
+    assert not Task.objects.unfinished().exists()
+    effects = effects_by_key()
+    assert max(effects.values()) == 1  # keys are never reused here: purged or not, one effect
+    for key, status in Task.objects.values_list("key", "status"):
+        assert effects[key] == (1 if status == "succeeded" else 0), (key, status, effects[key])
+    assert len(effects) + Task.objects.filter(status="cancelled").count() == 450
+    print("operator exits:", exits[len(workers):])
+    assert Task.objects.filter(status="cancelled").exists()  # the cancels did land
+    print("operator-race figures:", Counter(Task.objects.values_list("status", flat=True)),
+          "operator runs:", [exit_["runs"] for exit_ in exits[len(workers):]])
