@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from django_taskclaim.models import Task
 from tests.conftest import ROOT
@@ -124,3 +125,25 @@ def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> No
     assert Task.objects.filter(status="cancelled").exists()  # the cancels did land
     print("operator-race figures:", Counter(Task.objects.values_list("status", flat=True)),
           "operator runs:", [exit_["runs"] for exit_ in exits[len(workers):]])
+
+
+def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(spawn_ops: Spawn) -> None:
+    """24 workers claim_next + fenced() on one SQLite file with the busy timeout the docs
+    recommend (checks.RECOMMENDED_SQLITE_TIMEOUT): none sees "database is locked", and every
+    task's effect is applied exactly once."""
+    from django_taskclaim.checks import RECOMMENDED_SQLITE_TIMEOUT
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the busy timeout is SQLite's")
+    for i in range(480):
+        Task.objects.ensure(f"q-{i}")
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_ops",
+           "TASKCLAIM_TEST_SQLITE_TIMEOUT": str(RECOMMENDED_SQLITE_TIMEOUT)}
+    workers = [spawn_ops("drain", "--seconds", "300", "--until-empty", "--work-ms", "3", env=env)
+               for _ in range(24)]
+    exits = run_together(workers, timeout=400)
+    errors = all_errors(exits)
+    assert errors == [], Counter((e["type"], e["text"]) for e in errors)
+    assert Task.objects.succeeded().count() == 480
+    effects = effects_by_key()
+    assert len(effects) == 480 and set(effects.values()) == {1}
