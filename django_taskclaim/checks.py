@@ -91,7 +91,8 @@ def _warning(spec: tuple[str, str, str], **fmt: Any) -> checks.Warning:
 
 
 def _sqlite_timeout_warning(alias: str) -> checks.CheckMessage | None:
-    options = django_settings.DATABASES[alias].get("OPTIONS") or {}
+    database: dict[str, Any] = django_settings.DATABASES[alias]
+    options: dict[str, Any] = database.get("OPTIONS") or {}
     timeout = options.get("timeout", SQLITE_DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         return _warning(W020, alias=alias, timeout=f"{timeout!r} (not a number of seconds)")
