@@ -594,7 +594,7 @@ class Requeued:
 
 def requeue_lost(
     reclaimed: Iterable[Sequence[Any]] = (), *, older_than: float | None = REQUEUE_AFTER,
-    limit: int | None = None, app: Celery | None = None, using: str | None = None,
+    limit: int | None = None, app: Celery | None = None, using: str | None = None, dry_run: bool = False,
 ) -> list[Requeued]:
     """Publish again the messages of bridge-enqueued tasks that nobody is going to run.
 
@@ -606,16 +606,20 @@ def requeue_lost(
     Each re-send first moves ``updated_at`` on in a guarded update, so two sweepers never
     send the same task twice in one round. A duplicate message is harmless anyway: the
     claim turns it into a duplicate delivery.
+
+    ``dry_run``: change and send nothing; return what would be sent (``reclaimed`` may then
+    list expired tasks that a reclaim *would* move back to pending).
     """
     from .models import Task as TaskRow
 
     using = using or settings.DATABASE
     rows = TaskRow.objects.using(using)
     picked: list[tuple[Any, Any]] = []  # (task, guard filter)
+    status = {} if dry_run else {"status": "pending"}
     for r in reclaimed:
         if r[4] != "pending":
             continue
-        task = rows.filter(pk=r[0], status="pending", fencing_token=r[3], dispatch__isnull=False).first()
+        task = rows.filter(pk=r[0], fencing_token=r[3], dispatch__isnull=False, **status).first()
         if task is not None:
             picked.append((task, {"fencing_token": r[3]}))
     if older_than is not None:
@@ -628,6 +632,9 @@ def requeue_lost(
                 picked.append((task, {"updated_at__lt": cutoff}))
     if limit:
         picked = picked[:limit]
+    if dry_run:
+        return [Requeued(task.pk, task.key, task.tenant, str(task.dispatch.get("task_id") or ""))
+                for task, _ in picked if isinstance(task.dispatch, dict) and task.dispatch.get("task")]
     app = app or celery_app()
     done = []
     for task, guard in picked:

@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .compat import check_constraint
-from .querysets import TaskManager
+from .querysets import AttemptManager, TaskManager
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -116,6 +116,8 @@ class Attempt(models.Model):
     ended_at = models.DateTimeField(_("ended at"), null=True, blank=True)
     outcome = models.CharField(_("outcome"), max_length=16, choices=Outcome.choices, default=Outcome.RUNNING)
     stale_writes = models.PositiveIntegerField(_("fenced-off writes"), default=0)
+
+    objects = AttemptManager()
 
     class Meta:
         verbose_name = _("attempt")

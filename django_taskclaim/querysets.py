@@ -15,7 +15,7 @@ from .conf import settings
 if TYPE_CHECKING:
     from .claims import Claim, ClaimOutcome
     from .keys import TaskKey
-    from .models import Task
+    from .models import Attempt, Task
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -165,3 +165,14 @@ class TaskManager(models.Manager["Task"]):
         from .claims import reclaim_expired
 
         return reclaim_expired(limit, using=self._using())
+
+
+class AttemptManager(models.Manager["Attempt"]):
+    """``Attempt.objects``: the audit trail, on the database that holds the task table.
+
+    Without it, code reading attempts (the audit command, the admin's timeline) would read the
+    router's default database while the tasks live in ``TASKCLAIM_DATABASE``.
+    """
+
+    def get_queryset(self) -> models.QuerySet[Attempt]:
+        return super().get_queryset().using(self._db or settings.DATABASE)

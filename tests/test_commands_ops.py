@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -14,7 +16,7 @@ from django.utils import timezone
 
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import expire
+from tests.conftest import ROOT, expire
 
 pytestmark = pytest.mark.django_db
 
@@ -276,3 +278,115 @@ def test_reclaim_command_dry_run_and_verbose() -> None:
     text = run("reclaim", "--verbosity", "2")
     assert "reclaimed 'rc-1'" in text and "1 expired task(s): 1 back to pending" in text
     assert Task.objects.get(key="rc-1").status == "pending"
+
+
+# -- the database clock, not the process clock ---------------------------------------------------
+@pytest.fixture
+def clock_two_hours_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's clock runs 2 h ahead of the database's (a skewed host)."""
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() + dt.timedelta(hours=2))
+
+
+def test_purge_cuts_off_by_the_database_clock(clock_two_hours_ahead) -> None:  # type: ignore[no-untyped-def]
+    """Regression: a process 2 h ahead purged a task that finished a moment earlier."""
+    c = Task.objects.claim("just-done").claim
+    assert c
+    c.complete()
+    text = run("taskclaim_purge", "--older-than", "1h")
+    assert "deleted 0 task(s)" in text and keys() == {"just-done"}
+    doc = json.loads(run("taskclaim_purge", "--older-than", "1h", "--dry-run", "--json"))
+    assert doc["tasks"] == 0 and doc["dry_run"] is True
+    cutoff = dt.datetime.fromisoformat(doc["cutoff"])
+    assert abs((cutoff - (timezone.now() - dt.timedelta(hours=3))).total_seconds()) < 600
+
+
+def test_audit_since_counts_back_from_the_database_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    plant_overlap("half-an-hour-ago", timezone.now() - dt.timedelta(minutes=30))
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() + dt.timedelta(hours=2))
+    error, _ = fails("taskclaim_audit", "--since", "1h")  # 30 min ago by the database's clock
+    assert error.returncode == 1
+
+
+# -- --json everywhere, failures included ---------------------------------------------------------
+def test_purge_and_reclaim_json() -> None:
+    c = Task.objects.claim("rj-1", owner="w", lease=600).claim
+    assert c
+    expire(c)
+    done = Task.objects.claim("rj-2").claim
+    assert done
+    done.complete()
+    age(Task.objects.filter(key="rj-2"), days=3)
+    doc = json.loads(run("reclaim", "--dry-run", "--json"))
+    assert doc["dry_run"] is True and doc["pending"] == 1 and doc["requeue"] is None
+    assert [(r["key"], r["status"]) for r in doc["reclaimed"]] == [("rj-1", "pending")]
+    assert Task.objects.get(key="rj-1").status == "running"  # a dry run
+    doc = json.loads(run("reclaim", "--json"))
+    assert doc["dry_run"] is False and [r["key"] for r in doc["reclaimed"]] == ["rj-1"]
+    assert Task.objects.get(key="rj-1").status == "pending"
+    doc = json.loads(run("taskclaim_purge", "--older-than", "1d", "--json"))
+    assert (doc["tasks"], doc["attempts"], doc["dry_run"]) == (1, 1, False)
+
+
+def test_reclaim_requeue_dry_run_lists_what_it_would_send() -> None:
+    pytest.importorskip("celery")
+    from django_taskclaim.claims import ensure
+
+    dispatch = {"task": "tests.celery_app.work", "task_id": "msg-lost", "args": ["a"], "kwargs": {}}
+    ensure("rq-expired", dispatch=dispatch)
+    c = Task.objects.claim("rq-expired", owner="w", lease=600).claim
+    assert c
+    expire(c)
+    ensure("rq-stale", dispatch={**dispatch, "task_id": "msg-stale"})
+    age(Task.objects.filter(key="rq-stale"), days=1)
+    ensure("rq-fresh", dispatch={**dispatch, "task_id": "msg-fresh"})
+    before = list(Task.objects.order_by("pk").values_list("key", "status", "updated_at", "dispatch"))
+    text = run("reclaim", "--requeue", "--dry-run")
+    assert "would re-send 'rq-expired' tenant='' (message msg-lost)" in text
+    assert "would re-send 'rq-stale' tenant='' (message msg-stale)" in text
+    assert "rq-fresh" not in text.split("reclaim (dry run)")[1]
+    assert "requeue (dry run): 2 lost message(s) would be re-sent" in text
+    doc = json.loads(run("reclaim", "--requeue", "--dry-run", "--json"))
+    assert sorted(i["celery_task_id"] for i in doc["requeue"]) == ["msg-lost", "msg-stale"]
+    assert list(Task.objects.order_by("pk").values_list("key", "status", "updated_at", "dispatch")) == before
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``manage.py ARGS`` in a process of its own, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "django", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["reclaim", "--every", "inf"], "too long"),
+    (["reclaim", "--every", "nan"], "greater than zero"),
+    (["reclaim", "--requeue-after", "1e300"], "too long"),
+    (["reclaim", "--limit", "1e23"], "not a whole number"),
+    (["reclaim", "--limit", "100000000000000000000000"], "too large"),
+    (["taskclaim_audit", "--since", "99999999d"], "too long"),
+    (["taskclaim_audit", "--since", "2026-02-30T00:00:00"], "not a valid date"),
+    (["taskclaim_audit", "--limit", "99999999999999999999"], "too large"),
+    (["taskclaim_purge", "--older-than", "99999999d"], "too long"),
+    (["taskclaim_purge", "--older-than", "999999999999999999999w"], "too long"),
+    (["taskclaim_purge", "--older-than", "1d", "--batch-size", "1e23"], "not a whole number"),
+])
+def test_out_of_range_arguments_are_usage_errors(worker_env, args, message) -> None:  # type: ignore[no-untyped-def]
+    done = manage(*args, env=worker_env)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    with_json = manage(*args, "--json", env=worker_env)
+    assert with_json.returncode == 2
+    assert message in json.loads(with_json.stdout)["error"]
+    error, _ = fails(*args)  # call_command: the same message, the same exit code
+    assert error.returncode == 2 and message in str(error)
+
+
+def test_failures_print_json_with_json(worker_env) -> None:  # type: ignore[no-untyped-def]
+    done = manage("taskclaim_inspect", "unknown-key", "--json", env=worker_env)
+    assert done.returncode == 1
+    doc = json.loads(done.stdout)
+    assert doc == {"error": "no task 'unknown-key' for tenant ''", "returncode": 1}
+    assert "no task 'unknown-key'" in done.stderr
+    done = manage("reclaim", "--requeue-after", "5", "--json", env=worker_env)
+    assert done.returncode == 2 and json.loads(done.stdout)["error"] == "--requeue-after needs --requeue"

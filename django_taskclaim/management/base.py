@@ -37,10 +37,13 @@ class TaskClaimCommand(BaseCommand):
     """A command with ``--json``: its report, and any failure, as JSON on stdout.
 
     A failure is ``{"error": "...", "returncode": N}`` on stdout (the message also goes to
-    stderr as usual). Usage errors exit 2, from the command line and from ``call_command``.
+    stderr as usual), unless the command already printed its JSON report (an audit that found
+    overlaps prints the report and exits 1). Usage errors exit 2, from the command line and
+    from ``call_command``.
     """
 
     json_requested = False
+    json_written = False
 
     def add_json_argument(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", dest="as_json",
@@ -68,15 +71,17 @@ class TaskClaimCommand(BaseCommand):
         return parser
 
     def execute(self, *args: Any, **options: Any) -> Any:
+        self.json_written = False
         try:
             return super().execute(*args, **options)
         except CommandError as exc:
-            if options.get("as_json"):
+            if options.get("as_json") and not self.json_written:
                 self.stdout.write(dumps({"error": str(exc), "returncode": exc.returncode}))
             raise
 
     def write_json(self, document: Any, *, indent: int | None = 2) -> None:
         self.stdout.write(dumps(document, indent=indent))
+        self.json_written = True
 
 
 __all__ = ["USAGE_ERROR", "TaskClaimCommand", "database_now", "dumps"]

@@ -12,18 +12,16 @@ It reads the ``Attempt`` audit trail and reports:
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.core.serializers.json import DjangoJSONEncoder
+from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, DateTimeField, Exists, F, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
 from django_taskclaim.backends import DbNow
 from django_taskclaim.management.arguments import positive_int, since_value, tenant_name
+from django_taskclaim.management.base import TaskClaimCommand, database_now
 from django_taskclaim.models import Attempt
 
 OVERLAP_FOUND = 1
@@ -34,7 +32,7 @@ def attempt_end() -> Coalesce:
     return Coalesce("ended_at", DbNow(), output_field=DateTimeField())
 
 
-class Command(BaseCommand):
+class Command(TaskClaimCommand):
     verbosity = 1
     help = (
         "Audit the attempt history for overlapping executions of one task, takeovers, fenced-off "
@@ -50,17 +48,17 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=positive_int, default=50,
                             help="Items listed per section; counts are always complete "
                                  "(default: %(default)r).")
-        parser.add_argument("--json", action="store_true", dest="as_json",
-                            help="Print one JSON object instead of text.")
+        self.add_json_argument(parser)
 
     def handle(self, *args: Any, since: timedelta | datetime | None, tenant: str | None,
                limit: int, as_json: bool, verbosity: int = 1,
                **options: Any) -> None:
         self.verbosity = verbosity
-        cutoff = timezone.now() - since if isinstance(since, timedelta) else since
+        # A duration counts back from the database's clock, which stamped the attempts.
+        cutoff = database_now() - since if isinstance(since, timedelta) else since
         report = self.audit(cutoff, tenant, limit)
         if as_json:
-            self.stdout.write(json.dumps(report, cls=DjangoJSONEncoder, indent=2))
+            self.write_json(report)
         else:
             self.write_text(report)
         found = report["overlaps"]["count"]

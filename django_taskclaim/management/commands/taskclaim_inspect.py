@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.core.serializers.json import DjangoJSONEncoder
+from django.core.management.base import CommandError, CommandParser
 
 from django_taskclaim.backends import DbNow
 from django_taskclaim.management.arguments import task_key, tenant_name
+from django_taskclaim.management.base import TaskClaimCommand
 from django_taskclaim.models import Attempt, Task
 
 NOT_FOUND = 1
@@ -30,15 +30,14 @@ def seconds_between(attempt: Attempt) -> float | None:
     return (attempt.ended_at - attempt.started_at).total_seconds()
 
 
-class Command(BaseCommand):
+class Command(TaskClaimCommand):
     help = "Show one task (by key and tenant) and the timeline of its attempts."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("key", type=task_key, help="The task's key.")
         parser.add_argument("--tenant", type=tenant_name, default="",
                             help="The task's tenant (default: %(default)r).")
-        parser.add_argument("--json", action="store_true", dest="as_json",
-                            help="Print one JSON object instead of text.")
+        self.add_json_argument(parser)
 
     def handle(self, *args: Any, key: str, tenant: str, as_json: bool, **options: Any) -> None:
         task = Task.objects.annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
@@ -57,7 +56,7 @@ class Command(BaseCommand):
                 "task": task_as_dict(task, remaining),
                 "attempts": [{**a.as_dict(), "seconds": seconds_between(a)} for a in attempts],
             }
-            self.stdout.write(json.dumps(document, cls=DjangoJSONEncoder, indent=2))
+            self.write_json(document)
             return
         self.write_text(task, remaining, attempts)
 
