@@ -149,6 +149,66 @@ def operator(args: argparse.Namespace) -> None:
     emit(event="exit", runs=runs, changed=changed, errors=errors)
 
 
+def second_db(args: argparse.Namespace) -> None:
+    """With ``TASKCLAIM_DATABASE = "tasks"`` (tests.settings_ops): build a history there, then
+    report what the audit, inspect, purge, reclaim, the admin and the metrics see."""
+    import datetime as dt
+
+    from django.core.management import call_command
+    from django.utils import timezone
+    from prometheus_client import CollectorRegistry
+
+    from django_taskclaim import metrics
+    from django_taskclaim.conf import settings
+    from django_taskclaim.models import Attempt, Task
+
+    assert settings.DATABASE == "tasks"
+    call_command("migrate", database="tasks", verbosity=0)
+    # The history, written with explicit aliases so that it does not depend on the code under test.
+    tasks = Task.objects.db_manager("tasks")
+    twice = tasks.ensure("ran-twice")
+    start = timezone.now() - dt.timedelta(minutes=5)
+    Attempt.objects.using("tasks").create(task=twice, token=1, owner="ghost-a", started_at=start,
+                                          ended_at=start + dt.timedelta(seconds=10), outcome="succeeded")
+    Attempt.objects.using("tasks").create(task=twice, token=2, owner="ghost-b",
+                                          started_at=start + dt.timedelta(seconds=5),
+                                          ended_at=start + dt.timedelta(seconds=20), outcome="succeeded")
+    held = tasks.claim("held", owner="w1", lease=600).claim
+    assert held is not None
+    tasks.filter(pk=held.task_id).update(lease_expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    done = tasks.claim("old-done", owner="w2").claim
+    assert done is not None
+    done.complete({"ok": True})
+    tasks.filter(key="old-done").update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+
+    def command(*argv: str) -> dict[str, Any]:
+        out = io.StringIO()
+        try:
+            call_command(*argv, "--json", stdout=out, stderr=io.StringIO())
+            code = 0
+        except Exception as exc:
+            code = getattr(exc, "returncode", -1)
+        return {"code": code, "doc": json.loads(out.getvalue().splitlines()[0] if argv[0] != "taskclaim_audit"
+                                                and argv[0] != "taskclaim_inspect" else out.getvalue())}
+
+    report: dict[str, Any] = {}
+    report["audit"] = command("taskclaim_audit")
+    report["inspect"] = command("taskclaim_inspect", "ran-twice")
+    report["reclaim"] = command("reclaim", "--dry-run")
+    report["purge"] = command("taskclaim_purge", "--older-than", "1d", "--dry-run")
+    client = admin_client()
+    page = client.get(f"/admin/django_taskclaim/task/{twice.pk}/change/")
+    report["admin_change"] = {"status": page.status_code, "ghost-a": "ghost-a" in page.content.decode()}
+    page = client.get("/admin/django_taskclaim/task/")
+    report["admin_list"] = {"status": page.status_code, "held": "held" in page.content.decode()}
+    registry = CollectorRegistry()
+    metrics.install(registry)
+    report["metrics"] = {"running": registry.get_sample_value("taskclaim_tasks", {"status": "running"}),
+                         "expired": registry.get_sample_value("taskclaim_expired_leases")}
+    report["default_db_tasks"] = Task.objects.using("default").count()
+    emit(event="report", **report)
+
+
 def admin_client() -> Any:
     """A test client logged in as a superuser (created here if absent)."""
     from django.contrib.auth import get_user_model
@@ -179,9 +239,10 @@ def main() -> None:
     p.add_argument("--prefix", default="")
     p.add_argument("--backdate", action="store_true")
     p.add_argument("--status", nargs="+", default=["succeeded", "failed", "cancelled"])
+    sub.add_parser("second-db")
     args = parser.parse_args()
     setup()
-    {"claimer": claimer, "drain": drain, "operator": operator}[args.mode](args)
+    {"claimer": claimer, "drain": drain, "operator": operator, "second-db": second_db}[args.mode](args)
 
 
 if __name__ == "__main__":
