@@ -26,6 +26,7 @@ import importlib
 import inspect
 import logging
 import string
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
@@ -71,14 +72,14 @@ def celery_app() -> Celery:
     """The Celery app the bridge publishes with and the system checks inspect.
 
     ``TASKCLAIM_CELERY_APP`` (a dotted path such as ``"proj.celery.app"`` or
-    ``"proj.celery:app"``) when set, else Celery's current app (the app a Django project
-    creates in ``proj/celery.py`` and imports from ``proj/__init__.py``).
+    ``"proj.celery:app"``) when set, else the project's app found as described in
+    :func:`project_app`, else Celery's current (default) app.
     """
     path = getattr(django_settings, "TASKCLAIM_CELERY_APP", None)
     if not path:
         from celery import current_app
 
-        return current_app._get_current_object()
+        return project_app() or current_app._get_current_object()
     if not isinstance(path, str):
         raise ImproperlyConfigured(f"TASKCLAIM_CELERY_APP must be a dotted path string, not {path!r}")
     try:
@@ -88,6 +89,42 @@ def celery_app() -> Celery:
     if not isinstance(app, Celery):
         raise ImproperlyConfigured(f"TASKCLAIM_CELERY_APP = {path!r} is a {type(app).__name__}, not a Celery app")
     return app
+
+
+def project_app() -> Celery | None:
+    """The Django project's own Celery app, found as a worker of the project would find it.
+
+    In the layout of Celery's Django guide, ``proj/celery.py`` creates the app and
+    ``proj/__init__.py`` imports it (``from .celery import app as celery_app``), so importing
+    the settings module ``proj.settings`` made it Celery's current app. In that order:
+
+    1. the current app, when the project created one (not Celery's stand-in default app);
+    2. ``celery_app`` in the settings module's top package (the guide's name);
+    3. what ``celery -A proj`` finds: ``proj.app``, ``proj.celery``, or the app in
+       ``proj/celery.py`` (imported if ``proj/__init__.py`` did not).
+
+    ``None`` when the project has no Celery app.
+    """
+    from celery import _state
+
+    current = getattr(getattr(_state, "_tls", None), "current_app", None)
+    if isinstance(current, Celery):
+        return current
+    module = getattr(django_settings, "SETTINGS_MODULE", None) or ""
+    package = module.split(".", 1)[0]
+    if not package or package == module:  # a top-level settings module has no project package
+        return None
+    top = sys.modules.get(package)
+    found = getattr(top, "celery_app", None)
+    if isinstance(found, Celery):
+        return found
+    from celery.app.utils import find_app
+
+    try:
+        app = find_app(package)
+    except (ImportError, AttributeError):
+        return None
+    return app if isinstance(app, Celery) else None
 
 
 def import_task_modules(app: Celery) -> None:
@@ -200,8 +237,23 @@ def claimed_tasks() -> list[ClaimOptions]:
 
 
 def in_use() -> bool:
-    """Whether this project uses the bridge (a claimed task exists or an app is configured)."""
-    return bool(_registry) or bool(getattr(django_settings, "TASKCLAIM_CELERY_APP", None))
+    """Whether this project uses the bridge: a claimed task exists or an app is configured.
+
+    A ``manage.py`` process has imported no task module yet (``autodiscover_tasks()`` waits
+    for a worker to start), so with no claimed task seen so far, the project's Celery app is
+    looked for and the modules its worker would import are imported. A module that fails to
+    import counts as "in use": the system check then reports the error (E101).
+    """
+    if _registry or getattr(django_settings, "TASKCLAIM_CELERY_APP", None):
+        return True
+    app = project_app()
+    if app is None:
+        return False
+    try:
+        import_task_modules(app)
+    except ImportError:
+        return True
+    return bool(_registry)
 
 
 # -- the task base class ---------------------------------------------------------------------

@@ -18,11 +18,12 @@ ID                     Problem
                            longest lease or time limit of a claimed task.
 =====================  ====================================================================
 
-The Celery checks (1xx) run only when the bridge is in use: some ``claimed_task`` has been
-imported, or ``TASKCLAIM_CELERY_APP`` is set. They read the configuration of the app that
-``django_taskclaim.celery.celery_app()`` returns (``TASKCLAIM_CELERY_APP``, else Celery's
-current app), as the worker would see it, after importing the modules a worker imports
-(the app's ``imports``/``include`` and each installed Django app's ``tasks`` module).
+The Celery checks (1xx) run only when the bridge is in use: some ``claimed_task`` is defined
+(after importing the modules the project's worker would import), or ``TASKCLAIM_CELERY_APP``
+is set. They read the configuration of the app that ``django_taskclaim.celery.celery_app()``
+returns (``TASKCLAIM_CELERY_APP``, else the project's app as ``celery -A proj`` finds it),
+as the worker would see it, after importing the modules a worker imports (the app's
+``imports``/``include`` and each installed Django app's ``tasks`` module).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+from layout_settings import *  # noqa: F403
