@@ -9,6 +9,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from django_taskclaim.admin import human_seconds
 from django_taskclaim.exceptions import StaleClaim
@@ -298,3 +299,46 @@ def test_attempt_links_to_celery_result(operator, settings) -> None:  # type: ig
     assert f'href="{stored_url}"' in html
     search_url = reverse("admin:django_celery_results_taskresult_changelist") + "?q=celery-id-2"
     assert f'href="{search_url}"' in html
+
+
+def test_changelist_shows_results_as_json(viewer, states) -> None:  # type: ignore[no-untyped-def]
+    """Like the task page: JSON text, not Python's repr of the loaded value."""
+    Task.objects.filter(key="done").update(result={"ok": [True, None, "é"]})
+    html = viewer.get(reverse(CHANGELIST)).content.decode()
+    cell = html.split('class="field-result_display">')[1:]
+    shown = [c.split("</td>")[0] for c in cell]
+    assert "{&quot;ok&quot;: [true, null, &quot;é&quot;]}" in shown, shown
+
+
+def counts_in(queries: list[dict[str, str]]) -> list[str]:
+    return [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+
+
+def test_changelist_of_a_large_table_spares_the_count(viewer) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL: an unfiltered list of a large table is counted from the planner's statistics,
+    without COUNT(*); a filtered one (and SQLite) counts exactly."""
+    from django_taskclaim.admin import ESTIMATE_ABOVE
+
+    rows = ESTIMATE_ABOVE + 500
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_taskclaim_task (tenant, key, status, owner, fencing_token, attempts, "
+            "max_attempts, payload_fingerprint, result_ref, error, created_at, updated_at) "
+            "SELECT 'bulk', 'bulk-' || n, 'pending', '', 0, 0, 5, '', '', '', %s, %s "
+            "FROM (WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < %s) "
+            "SELECT n FROM s) AS numbers",
+            [timezone.now(), timezone.now(), rows])
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE django_taskclaim_task")
+    with CaptureQueriesContext(connection) as ctx:
+        response = viewer.get(reverse(CHANGELIST))
+    assert response.status_code == 200
+    if connection.vendor == "postgresql":
+        assert counts_in(ctx.captured_queries) == []
+        assert abs(response.context["cl"].result_count - rows) < rows * 0.1  # an estimate
+    else:
+        assert len(counts_in(ctx.captured_queries)) == 1
+        assert response.context["cl"].result_count == rows
+    with CaptureQueriesContext(connection) as ctx:
+        response = viewer.get(reverse(CHANGELIST), {"status__exact": "pending"})
+    assert len(counts_in(ctx.captured_queries)) == 1 and response.context["cl"].result_count == rows
