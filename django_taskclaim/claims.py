@@ -351,7 +351,9 @@ def claim(
     backend = get_backend(using)
     audit = settings.AUDIT
     # A claim can lose to a change that makes the task claimable again (a release) between the
-    # statement and the read below; try again a few times before reporting what we saw.
+    # statement and the read below; try again a few times before reporting what we saw. A
+    # task deleted by taskclaim_purge meanwhile (even between the read and the duplicate's
+    # audit row) reads as absent: the next round creates it afresh and claims it.
     for _ in range(3):
         with _write_scope(backend, using), connections[using].cursor() as cursor:
             row, previous = backend.claim_key(
@@ -366,7 +368,7 @@ def claim(
                 cursor, tenant=tenant, key=key, owner=owner, fingerprint=fp, delivery_id=delivery_id,
                 audit=audit, in_transaction=connections[using].in_atomic_block)
         if state is None:
-            continue  # purged between the statements
+            continue  # purged between the statements: gone, so claim it afresh
         task = backend.row_to_task(state, using)
         if fp and task.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, task.payload_fingerprint, fp)
