@@ -19,7 +19,8 @@ Setting                              Type       Default       Meaning
                                                               PgBouncer in transaction mode before 1.21, or
                                                               with ``max_prepared_statements = 0``.
 ``TASKCLAIM_CELERY_APP``             str        ``None``      Dotted path of the Celery app the bridge's
-                                                              checks inspect (default: Celery's current app;
+                                                              checks inspect (default: the project's app, as
+                                                              ``celery -A proj`` finds it;
                                                               read and validated by ``django_taskclaim.celery``).
 ===================================  =========  ============  ==============================================
 """
