@@ -119,7 +119,9 @@ def operator(args: argparse.Namespace) -> None:
     errors: list[dict[str, str]] = []
     client = admin_client() if args.action == "admin-cancel" else None
     deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
+    # At least --min-runs rounds (a starved SQLite writer may wait long for its turn), and
+    # more until --seconds have passed.
+    while runs < args.min_runs or time.monotonic() < deadline:
         try:
             if args.action == "purge":
                 if args.backdate:
@@ -236,6 +238,7 @@ def main() -> None:
     p.add_argument("action", choices=("purge", "cancel", "admin-cancel"))
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--pause", type=float, default=0.0)
+    p.add_argument("--min-runs", type=int, default=0)
     p.add_argument("--prefix", default="")
     p.add_argument("--backdate", action="store_true")
     p.add_argument("--status", nargs="+", default=["succeeded", "failed", "cancelled"])

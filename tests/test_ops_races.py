@@ -103,26 +103,27 @@ def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> No
     ends with its effect applied once (succeeded) or never (cancelled)."""
     for i in range(300):
         Task.objects.ensure(f"w-{i}")
-    for i in range(150):
-        Task.objects.ensure(f"c-{i}")
+    for i in range(100):
+        Task.objects.ensure(f"c-{i}")  # cancelled by QuerySet.cancel()
+        Task.objects.ensure(f"a-{i}")  # cancelled by the admin action
     workers = [spawn_ops("drain", "--seconds", "60", "--until-empty", "--work-ms", "5") for _ in range(8)]
+    rounds = ("--min-runs", "10", "--seconds", "4", "--pause", "0.02")
     operators = [
-        spawn_ops("operator", "cancel", "--prefix", "c-", "--seconds", "4", "--pause", "0.02"),
-        spawn_ops("operator", "admin-cancel", "--prefix", "c-", "--seconds", "4", "--pause", "0.02"),
-        spawn_ops("operator", "purge", "--status", "succeeded", "--seconds", "4", "--pause", "0.02"),
+        spawn_ops("operator", "cancel", "--prefix", "c-", *rounds),
+        spawn_ops("operator", "admin-cancel", "--prefix", "a-", *rounds),
+        spawn_ops("operator", "purge", "--status", "succeeded", *rounds),
     ]
     exits = run_together([*workers, *operators])
     errors = all_errors(exits)
     assert errors == [], Counter((e["type"], e["text"]) for e in errors)
-    assert all(exit_["runs"] > 5 for exit_ in exits[len(workers):]), exits[len(workers):]
     assert not Task.objects.unfinished().exists()
     effects = effects_by_key()
     assert max(effects.values()) == 1  # keys are never reused here: purged or not, one effect
     for key, status in Task.objects.values_list("key", "status"):
         assert effects[key] == (1 if status == "succeeded" else 0), (key, status, effects[key])
-    assert len(effects) + Task.objects.filter(status="cancelled").count() == 450
-    print("operator exits:", exits[len(workers):])
-    assert Task.objects.filter(status="cancelled").exists()  # the cancels did land
+    assert len(effects) + Task.objects.filter(status="cancelled").count() == 500
+    # What the two cancelling operators report having cancelled is what is cancelled.
+    assert sum(exit_["changed"] for exit_ in exits[len(workers):]) == Task.objects.filter(status="cancelled").count()
     print("operator-race figures:", Counter(Task.objects.values_list("status", flat=True)),
           "operator runs:", [exit_["runs"] for exit_ in exits[len(workers):]])
 
