@@ -390,3 +390,18 @@ def test_failures_print_json_with_json(worker_env) -> None:  # type: ignore[no-u
     assert "no task 'unknown-key'" in done.stderr
     done = manage("reclaim", "--requeue-after", "5", "--json", env=worker_env)
     assert done.returncode == 2 and json.loads(done.stdout)["error"] == "--requeue-after needs --requeue"
+
+
+def test_database_errors_are_raised_and_reported_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import OperationalError
+
+    from django_taskclaim.management.commands import taskclaim_purge
+
+    def broken(using: str | None = None) -> dt.datetime:
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(taskclaim_purge, "database_now", broken)
+    out = io.StringIO()
+    with pytest.raises(OperationalError):  # never swallowed
+        call_command("taskclaim_purge", "--older-than", "1d", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"error": "OperationalError: the database went away", "returncode": 1}

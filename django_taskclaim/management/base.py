@@ -78,6 +78,10 @@ class TaskClaimCommand(BaseCommand):
             if options.get("as_json") and not self.json_written:
                 self.stdout.write(dumps({"error": str(exc), "returncode": exc.returncode}))
             raise
+        except Exception as exc:  # a database error, say: reported, then raised as it is
+            if options.get("as_json") and not self.json_written:
+                self.stdout.write(dumps({"error": f"{type(exc).__name__}: {exc}", "returncode": 1}))
+            raise
 
     def write_json(self, document: Any, *, indent: int | None = 2) -> None:
         self.stdout.write(dumps(document, indent=indent))
