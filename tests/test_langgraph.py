@@ -6,7 +6,6 @@ LangGraph's SQLite saver on a file. Workers are real OS processes sharing both.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import operator
 import os
@@ -27,6 +26,7 @@ from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError,
 from django_taskclaim.models import Attempt, Task
 from tests.conftest import ROOT
 from tests.langgraph_app import build, checkpointer
+from tests.test_async import run
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,7 +109,7 @@ def test_decorator_forms_key_override_current_claim_and_async_nodes() -> None:
     graph.add_edge("bare", "keyed")
     graph.add_edge("keyed", END)
     app = graph.compile(checkpointer=InMemorySaver())
-    assert asyncio.run(app.ainvoke({"n": 1}, cfg("t1"))) == {"n": 20}
+    assert run(app.ainvoke({"n": 1}, cfg("t1"))) == {"n": 20}
     assert seen == {"bare": "t1:1:bare", "keyed": ("order-2@2", "t1")}
     assert Effect.objects.get().task_key == "order-2@2"
     with pytest.raises(TaskClaimError, match="only available inside"):

@@ -36,10 +36,12 @@ from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 
 from ..claims import Claim
+from ..conf import settings
 from ..exceptions import InvalidResult, InvalidTaskKey, StaleClaim, TaskBusy, TaskClaimError, TaskFailed
 from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
 from ..runner import ON_BUSY
@@ -243,15 +245,23 @@ def _wrap(fn: F, key: KeyFunc | None, version: str, lease: float | timedelta | N
         def sync_node(state: Any, config: RunnableConfig) -> Any:
             from ..models import Task
 
-            task_key = identity(state, config)
-            while True:
-                outcome = Task.objects.claim(task_key, lease=lease)
-                if outcome.claim is not None:
-                    args, kwargs = call_args(state, config)
-                    return _run(outcome.claim, fn, args, kwargs)
-                _settle(outcome.task, on_busy)
-                if outcome.task.status == Task.Status.SUCCEEDED:
-                    return outcome.task.result
+            # LangGraph runs sync nodes on threads of its own pool: a connection this call
+            # opens on such a thread is closed again, not left to the thread's end.
+            conn = connections[settings.DATABASE]
+            opened_here = conn.connection is None
+            try:
+                task_key = identity(state, config)
+                while True:
+                    outcome = Task.objects.claim(task_key, lease=lease)
+                    if outcome.claim is not None:
+                        args, kwargs = call_args(state, config)
+                        return _run(outcome.claim, fn, args, kwargs)
+                    _settle(outcome.task, on_busy)
+                    if outcome.task.status == Task.Status.SUCCEEDED:
+                        return outcome.task.result
+            finally:
+                if opened_here and not conn.in_atomic_block:
+                    conn.close()
 
         wrapper = sync_node
 
