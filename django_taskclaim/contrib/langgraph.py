@@ -60,6 +60,7 @@ STEP, NODE, PATH, CHECKPOINT_NS = "langgraph_step", "langgraph_node", "langgraph
 PUSH, NS_SEP = "__pregel_push", "|"
 CHECKPOINTER, CHECKPOINT_MAP = "__pregel_checkpointer", "checkpoint_map"
 
+_UNSET = object()
 _current: contextvars.ContextVar[Claim] = contextvars.ContextVar("taskclaim_langgraph_claim")
 
 
@@ -175,11 +176,11 @@ def claimed_node(func: F) -> F: ...
 @overload
 def claimed_node(
     func: None = None, *, key: KeyFunc | None = None, version: str = "",
-    lease: float | timedelta | None = None, on_busy: str = "wait",
+    lease: float | timedelta | None = None, on_busy: str = "wait", owner: str | None = None,
 ) -> Callable[[F], F]: ...
 def claimed_node(
     func: F | None = None, *, key: KeyFunc | None = None, version: str = "",
-    lease: float | timedelta | None = None, on_busy: str = "wait",
+    lease: float | timedelta | None = None, on_busy: str = "wait", owner: str | None = None,
 ) -> F | Callable[[F], F]:
     """Wrap a LangGraph node (sync or async) so that each of its graph steps runs once.
 
@@ -191,6 +192,7 @@ def claimed_node(
     update; while the step runs elsewhere it waits (``on_busy="wait"``, taking over after the
     owner's lease expires) or raises ``TaskBusy`` (``"raise"``). A failing body records the
     failure (retry while attempts remain) and re-raises; an ``interrupt()`` releases the claim.
+    ``owner`` names the worker in claims and audits (default: ``host:pid:random``).
     """
     if on_busy not in ON_BUSY:
         raise ValueError(f"on_busy must be one of {ON_BUSY}, not {on_busy!r}")
@@ -202,12 +204,14 @@ def claimed_node(
         raise TypeError("key must be a callable of (state, config) returning a str or TaskKey")
 
     def decorate(fn: F) -> F:
-        return _wrap(fn, key, version, lease, on_busy)
+        return _wrap(fn, key, version, lease, on_busy, owner)
 
     return decorate(func) if func is not None else decorate
 
 
-def _wrap(fn: F, key: KeyFunc | None, version: str, lease: float | timedelta | None, on_busy: str) -> F:
+def _wrap(
+    fn: F, key: KeyFunc | None, version: str, lease: float | timedelta | None, on_busy: str, owner: str | None,
+) -> F:
     takes_config = "config" in inspect.signature(fn).parameters
 
     def identity(state: Any, config: RunnableConfig) -> str | TaskKey:
@@ -231,7 +235,7 @@ def _wrap(fn: F, key: KeyFunc | None, version: str, lease: float | timedelta | N
 
             task_key = await aidentity(state, config)
             while True:
-                outcome = await Task.objects.aclaim(task_key, lease=lease)
+                outcome = await Task.objects.aclaim(task_key, owner=owner, lease=lease)
                 if outcome.claim is not None:
                     args, kwargs = call_args(state, config)
                     return await _arun(outcome.claim, fn, args, kwargs)
@@ -252,7 +256,7 @@ def _wrap(fn: F, key: KeyFunc | None, version: str, lease: float | timedelta | N
             try:
                 task_key = identity(state, config)
                 while True:
-                    outcome = Task.objects.claim(task_key, lease=lease)
+                    outcome = Task.objects.claim(task_key, owner=owner, lease=lease)
                     if outcome.claim is not None:
                         args, kwargs = call_args(state, config)
                         return _run(outcome.claim, fn, args, kwargs)
@@ -311,10 +315,15 @@ def _completed_by_body(claim: Claim) -> bool:
 
 def _run(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     token = _current.set(claim)
+    update: Any = _UNSET
     try:
         with claim.keepalive():
             update = fn(*args, **kwargs)
     except StaleClaim:
+        # A heartbeat that failed (the database was unreachable) after the body had completed
+        # its own claim in fenced() loses nothing: that completion was token-checked.
+        if update is not _UNSET and _completed_by_body(claim):
+            return update
         raise
     except GraphBubbleUp:
         # interrupt() (or a Command to the parent graph): the node runs again on resume; giving
@@ -333,10 +342,13 @@ def _run(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
 
 async def _arun(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     token = _current.set(claim)
+    update: Any = _UNSET
     try:
         async with claim.akeepalive():
             update = await fn(*args, **kwargs)
     except StaleClaim:
+        if update is not _UNSET and await sync_to_async(_completed_by_body)(claim):
+            return update
         raise
     except GraphBubbleUp:
         await claim.arelease()
