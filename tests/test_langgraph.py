@@ -25,7 +25,7 @@ from django_taskclaim.contrib.langgraph import claimed_node, current_claim, node
 from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError, TaskFailed
 from django_taskclaim.models import Attempt, Task
 from tests.conftest import ROOT
-from tests.langgraph_app import build, checkpointer
+from tests.langgraph_app import acheckpointer, build, build_async, checkpointer
 from tests.test_async import run
 from tests.testapp.models import Effect
 
@@ -80,6 +80,26 @@ def test_replay_from_an_earlier_checkpoint_returns_the_stored_update_unless_the_
     assert rerun["published"] == "tests for GET /users by v2"
     assert calls == [f"{thread}:2:write@v1", f"{thread}:2:write@v2"]
     assert sorted(Effect.objects.values_list("worker", flat=True)) == ["first", "v2"]
+
+
+def test_an_async_graph_on_the_async_checkpointer_replays_like_the_sync_one() -> None:
+    calls: list[str] = []
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        async with acheckpointer() as saver:
+            final = await build_async(saver, calls=calls).ainvoke({"topic": "GET /a"}, cfg(thread))
+            before = [s async for s in build_async(saver, calls=calls).aget_state_history(cfg(thread))
+                      if s.next == ("write",)][0]
+            replayed = await build_async(saver, calls=calls).ainvoke(None, before.config)
+            rerun = await build_async(saver, calls=calls, version="v2").ainvoke(None, before.config)
+            return final, replayed, rerun
+
+    final, replayed, rerun = run(scenario())
+    assert replayed == final and final["published"] == "tests for GET /a (v1)"
+    assert rerun["published"] == "tests for GET /a (v2)"
+    assert calls == [f"{thread}:2:write@v1", f"{thread}:2:write@v2"]
+    assert sorted(Effect.objects.values_list("worker", flat=True)) == ["v1", "v2"]
 
 
 def test_decorator_forms_key_override_current_claim_and_async_nodes() -> None:
