@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections
 
-from .exceptions import StaleClaim, TaskBusy, TaskFailed
+from .exceptions import InvalidResult, StaleClaim, TaskBusy, TaskFailed
 
 if TYPE_CHECKING:
     from .claims import Claim
@@ -146,7 +146,7 @@ async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], *args:
 
     The twin of :func:`~django_taskclaim.runner.run_claimed`: a failure is recorded with
     ``retry=True`` and re-raised; a claim fenced off meanwhile stores nothing and raises
-    ``StaleClaim``.
+    ``StaleClaim``; a result that cannot be stored ends the task FAILED (``InvalidResult``).
     """
     try:
         async with claim_.akeepalive():
@@ -160,7 +160,12 @@ async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], *args:
             logger.warning("failure of a fenced-off claim not recorded",
                            extra={"key": claim_.key, "tenant": claim_.tenant, "token": claim_.token})
         raise
-    await claim_.acomplete(result)
+    try:
+        await claim_.acomplete(result)
+    except InvalidResult as exc:
+        # The work ran (its effects may have landed): end FAILED rather than run it again.
+        await claim_.afail(InvalidResult(f"result could not be stored: {exc}"), retry=False)
+        raise
     return result
 
 

@@ -21,7 +21,7 @@ from django.db import connections
 from django.test import AsyncClient, override_settings
 
 from django_taskclaim import arun_once
-from django_taskclaim.exceptions import StaleClaim, TaskBusy
+from django_taskclaim.exceptions import InvalidResult, StaleClaim, TaskBusy, TaskFailed
 from django_taskclaim.models import Attempt, Task
 from tests.conftest import ROOT, expire
 from tests.testapp.models import Effect
@@ -181,6 +181,19 @@ def test_arun_once_with_many_callers_in_one_event_loop_runs_once_and_all_get_the
     assert results == [{"n": 7}] * 20
     outcomes = Counter(Attempt.objects.values_list("outcome", flat=True))
     assert outcomes["succeeded"] == 1 and outcomes["running"] == 0
+    assert Attempt.objects.filter(token__isnull=False).count() == 1  # one claim; the rest read
+
+
+def test_arun_once_wait_takes_over_when_the_owner_dies() -> None:
+    Task.objects.claim("job", owner="dead", lease=0.3)  # it never heartbeats again
+
+    async def recover() -> str:
+        return "recovered"
+
+    assert run(arun_once("job", recover, on_busy="wait", lease=5)) == "recovered"
+    task = Task.objects.get()
+    assert (task.fencing_token, task.result, task.owner != "dead") == (2, "recovered", True)
+    assert Attempt.objects.get(token=1).outcome == "taken_over"
 
 
 def test_arun_once_raise_gives_one_result_and_task_busy_to_the_others() -> None:
@@ -209,6 +222,21 @@ def test_arun_once_records_a_failure_and_runs_again_next_time() -> None:
     task = Task.objects.get()
     assert (task.status, task.error) == ("pending", "RuntimeError: model timed out")
     assert run(arun_once("job", fine)) == "second try"
+
+
+def test_arun_once_whose_result_cannot_be_stored_ends_failed_and_never_runs_again() -> None:
+    runs: list[int] = []
+
+    async def unstorable() -> object:
+        runs.append(1)
+        return {"at": object()}
+
+    with pytest.raises(InvalidResult, match="JSON"):
+        run(arun_once("job", unstorable))
+    assert Task.objects.get().status == "failed"
+    with pytest.raises(TaskFailed):
+        run(arun_once("job", unstorable, on_busy="wait"))
+    assert runs == [1]
 
 
 def spawn_async(worker_env: dict[str, str], *args: str) -> subprocess.Popen[str]:

@@ -328,7 +328,7 @@ def _run(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     except GraphBubbleUp:
         # interrupt() (or a Command to the parent graph): the node runs again on resume; giving
         # the claim back does not spend an attempt.
-        claim.release()
+        _give_back(claim)
         raise
     except Exception as exc:
         _record_failure(claim, exc)
@@ -351,7 +351,7 @@ async def _arun(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwa
             return update
         raise
     except GraphBubbleUp:
-        await claim.arelease()
+        await sync_to_async(_give_back)(claim)
         raise
     except Exception as exc:
         await sync_to_async(_record_failure)(claim, exc)
@@ -371,6 +371,14 @@ def _store(claim: Claim, update: Any) -> None:
         # The body ran (its effects may have landed): running it again is not an option.
         claim.fail(InvalidResult(f"state update of node could not be stored: {exc}"), retry=False)
         raise
+
+
+def _give_back(claim: Claim) -> None:
+    try:
+        claim.release()
+    except StaleClaim:  # taken over meanwhile: the interrupt still propagates, not this
+        logger.warning("release of a fenced-off node claim refused",
+                       extra={"key": claim.key, "tenant": claim.tenant, "token": claim.token})
 
 
 def _record_failure(claim: Claim, exc: BaseException) -> None:
