@@ -23,7 +23,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connections
+from django.db import Error as DbError  # DatabaseError, and InterfaceError of a closed connection
+from django.db import connections
 
 from .exceptions import InvalidResult, StaleClaim, TaskBusy, TaskFailed
 
@@ -130,8 +131,10 @@ class AsyncClaimMixin:
             except StaleClaim as exc:
                 await sync_to_async(self._lose)(exc)
                 return
-            except DatabaseError as exc:
+            except DbError as exc:
                 logger.warning("heartbeat failed: %s", exc, extra=self._log_extra())
+                # A dropped connection stays broken until closed: close it, the next one reconnects.
+                await sync_to_async(_close_if_broken)(self.using)
                 if time.monotonic() >= deadline:
                     await sync_to_async(self._lose)(exc)
                     return
@@ -139,6 +142,12 @@ class AsyncClaimMixin:
 
 def _in_atomic_block(using: str) -> bool:
     return connections[using].in_atomic_block
+
+
+def _close_if_broken(using: str) -> None:
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
 
 
 async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
