@@ -297,6 +297,8 @@ def test_two_processes_resume_one_interrupted_thread_and_the_effect_lands_once(w
     assert finals[0]["state"]["published"] == f"tests for POST /payments by {finals[0]['worker']}"
     assert Effect.objects.count() == 1
     assert Task.objects.get(key=entered["key"]).status == "succeeded"
+    with checkpointer() as saver:  # both appended a final checkpoint to the thread: the same state
+        assert build(saver).get_state(cfg(thread)).values == finals[0]["state"]
 
 
 @pytest.mark.slow
