@@ -353,6 +353,43 @@ def test_akeepalive_holds_a_long_coroutine_claim_against_another_process(worker_
     assert list(Effect.objects.values_list("token", flat=True)) == [1]
 
 
+@pytest.mark.slow
+def test_a_paused_async_worker_is_fenced_off_when_it_wakes(worker_env) -> None:  # type: ignore[no-untyped-def]
+    """SIGSTOP past the lease: another process takes over; on SIGCONT the holder's akeepalive
+    is refused, and its fenced publish never runs."""
+    import os
+    import signal
+
+    holder = spawn_async(worker_env, "hold", "job", "--lease", "1")
+    contender = None
+    try:
+        assert read(holder) == {"event": "claimed", "token": 1}
+        os.kill(holder.pid, signal.SIGSTOP)
+        contender = spawn_async(worker_env, "contend", "job", "--lease", "30")
+        assert read(contender)["event"] == "ready"
+        deadline = time.monotonic() + 60
+        while not Task.objects.filter(fencing_token=2).exists():  # the lease ran out: taken over
+            assert time.monotonic() < deadline, "nobody took the paused worker's task over"
+            time.sleep(0.05)
+        os.kill(holder.pid, signal.SIGCONT)
+        while not Attempt.objects.filter(token=1, stale_writes__gt=0).exists():  # its heartbeat refused
+            assert time.monotonic() < deadline, "the woken worker's heartbeat was not refused"
+            time.sleep(0.05)
+        for proc, line in ((holder, "finish"), (contender, "stop")):
+            assert proc.stdin is not None
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        assert read(holder) == {"event": "stale", "action": "keepalive"}
+        assert read(contender)["wins"] == 1
+    finally:
+        for proc in (holder, contender):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert Effect.objects.count() == 0  # the stale worker published nothing
+    assert Attempt.objects.get(token=1).outcome == "taken_over"
+
+
 # -- async views under Django's AsyncClient ----------------------------------------------------
 
 @override_settings(ROOT_URLCONF="tests.async_views")
