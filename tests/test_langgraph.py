@@ -155,6 +155,31 @@ def test_send_fan_out_gives_each_task_of_one_step_its_own_identity() -> None:
     assert Task.objects.filter(status="succeeded").count() == 3
 
 
+def test_a_node_in_a_subgraph_is_placed_by_the_enclosing_task() -> None:
+    calls: list[str] = []
+
+    @claimed_node
+    def inner(state: dict[str, Any]) -> dict[str, Any]:
+        calls.append(current_claim().key)
+        return {"out": state.get("out", "") + "x"}
+
+    sub = StateGraph(dict)  # type: ignore[type-var]
+    sub.add_node("inner", inner)
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", END)
+    graph = StateGraph(dict)  # type: ignore[type-var]
+    graph.add_node("a", sub.compile())  # one subgraph used by two nodes: two identities
+    graph.add_node("b", sub.compile())
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "b")
+    graph.add_edge("b", END)
+    app = graph.compile(checkpointer=InMemorySaver())
+    assert app.invoke({"n": 1}, cfg("sub"))["out"] == "xx"
+    assert [k.split("%3A")[0] for k in calls] == ["sub:a", "sub:b"]  # thread : enclosing node:task id…
+    assert all(k.endswith(":1:inner") for k in calls)
+    assert Task.objects.filter(status="succeeded").count() == 2
+
+
 def test_an_interrupt_gives_the_claim_back_without_spending_an_attempt() -> None:
     @claimed_node
     def ask(state: dict[str, Any]) -> dict[str, Any]:
