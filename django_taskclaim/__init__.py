@@ -10,9 +10,10 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-__all__ = ["TaskKey", "run_once"]
+__all__ = ["TaskKey", "arun_once", "run_once"]
 
 if TYPE_CHECKING:
+    from .aio import arun_once
     from .keys import TaskKey
     from .runner import run_once
 
@@ -23,6 +24,10 @@ def __getattr__(name: str) -> Any:
         from .keys import TaskKey
 
         return TaskKey
+    if name == "arun_once":
+        from .aio import arun_once
+
+        return arun_once
     if name == "run_once":
         from .runner import run_once
 

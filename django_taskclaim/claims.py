@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 
 from . import signals
+from .aio import AsyncClaimMixin
 from .backends import DbNow, get_backend
 from .backends.base import Backend
 from .conf import settings
@@ -68,8 +69,12 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
-class Claim:
-    """Proof that this worker owns a task until its lease expires: the token fences every write."""
+class Claim(AsyncClaimMixin):
+    """Proof that this worker owns a task until its lease expires: the token fences every write.
+
+    Every method that writes has an awaitable twin (``acomplete``…, ``akeepalive``,
+    ``afenced``) in :mod:`django_taskclaim.aio`.
+    """
 
     def __init__(
         self, *, task_id: int, key: str, tenant: str, token: int, owner: str, lease: float,

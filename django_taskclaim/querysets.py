@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.db import connections, models, transaction
 
 from .backends import DbNow, get_backend
@@ -165,6 +166,26 @@ class TaskManager(models.Manager["Task"]):
         from .claims import reclaim_expired
 
         return reclaim_expired(limit, using=self._using())
+
+    # -- the async API: the sync calls above on Django's ORM thread (asgiref sync_to_async) --
+    async def aensure(self, key: str | TaskKey, tenant: str = "", payload: Any = None,
+                      max_attempts: int | None = None, **options: Any) -> Task:
+        """:meth:`ensure`, awaitable."""
+        return await sync_to_async(self.ensure)(key, tenant, payload, max_attempts, **options)
+
+    async def aclaim(self, key: str | TaskKey, tenant: str = "", owner: str | None = None,
+                     lease: float | timedelta | None = None, payload: Any = None, **options: Any) -> ClaimOutcome:
+        """:meth:`claim`, awaitable: the same ``ClaimOutcome``."""
+        return await sync_to_async(self.claim)(key, tenant, owner, lease, payload, **options)
+
+    async def aclaim_next(self, owner: str | None = None, lease: float | timedelta | None = None,
+                          tenant: str | None = None, limit: int = 1, **options: Any) -> list[Claim]:
+        """:meth:`claim_next`, awaitable."""
+        return await sync_to_async(self.claim_next)(owner, lease, tenant, limit, **options)
+
+    async def areclaim_expired(self, limit: int | None = None) -> int:
+        """:meth:`reclaim_expired`, awaitable."""
+        return await sync_to_async(self.reclaim_expired)(limit)
 
 
 class AttemptManager(models.Manager["Attempt"]):

@@ -19,7 +19,7 @@ def main() -> int:
     args = parse_args(sys.argv[1:])  # --help and bad options answer before any install
     from tests.__main__ import ensure_venv
 
-    ensure_venv("postgresql,celery" if args.celery else "postgresql")
+    ensure_venv("postgresql,langgraph,celery" if args.celery else "postgresql,langgraph")
     from example_project.demo import main as demo_main
 
     return demo_main(sys.argv[1:])

@@ -10,6 +10,9 @@ line on stdout; the demo's driver plays the queue and reads the events. For each
 2. a duplicate (the job is running elsewhere, or done) is refused without doing the work;
 3. otherwise generate the suite under ``keepalive()`` and publish it through ``fenced()``;
    a ``StaleClaim`` on the way means another agent took over: the draft is thrown away.
+
+With ``--langgraph`` the agent runs each delivery through a real LangGraph graph instead
+(:mod:`example_project.graph_agent`), whose ``claimed_node`` does steps 1-3.
 """
 
 from __future__ import annotations
@@ -99,6 +102,46 @@ def handle(delivery: dict[str, Any], args: argparse.Namespace) -> None:
     emit(event="published", token=claim.token, artifact=rel, tests=tests, **base)
 
 
+def handle_with_graph(delivery: dict[str, Any], args: argparse.Namespace, graph: Any, base: dict[str, Any]) -> None:
+    """Steps 1-3 through the LangGraph graph: its ``claimed_node`` claims, refuses or runs."""
+    from django_taskclaim import signals
+    from django_taskclaim.exceptions import StaleClaim, TaskBusy
+    from django_taskclaim.models import Task
+
+    did, key, tenant = delivery["delivery"], delivery["key"], delivery["tenant"]
+    base.clear()
+    base.update(delivery=did, key=key, tenant=tenant)
+    ran: list[int] = []
+
+    def on_claim(sender: Any, claim: Any, takeover: bool, **kw: Any) -> None:
+        ran.append(claim.token)
+
+    def on_takeover(sender: Any, claim: Any, previous_owner: str, previous_token: int, **kw: Any) -> None:
+        base.update(previous_owner=previous_owner, previous_token=previous_token)
+
+    signals.task_claimed.connect(on_claim)
+    signals.task_taken_over.connect(on_takeover)
+    try:
+        final = graph.invoke({"tenant": tenant, "run": delivery["run"], "payload": delivery["payload"]})
+    except TaskBusy as exc:
+        remaining = exc.task.lease_remaining(timezone.now()) or 0.0
+        emit(event="duplicate", status="running", owner=exc.task.owner, token=exc.task.fencing_token,
+             retry_in=round(min(max(remaining + 0.1, 0.2), args.lease), 2), artifact="", **base)
+        return
+    except StaleClaim as exc:
+        emit(event="fenced", token=ran[-1] if ran else None, action=exc.action, **base)
+        return
+    finally:
+        signals.task_claimed.disconnect(on_claim)
+        signals.task_taken_over.disconnect(on_takeover)
+    task = Task.objects.get(tenant=tenant, key=key)
+    if ran and final["token"] == ran[-1]:
+        emit(event="published", token=final["token"], artifact=task.result_ref, tests=final["tests"], **base)
+    else:  # the node's body did not run: the graph got the job's stored state update
+        emit(event="duplicate", status=task.status, owner=task.owner, token=task.fencing_token,
+             retry_in=None, artifact=task.result_ref, **base)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m example_project.agent",
@@ -118,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--steps", type=int, default=4, help="tests per suite (default: %(default)r)"
     )
+    parser.add_argument(
+        "--langgraph", action="store_true", help="run each job as a LangGraph graph (graph_agent.py)"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
@@ -127,11 +173,20 @@ def main(argv: list[str] | None = None) -> None:
     from django.db import connection
 
     connection.ensure_connection()
-    emit(event="ready", pid=os.getpid())
+    graph, base = None, {}
+    if args.langgraph:
+        from .graph_agent import build_graph
+
+        # The node's events carry the current delivery's fields (and a takeover's, on "claimed").
+        graph = build_graph(args, lambda **event: emit(**event, **base))
+    emit(event="ready", pid=os.getpid(), kind="langgraph" if graph else "plain")
     for line in sys.stdin:
         if line.strip():
             delivery = json.loads(line)
-            handle(delivery, args)
+            if graph is not None:
+                handle_with_graph(delivery, args, graph, base)
+            else:
+                handle(delivery, args)
             emit(event="ack", delivery=delivery["delivery"])
 
 

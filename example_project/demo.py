@@ -253,6 +253,8 @@ class Demo:
                 str(a.work_seconds),
                 "--steps",
                 str(a.steps),
+                # Every second agent runs its jobs through a real LangGraph graph (graph_agent.py).
+                *(["--langgraph"] if len(self.agents) % 2 else []),
             ],
             cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -337,7 +339,8 @@ class Demo:
         job = short(ev.get("tenant", ""), ev.get("key", ""))
         if kind == "ready":
             agent.ready = True
-            self.log(agent.name, "started", f"pid {ev['pid']}")
+            kind = " (LangGraph graph)" if ev.get("kind") == "langgraph" else ""
+            self.log(agent.name, "started", f"pid {ev['pid']}{kind}")
         elif kind == "claimed":
             if "previous_owner" in ev:
                 self.log(
