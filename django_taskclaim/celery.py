@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 
 from celery import Celery, Task, shared_task
@@ -49,7 +48,7 @@ from . import claims
 from .backends import DbNow, DbNowPlus
 from .claims import Claim
 from .conf import settings
-from .exceptions import InvalidResult, InvalidTaskKey, StaleClaim, TaskFailed
+from .exceptions import InvalidTaskKey, StaleClaim, TaskFailed
 from .keys import TaskKey, lease_seconds, resolve_identity
 
 logger = logging.getLogger("django_taskclaim")
@@ -396,12 +395,9 @@ class ClaimedTask(Task):
         if row is not None and row[0] == TaskRow.Status.SUCCEEDED and row[1] == claim.token:
             return row[2]  # the body completed inside self.claim.fenced(): keep what it stored
         try:
-            claim.complete(result)
+            claims.complete_or_fail(claim, result)  # a result it cannot store ends the task FAILED
         except StaleClaim:
             return _FENCED_OFF
-        except InvalidResult as exc:
-            self._quietly(partial(claim.fail, exc, retry=False))
-            raise
         return result
 
     def _settle(self, run: _Run, error: BaseException | str, *, retry: bool) -> str | None:

@@ -8,6 +8,7 @@ ID                     Problem
 ``django_taskclaim.E003``  SQLite with ``USE_TZ = False`` (leases are compared in UTC).
 ``django_taskclaim.E004``  ``TASKCLAIM_DATABASE`` names no configured database.
 ``django_taskclaim.E005``  A ``TASKCLAIM_*`` setting has the wrong type or range.
+``django_taskclaim.E006``  ``TASKCLAIM_JSON_ENCODER`` is not an importable ``JSONEncoder``.
 ``django_taskclaim.W020``  SQLite's busy timeout (``OPTIONS["timeout"]``, 5 s by default) is
                            shorter than the recommended 30 s for concurrent workers.
 ``django_taskclaim.E101``  ``TASKCLAIM_CELERY_APP`` cannot be loaded.
@@ -38,6 +39,8 @@ from django.db import connections
 
 from .backends import SUPPORTED_VENDORS
 from .conf import settings
+from .exceptions import InvalidLease
+from .keys import LEASE_CEILING, MAX_INT, json_encoder, lease_seconds
 
 E001 = ("django_taskclaim.E001", "Database {alias!r} ({vendor}) is not supported by django-taskclaim.",
         "Use PostgreSQL (production) or SQLite (development) for the task table; set "
@@ -60,6 +63,9 @@ W020 = ("django_taskclaim.W020", "SQLite database {alias!r} waits {timeout} for 
         "Set DATABASES[{alias!r}]['OPTIONS']['timeout'] = 30 (seconds) or more: SQLite has one "
         "writer, and with several workers (claim_next, fenced(), run_once) a writer can wait "
         "longer than the default 5 s for its turn.")
+E006 = ("django_taskclaim.E006", "{problem}",
+        "Set TASKCLAIM_JSON_ENCODER to the dotted path of a json.JSONEncoder subclass, e.g. "
+        "'django.core.serializers.json.DjangoJSONEncoder' (the default).")
 E101 = ("django_taskclaim.E101", "The Celery app cannot be loaded: {problem}",
         "Set TASKCLAIM_CELERY_APP to the dotted path of your Celery app, e.g. 'proj.celery.app'.")
 W101 = ("django_taskclaim.W101", "Celery acks_late is off for claimed task(s): {tasks}.",
@@ -127,7 +133,11 @@ _NUMERIC = {
     "TASKCLAIM_MAX_ATTEMPTS": (int,),
     "TASKCLAIM_MAX_RESULT_BYTES": (int,),
     "TASKCLAIM_POLL_INTERVAL": (int, float),
+    "TASKCLAIM_MAX_PAYLOAD_BYTES": (int,),
+    "TASKCLAIM_MAX_LEASE": (int, float),
 }
+# Upper bounds: what an integer column holds, and expiry dates the ORM can still load.
+_MAXIMUM = {"TASKCLAIM_MAX_ATTEMPTS": MAX_INT, "TASKCLAIM_MAX_LEASE": LEASE_CEILING}
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -142,6 +152,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                                  problem=f"expected {' or '.join(t.__name__ for t in types)}"))
         elif value <= 0:
             errors.append(_error(E005, name=name, value=value, problem="must be greater than zero"))
+        elif name in _MAXIMUM and value > _MAXIMUM[name]:
+            errors.append(_error(E005, name=name, value=value, problem=f"must be at most {_MAXIMUM[name]:g}"))
+    if not errors and hasattr(django_settings, "TASKCLAIM_DEFAULT_LEASE"):
+        try:
+            lease_seconds(None)  # between the minimum lease and TASKCLAIM_MAX_LEASE
+        except InvalidLease as exc:
+            errors.append(_error(E005, name="TASKCLAIM_DEFAULT_LEASE", value=settings.DEFAULT_LEASE,
+                                 problem=str(exc)))
+    try:
+        json_encoder()
+    except ImproperlyConfigured as exc:
+        errors.append(_error(E006, problem=str(exc)))
     return errors
 
 

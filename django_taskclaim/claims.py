@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, DataError, connections, transaction
 
 from . import signals
 from .aio import AsyncClaimMixin
@@ -28,7 +28,19 @@ from .backends import DbNow, get_backend
 from .backends.base import Backend
 from .conf import settings
 from .exceptions import InvalidResult, PayloadMismatch, StaleClaim, TaskClaimError
-from .keys import TaskKey, canonical_json, fingerprint, lease_seconds, resolve_identity
+from .keys import (
+    MAX_OWNER_LENGTH,
+    TaskKey,
+    canonical_json,
+    clean_text,
+    fingerprint_of,
+    lease_seconds,
+    payload_json,
+    positive_int,
+    resolve_identity,
+    to_json,
+    validate_text,
+)
 
 if TYPE_CHECKING:
     from .models import Task
@@ -55,6 +67,12 @@ def _send(using: str, signal: Any, **kwargs: Any) -> None:
             if isinstance(response, Exception):
                 logger.error("signal receiver %r failed", receiver, exc_info=response)
 
+    conn = connections[using]
+    if not conn.in_atomic_block and not conn.get_autocommit():
+        # Autocommit off with no atomic(): Django has no commit hook to wait for (on_commit
+        # raises there), so receivers hear of the change now.
+        send()
+        return
     transaction.on_commit(send, using=using)
 
 
@@ -63,10 +81,23 @@ def _write_scope(backend: Backend, using: str) -> AbstractContextManager[Any]:
     return transaction.atomic(using=using, savepoint=False) if backend.needs_transaction else nullcontext()
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, not {value!r}")
-    return value
+def in_transaction(using: str) -> bool:
+    """Whether the connection is inside a transaction: an ``atomic()`` block, or autocommit off."""
+    conn = connections[using]
+    return bool(conn.in_atomic_block or not conn.get_autocommit())
+
+
+def _owner(owner: str | None) -> str:
+    return validate_text(owner, "owner", MAX_OWNER_LENGTH) if owner else default_owner()
+
+
+def _error_text(error: object) -> str:
+    """The text stored for a failure; never raises, whatever ``error`` holds or how it prints."""
+    try:
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    except Exception:  # an exception whose __str__ fails must still be recorded
+        text = f"{type(error).__name__}: <unprintable error>"
+    return clean_text(text, MAX_ERROR_LENGTH)
 
 
 class Claim(AsyncClaimMixin):
@@ -93,6 +124,11 @@ class Claim(AsyncClaimMixin):
         # Set by keepalive() when a heartbeat is refused or the lease ran out locally.
         self.lost = threading.Event()
         self.lost_reason: BaseException | None = None
+        # complete/fail/release under way or done: a refused heartbeat then means nothing was lost.
+        self._finishing = False
+        # This thread's open transaction holds the task row (fenced(), a heartbeat inside it):
+        # nobody can take over until it ends, and a heartbeat from another connection would wait.
+        self._row_held = False
 
     def __repr__(self) -> str:
         return f"<Claim {self.key!r} tenant={self.tenant!r} token={self.token} owner={self.owner!r}>"
@@ -116,8 +152,13 @@ class Claim(AsyncClaimMixin):
 
     def _finish(self, action: str, set_sql: str, params: list[Any], outcomes: tuple[str, str]) -> str:
         backend = self._backend
-        with _write_scope(backend, self.using), connections[self.using].cursor() as cursor:
-            status = backend.finish(cursor, self.task_id, self.token, set_sql, params, outcomes, settings.AUDIT)
+        finishing, self._finishing = self._finishing, True
+        try:
+            with _write_scope(backend, self.using), connections[self.using].cursor() as cursor:
+                status = backend.finish(cursor, self.task_id, self.token, set_sql, params, outcomes, settings.AUDIT)
+        except BaseException:
+            self._finishing = finishing  # nothing written: keepalive goes on heartbeating
+            raise
         if status is None:
             self._refuse(action)
         return str(status)
@@ -128,26 +169,30 @@ class Claim(AsyncClaimMixin):
         with connections[self.using].cursor() as cursor:
             expires = self._backend.heartbeat(cursor, self.task_id, self.token, seconds)
         if expires is None:
+            if self._finishing:  # keepalive raced our own completion: nothing to count
+                raise StaleClaim(self.key, self.tenant, self.token, "heartbeat")
             self._refuse("heartbeat")
+        if in_transaction(self.using):
+            self._row_held = True  # the row stays locked by this transaction until it ends
         self.lease, self.lease_expires_at = seconds, expires
         return expires
 
     def complete(self, result: Any = None, result_ref: str = "") -> None:
-        """Store the result (JSON and/or an artifact reference) and mark the task SUCCEEDED."""
+        """Store the result (JSON and/or an artifact reference) and mark the task SUCCEEDED.
+
+        The result is encoded with ``TASKCLAIM_JSON_ENCODER`` (``Decimal``, ``datetime``,
+        ``UUID`` read back as strings by default). A result that cannot be stored raises
+        ``InvalidResult`` and writes nothing: the claim is still held. Code that already ran the
+        work should use :func:`complete_or_fail`, which ends the task FAILED instead.
+        """
         result_json = None
         if result is not None:
-            try:
-                result_json = json.dumps(result, ensure_ascii=False, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise InvalidResult(f"result is not JSON-serialisable: {exc}") from exc
-            size, limit = len(result_json.encode()), settings.MAX_RESULT_BYTES
-            if size > limit:
-                raise InvalidResult(
-                    f"result is {size} bytes of JSON; TASKCLAIM_MAX_RESULT_BYTES allows {limit}. "
-                    "Store large outputs elsewhere and pass result_ref"
-                )
-        if not isinstance(result_ref, str) or len(result_ref) > MAX_RESULT_REF_LENGTH:
+            result_json = to_json(result, "result", InvalidResult, limit=settings.MAX_RESULT_BYTES,
+                                  limit_setting="TASKCLAIM_MAX_RESULT_BYTES",
+                                  hint=". Store large outputs elsewhere and pass result_ref")
+        if not isinstance(result_ref, str):
             raise InvalidResult(f"result_ref must be a string of at most {MAX_RESULT_REF_LENGTH} characters")
+        validate_text(result_ref, "result_ref", MAX_RESULT_REF_LENGTH, InvalidResult)
         self._finish(
             "complete",
             f"status = 'succeeded', result = {self._backend.json_param}, result_ref = %s, error = ''",
@@ -160,10 +205,10 @@ class Claim(AsyncClaimMixin):
     def fail(self, error: BaseException | str, retry: bool = False) -> str:
         """Record a failure: back to PENDING when ``retry`` and attempts remain, else FAILED.
 
-        Returns the new status.
+        Returns the new status. The error's text is stored made safe (NULs dropped, lone
+        surrogates escaped, cut at 10,000 characters), so recording a failure never fails on it.
         """
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        text = text[:MAX_ERROR_LENGTH]
+        text = _error_text(error)
         again = "%s AND attempts < max_attempts"
         status = self._finish(
             "fail",
@@ -204,11 +249,19 @@ class Claim(AsyncClaimMixin):
         commit the effect and the completion together.
         """
         refused = False
+        nested = in_transaction(self.using)
         with transaction.atomic(using=self.using):
             with connections[self.using].cursor() as cursor:
                 owned = self._backend.lock(cursor, self.task_id, self.token)
             if owned:
-                yield self
+                held = self._row_held
+                # Inside an outer transaction the lock outlives this block: keepalive may rest.
+                self._row_held = held or nested
+                try:
+                    yield self
+                except BaseException:
+                    self._row_held = held  # the savepoint rolled back, and its lock with it
+                    raise
             else:
                 refused = True
         # Recorded after the (empty) transaction ended, so the count is not rolled back with it.
@@ -221,18 +274,20 @@ class Claim(AsyncClaimMixin):
 
         If a heartbeat is refused (another worker took over), or the database cannot be reached
         until the lease would have run out by this worker's own clock, ``claim.lost`` is set and
-        ``StaleClaim`` is raised when the block ends: the work must not be published. Inside an
-        ``atomic()`` block it does nothing: the transaction's row lock already holds the task.
+        ``StaleClaim`` is raised when the block ends: the work must not be published. Completing
+        (or failing, releasing) the claim inside the block ends the heartbeats, with no error.
+
+        Inside a transaction (``atomic()``, ``ATOMIC_REQUESTS``, autocommit off) the thread's
+        heartbeats commit on its own connection, which works for a claim committed before the
+        transaction began. A claim made inside the still-open transaction is invisible to other
+        connections; its row lock holds the task until commit, so the thread only watches.
         """
-        if connections[self.using].in_atomic_block:
-            # Inside a transaction (ATOMIC_REQUESTS, say) the claim's row stays locked until
-            # commit, so no one can take over; a heartbeat from another connection could not
-            # even see an uncommitted claim. Nothing to keep alive.
-            yield self
-            return
-        every = interval if interval is not None else self.lease / 3
+        every = self.lease / 3 if interval is None else interval
+        if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < float("inf"):
+            raise ValueError(f"keepalive interval must be a positive number of seconds, not {every!r}")
+        outer = in_transaction(self.using)
         stop = threading.Event()
-        thread = threading.Thread(target=self._beat, args=(stop, every), daemon=True,
+        thread = threading.Thread(target=self._beat, args=(stop, every, outer), daemon=True,
                                   name=f"taskclaim-keepalive-{self.token}")
         thread.start()
         try:
@@ -240,19 +295,28 @@ class Claim(AsyncClaimMixin):
         finally:
             stop.set()
             thread.join()
-        if self.lost.is_set():
+        if self.lost.is_set() and not self._finishing:
             raise StaleClaim(self.key, self.tenant, self.token, "keepalive")
 
-    def _beat(self, stop: threading.Event, every: float) -> None:
+    def _beat(self, stop: threading.Event, every: float, outer: bool) -> None:
         # The local deadline may only make us give up early; the database decides expiry.
         deadline = time.monotonic() + self.lease
         try:
+            if outer:
+                self._limit_lock_waits(min(every, 1.0))
             while not stop.wait(every):
+                if self._finishing:
+                    return
                 try:
+                    if outer and (self._row_held or not self._committed()):
+                        # Held by the caller's open transaction: nobody can take over before it ends.
+                        deadline = time.monotonic() + self.lease
+                        continue
                     self.heartbeat()
                     deadline = time.monotonic() + self.lease
                 except StaleClaim as exc:
-                    self._lose(exc)
+                    if not self._finishing:
+                        self._lose(exc)
                     return
                 except DatabaseError as exc:
                     logger.warning("heartbeat failed: %s", exc, extra=self._log_extra())
@@ -261,6 +325,29 @@ class Claim(AsyncClaimMixin):
                         return
         finally:
             connections[self.using].close()
+
+    def _limit_lock_waits(self, seconds: float) -> None:
+        """On this thread's connection: wait at most ``seconds`` for a lock (the caller's
+        transaction may hold the task row, and waits for this thread at the end of the block)."""
+        conn = connections[self.using]
+        with conn.cursor() as cursor:
+            if conn.vendor == "postgresql":
+                cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
+            else:
+                cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+
+    def _committed(self) -> bool:
+        """Whether other connections see this claim (from this thread's own connection).
+
+        A claim made inside the caller's still-open transaction is not visible yet: the row shows
+        no token or the previous one. A token above ours, or another status, is a takeover: the
+        heartbeat that follows reports it.
+        """
+        from .models import Task
+
+        token = (Task.objects.using(self.using).filter(pk=self.task_id)
+                 .values_list("fencing_token", flat=True).first())
+        return token is not None and token >= self.token
 
     def _lose(self, exc: BaseException) -> None:
         self.lost_reason = exc
@@ -296,7 +383,36 @@ def _announce(claim: Claim, previous_owner: str | None) -> None:
 
 
 def _max_attempts(value: int | None) -> int:
-    return settings.MAX_ATTEMPTS if value is None else _positive_int(value, "max_attempts")
+    return settings.MAX_ATTEMPTS if value is None else positive_int(value, "max_attempts")
+
+
+def complete_or_fail(claim: Claim, result: Any = None, result_ref: str = "") -> None:
+    """Complete ``claim`` for work that already ran; a result that cannot be stored ends it FAILED.
+
+    ``complete()`` alone leaves the task RUNNING when it refuses a result, and the next claim
+    after the lease would run the work a second time. Here the refusal is recorded as the
+    final failure (the error names the problem) and ``InvalidResult`` propagates; a later call
+    finds the task FAILED. Used by ``run_once`` and the Celery bridge.
+    """
+    try:
+        claim.complete(result, result_ref)
+    except InvalidResult as exc:
+        _fail_quietly(claim, exc)
+        raise
+    except DataError as exc:
+        # Something the checks above did not foresee; inside a transaction the database has
+        # aborted it, and the caller's rollback decides.
+        if in_transaction(claim.using):
+            raise
+        _fail_quietly(claim, exc)
+        raise InvalidResult(f"the database refused the result: {exc}") from exc
+
+
+def _fail_quietly(claim: Claim, error: BaseException) -> None:
+    try:
+        claim.fail(error, retry=False)
+    except StaleClaim:
+        logger.warning("failure of a fenced-off claim not recorded", extra=claim._log_extra())
 
 
 def ensure(
@@ -320,21 +436,23 @@ def ensure_task(
 
     key, tenant = resolve_identity(key, tenant)
     using = using or settings.DATABASE
-    fp = fingerprint(payload)
-    payload_json = None if payload is None else canonical_json(payload, "payload")
+    stored = payload_json(payload)
+    fp = fingerprint_of(stored)
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
+    limit = _max_attempts(max_attempts)
     backend = get_backend(using)
     with connections[using].cursor() as cursor:
-        row = backend.ensure(cursor, tenant=tenant, key=key, payload=payload_json, fingerprint=fp,
-                             max_attempts=_max_attempts(max_attempts), dispatch=dispatch_json)
+        row = backend.ensure(cursor, tenant=tenant, key=key, payload=stored, fingerprint=fp,
+                             max_attempts=limit, dispatch=dispatch_json)
     if row is not None:
         return backend.row_to_task(row, using), True
     task = Task.objects.using(using).get(tenant=tenant, key=key)
     if fp and task.payload_fingerprint and task.payload_fingerprint != fp:
         raise PayloadMismatch(key, tenant, task.payload_fingerprint, fp)
     if fp and not task.payload_fingerprint:
+        # The encoded form (what the encoder made of Decimal, datetime...), as a claim stores it.
         Task.objects.using(using).filter(pk=task.pk, payload_fingerprint="").update(
-            payload=payload, payload_fingerprint=fp)
+            payload=json.loads(stored) if stored is not None else None, payload_fingerprint=fp)
         task.refresh_from_db(using=using)
     return task, False
 
@@ -348,10 +466,11 @@ def claim(
 
     key, tenant = resolve_identity(key, tenant)
     seconds = lease_seconds(lease)
-    owner = owner or default_owner()
+    owner = _owner(owner)
+    validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
     using = using or settings.DATABASE
-    fp = fingerprint(payload)
-    payload_json = None if payload is None else canonical_json(payload, "payload")
+    stored = payload_json(payload)
+    fp = fingerprint_of(stored)
     limit = _max_attempts(max_attempts)
     backend = get_backend(using)
     audit = settings.AUDIT
@@ -362,7 +481,7 @@ def claim(
     for _ in range(3):
         with _write_scope(backend, using), connections[using].cursor() as cursor:
             row, previous = backend.claim_key(
-                cursor, tenant=tenant, key=key, owner=owner, lease=seconds, payload=payload_json,
+                cursor, tenant=tenant, key=key, owner=owner, lease=seconds, payload=stored,
                 fingerprint=fp, max_attempts=limit, delivery_id=delivery_id, audit=audit)
         if row is not None:
             new = _claim_from_row(row, backend, using, seconds, delivery_id)
@@ -371,7 +490,7 @@ def claim(
         with connections[using].cursor() as cursor:
             state, expired, duplicate = backend.read_state(
                 cursor, tenant=tenant, key=key, owner=owner, fingerprint=fp, delivery_id=delivery_id,
-                audit=audit, in_transaction=connections[using].in_atomic_block)
+                audit=audit, in_transaction=in_transaction(using))
         if state is None:
             continue  # purged between the statements: gone, so claim it afresh
         task = backend.row_to_task(state, using)
@@ -419,10 +538,11 @@ def claim_next(
 ) -> list[Claim]:
     """Claim up to ``limit`` tasks, queue style: expired leases first, then the oldest pending."""
     seconds = lease_seconds(lease)
-    _positive_int(limit, "limit")
+    positive_int(limit, "limit")
     if tenant is not None:
         _, tenant = resolve_identity("-", tenant)
-    owner = owner or default_owner()
+    owner = _owner(owner)
+    validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
     using = using or settings.DATABASE
     backend = get_backend(using)
     with _write_scope(backend, using), connections[using].cursor() as cursor:
@@ -442,7 +562,7 @@ def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) 
     Returns ``(id, key, tenant, token, new_status)`` for each task moved.
     """
     if limit is not None:
-        _positive_int(limit, "limit")
+        positive_int(limit, "limit")
     using = using or settings.DATABASE
     backend = get_backend(using)
     with _write_scope(backend, using), connections[using].cursor() as cursor:

@@ -9,6 +9,16 @@ Setting                              Type       Default       Meaning
 ``TASKCLAIM_DEFAULT_LEASE``          float      ``30.0``      Lease in seconds when a call passes none.
 ``TASKCLAIM_MAX_ATTEMPTS``           int        ``5``         Claims a task may get before it ends FAILED.
 ``TASKCLAIM_MAX_RESULT_BYTES``       int        ``1048576``   Largest JSON result ``complete()`` stores.
+``TASKCLAIM_MAX_PAYLOAD_BYTES``      int        ``1048576``   Largest JSON payload a claim or ``ensure()``
+                                                              stores (``InvalidPayload`` above it).
+``TASKCLAIM_MAX_LEASE``              float      ``604800.0``  Longest lease (and heartbeat) in seconds, 7
+                                                              days; at most ten years. Longer leases, and
+                                                              leases under 0.1 s, raise ``InvalidLease``.
+``TASKCLAIM_JSON_ENCODER``           str        Django's      Dotted path of the ``json.JSONEncoder``
+                                                encoder       subclass for payloads and results (default
+                                                              ``django.core.serializers.json.
+                                                              DjangoJSONEncoder``: ``Decimal``, ``UUID``
+                                                              -> str, ``datetime`` -> ISO 8601 str).
 ``TASKCLAIM_DATABASE``               str        default       Database alias that holds the task table.
 ``TASKCLAIM_AUDIT``                  bool       ``True``      Record an ``Attempt`` row for every claim.
 ``TASKCLAIM_POLL_INTERVAL``          float      ``0.5``       Seconds between polls of ``on_busy="wait"``.
@@ -48,6 +58,19 @@ class TaskClaimSettings:
     @property
     def MAX_RESULT_BYTES(self) -> int:
         return int(self._get("MAX_RESULT_BYTES", 1024 * 1024))  # type: ignore[call-overload]
+
+    @property
+    def MAX_PAYLOAD_BYTES(self) -> int:
+        return int(self._get("MAX_PAYLOAD_BYTES", 1024 * 1024))  # type: ignore[call-overload]
+
+    @property
+    def MAX_LEASE(self) -> float:
+        return float(self._get("MAX_LEASE", 7 * 24 * 3600.0))  # type: ignore[arg-type]
+
+    @property
+    def JSON_ENCODER(self) -> object:
+        """A dotted path (or the class itself); resolved by ``keys.json_encoder()``."""
+        return self._get("JSON_ENCODER", "django.core.serializers.json.DjangoJSONEncoder")
 
     @property
     def DATABASE(self) -> str:

@@ -18,15 +18,23 @@ class InvalidTaskKey(TaskClaimError, ValueError):
 
 
 class InvalidLease(TaskClaimError, ValueError):
-    """A lease is not a positive number of seconds or a positive ``timedelta``."""
+    """A lease is not a number of seconds or a ``timedelta`` between 0.1 s and ``TASKCLAIM_MAX_LEASE``."""
 
 
 class InvalidPayload(TaskClaimError, ValueError):
-    """A payload cannot be stored as JSON."""
+    """A payload cannot be stored as JSON (not serialisable, a NUL or lone surrogate, too large)."""
 
 
 class InvalidResult(TaskClaimError, ValueError):
-    """A result cannot be stored: not JSON-serialisable, or larger than the limit."""
+    """A result cannot be stored: not JSON-serialisable, a NUL or lone surrogate, or larger than the limit.
+
+    ``run_once`` and the Celery bridge then end the task FAILED, so the work never runs again.
+    """
+
+
+class InvalidArgument(TaskClaimError, ValueError):
+    """Another argument the database could not store: an owner or delivery id that is too long or
+    holds a NUL, an integer out of its column's range."""
 
 
 class _Rebuildable(TaskClaimError):

@@ -1,28 +1,49 @@
-"""Task identity: the ``TaskKey`` builder and validation of keys, tenants, leases and payloads."""
+"""Task identity and stored values: the ``TaskKey`` builder and validation of keys, tenants,
+leases, payloads, results and the other text the task table stores.
+
+Everything is checked before the first statement, so bad input raises a
+:class:`~django_taskclaim.exceptions.TaskClaimError` subclass and writes nothing.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import re
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
 from .conf import settings
-from .exceptions import InvalidLease, InvalidPayload, InvalidTaskKey
+from .exceptions import InvalidArgument, InvalidLease, InvalidPayload, InvalidTaskKey
 
 MAX_KEY_LENGTH = 255
 MAX_TENANT_LENGTH = 255
+#: Length of the ``owner`` and ``delivery_id`` columns.
+MAX_OWNER_LENGTH = 255
+#: The shortest lease accepted: anything shorter would expire before the claim's reply arrived
+#: (SQLite's clock has millisecond resolution, a round trip takes some).
+MIN_LEASE = 0.1
+#: The ceiling of ``TASKCLAIM_MAX_LEASE``: an expiry ten years ahead is still a date that
+#: Python, the ORM and both databases represent.
+LEASE_CEILING = 10 * 365 * 24 * 3600.0
+#: Integer columns (``max_attempts``, ``attempts``) are 32-bit on PostgreSQL.
+MAX_INT = 2**31 - 1
 
 # Characters with a meaning in the canonical form; each is percent-escaped inside a part.
 _ESCAPES = {"%": "%25", ":": "%3A", "@": "%40"}
 
 
 def _escape(part: object, what: str) -> str:
-    if isinstance(part, bool) or not isinstance(part, str | int):
-        raise InvalidTaskKey(f"TaskKey {what} must be a string or an integer, not {type(part).__name__}")
-    text = str(part)
+    if isinstance(part, bool) or not isinstance(part, str | int | uuid.UUID):
+        raise InvalidTaskKey(f"TaskKey {what} must be a string, an integer or a UUID, not {type(part).__name__}")
+    text = str(part)  # a UUID in its canonical hyphenated lower-case form
     if not text:
         raise InvalidTaskKey(f"TaskKey {what} must not be empty")
     return "".join(_ESCAPES.get(ch, ch) for ch in text)
@@ -33,9 +54,10 @@ class TaskKey:
     """Build a canonical task key from the parts that make one unit of logical work.
 
     ``TaskKey("test-generation", run="run-42", scope=("payments",))`` gives the key
-    ``run-42:payments:test-generation``. The layout is always ``run:scope…:operation`` with
-    an optional ``@version``; separators inside a part are escaped, so two different sets of
-    parts never build the same key.
+    ``run-42:payments:test-generation``. Parts are strings, integers or ``uuid.UUID`` (written
+    in the canonical hyphenated form, so a UUID and its string build the same key). The layout
+    is always ``run:scope…:operation`` with an optional ``@version``; separators inside a part
+    are escaped, so two different sets of parts never build the same key.
 
     A key names the *work*, not a delivery: never build it from a message id, a worker name
     or an attempt number. Prompt text or an endpoint name alone is not an identity either —
@@ -43,10 +65,10 @@ class TaskKey:
     version of the inputs) so that a redelivery of the same request maps to the same key.
     """
 
-    operation: str
-    run: str | int | None = None
-    scope: tuple[str | int, ...] = ()
-    version: str | int | None = None
+    operation: str | int | uuid.UUID
+    run: str | int | uuid.UUID | None = None
+    scope: tuple[str | int | uuid.UUID, ...] = ()
+    version: str | int | uuid.UUID | None = None
     tenant: str = ""
 
     def __post_init__(self) -> None:
@@ -108,27 +130,149 @@ def resolve_identity(key: str | TaskKey, tenant: str) -> tuple[str, str]:
     return validate_key(key), validate_tenant(tenant)
 
 
+def max_lease() -> float:
+    """The longest lease accepted: ``TASKCLAIM_MAX_LEASE``, never above ten years."""
+    return min(settings.MAX_LEASE, LEASE_CEILING)
+
+
 def lease_seconds(lease: float | int | timedelta | None) -> float:
-    """Normalise a lease to positive, finite seconds; ``None`` means the configured default."""
+    """Normalise a lease to seconds between :data:`MIN_LEASE` and ``TASKCLAIM_MAX_LEASE``.
+
+    ``None`` means ``TASKCLAIM_DEFAULT_LEASE``. A lease outside the bounds raises
+    :class:`InvalidLease` before anything is written: a huge one would store an expiry the
+    ORM cannot load, a tiny one would expire on arrival.
+    """
     if lease is None:
         lease = settings.DEFAULT_LEASE
     if isinstance(lease, timedelta):
         seconds = lease.total_seconds()
     elif isinstance(lease, int | float) and not isinstance(lease, bool):
-        seconds = float(lease)
+        try:
+            seconds = float(lease)
+        except OverflowError:
+            seconds = math.inf
     else:
         raise InvalidLease(f"lease must be seconds or a timedelta, not {type(lease).__name__}")
     if not math.isfinite(seconds) or seconds <= 0:
         raise InvalidLease(f"lease must be a positive, finite duration, not {seconds!r} seconds")
+    if seconds < MIN_LEASE:
+        raise InvalidLease(f"lease of {seconds!r} seconds is shorter than the minimum of {MIN_LEASE} s: "
+                           "it would expire before the claim returned")
+    longest = max_lease()
+    if seconds > longest:
+        raise InvalidLease(f"lease of {seconds:g} seconds is longer than TASKCLAIM_MAX_LEASE ({longest:g} s); "
+                           "use a shorter lease and keepalive() heartbeats for long work")
     return seconds
 
 
-def canonical_json(value: Any, what: str, error: type[ValueError] = InvalidPayload) -> str:
-    """Serialise ``value`` to canonical JSON (sorted keys, no NaN), raising ``error`` if impossible."""
+def positive_int(value: Any, name: str, maximum: int = MAX_INT) -> int:
+    """Return ``value`` if it is an integer from 1 to ``maximum``, else raise :class:`InvalidArgument`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name} must be a positive integer, not {value!r}")
+    if value > maximum:
+        raise InvalidArgument(f"{name} = {value} is too large; the limit is {maximum}")
+    return value
+
+
+def validate_text(value: Any, name: str, max_length: int, error: type[ValueError] = InvalidArgument) -> str:
+    """Return ``value`` if the database can store it in a text column of ``max_length``.
+
+    Refused: a non-string, a string over the length, a NUL character (PostgreSQL rejects it in
+    text) or a lone surrogate (not encodable as UTF-8).
+    """
+    if not isinstance(value, str):
+        raise error(f"{name} must be a string, not {type(value).__name__}")
+    if len(value) > max_length:
+        raise error(f"{name} is {len(value)} characters long; the limit is {max_length}")
+    if "\x00" in value:
+        raise error(f"{name} contains a NUL character at position {value.index(chr(0))}, "
+                    "which the database cannot store")
+    _check_encodable(value, name, error)
+    return value
+
+
+def _check_encodable(text: str, what: str, error: type[ValueError]) -> bytes:
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{what} contains a lone surrogate {exc.object[exc.start:exc.end]!r} at position "
+                    f"{exc.start}, which UTF-8 (and so the database) cannot store") from None
+
+
+def clean_text(text: str, max_length: int) -> str:
+    """``text`` made storable whatever it holds: NULs dropped, lone surrogates escaped, truncated.
+
+    For error messages, which must be recorded even when they quote the bad input that caused them.
+    """
+    text = text.replace("\x00", "")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:max_length]
+
+
+@functools.lru_cache(maxsize=8)
+def _load_encoder(path: str) -> type[json.JSONEncoder]:
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"TASKCLAIM_JSON_ENCODER = {path!r} cannot be imported: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, json.JSONEncoder)):
+        raise ImproperlyConfigured(f"TASKCLAIM_JSON_ENCODER = {path!r} is not a json.JSONEncoder subclass")
+    return cls
+
+
+def json_encoder() -> type[json.JSONEncoder]:
+    """The encoder of payloads and results: ``TASKCLAIM_JSON_ENCODER`` (a dotted path or a class)."""
+    configured = settings.JSON_ENCODER
+    if isinstance(configured, str):
+        return _load_encoder(configured)
+    if isinstance(configured, type) and issubclass(configured, json.JSONEncoder):
+        return configured
+    raise ImproperlyConfigured(f"TASKCLAIM_JSON_ENCODER must be a dotted path or a JSONEncoder subclass, "
+                               f"not {configured!r}")
+
+
+# A \u0000 escape in JSON text: a backslash that is not itself escaped, then u0000.
+_NUL_ESCAPE = re.compile(r"(?:^|[^\\])(?:\\\\)*\\u0000")
+
+
+def to_json(
+    value: Any, what: str, error: type[ValueError], *, canonical: bool = False, limit: int | None = None,
+    limit_setting: str = "", hint: str = "",
+) -> str:
+    """Serialise ``value`` with the configured encoder into JSON that both databases store.
+
+    Raises ``error`` naming the problem: not serialisable (a set, NaN, an unknown type), a NUL
+    character (PostgreSQL's jsonb refuses ``\\u0000``), a lone surrogate, or more than
+    ``limit`` bytes. ``canonical`` sorts keys and drops spaces (for fingerprints).
+    """
+    try:
+        text = json.dumps(value, cls=json_encoder(), ensure_ascii=False, allow_nan=False,
+                          sort_keys=canonical, separators=(",", ":") if canonical else None)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise error(f"{what} is not JSON-serialisable: {exc}") from exc
+    data = _check_encodable(text, what, error)
+    if _NUL_ESCAPE.search(text):
+        raise error(f"{what} contains a NUL character (\\u0000), which the database cannot store in JSON")
+    if limit is not None and len(data) > limit:
+        raise error(f"{what} is {len(data)} bytes of JSON; {limit_setting} allows {limit}{hint}")
+    return text
+
+
+def canonical_json(value: Any, what: str, error: type[ValueError] = InvalidPayload) -> str:
+    """Serialise ``value`` to canonical JSON (sorted keys, no NaN), raising ``error`` if impossible.
+
+    Values the JSON encoder converts (``Decimal``, ``datetime``, ``UUID`` with the default
+    ``DjangoJSONEncoder``) are stored, and fingerprinted, as the strings it writes.
+    """
+    return to_json(value, what, error, canonical=True)
+
+
+def payload_json(payload: Any) -> str | None:
+    """The payload as stored (canonical JSON, at most ``TASKCLAIM_MAX_PAYLOAD_BYTES``); ``None`` for none."""
+    if payload is None:
+        return None
+    return to_json(payload, "payload", InvalidPayload, canonical=True, limit=settings.MAX_PAYLOAD_BYTES,
+                   limit_setting="TASKCLAIM_MAX_PAYLOAD_BYTES")
 
 
 def fingerprint(payload: Any) -> str:
@@ -136,3 +280,8 @@ def fingerprint(payload: Any) -> str:
     if payload is None:
         return ""
     return hashlib.sha256(canonical_json(payload, "payload").encode()).hexdigest()
+
+
+def fingerprint_of(payload_text: str | None) -> str:
+    """SHA-256 of already-canonical payload JSON (from :func:`payload_json`); ``""`` for none."""
+    return "" if payload_text is None else hashlib.sha256(payload_text.encode()).hexdigest()
