@@ -149,8 +149,9 @@ def lease_seconds(lease: float | int | timedelta | None) -> float:
     elif isinstance(lease, int | float) and not isinstance(lease, bool):
         try:
             seconds = float(lease)
-        except OverflowError:
-            seconds = math.inf
+        except OverflowError:  # an integer beyond any float: beyond the maximum too
+            raise InvalidLease(f"lease of a {lease.bit_length()}-bit integer is longer than TASKCLAIM_MAX_LEASE "
+                               f"({max_lease():g} s)") from None
     else:
         raise InvalidLease(f"lease must be seconds or a timedelta, not {type(lease).__name__}")
     if not math.isfinite(seconds) or seconds <= 0:
