@@ -7,7 +7,7 @@ import time
 import pytest
 
 from django_taskclaim.exceptions import StaleClaim
-from django_taskclaim.models import Task
+from django_taskclaim.models import Attempt, Task
 from tests.conftest import expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,3 +98,113 @@ def test_run_once_inside_a_transaction_needs_no_heartbeat() -> None:
     with transaction.atomic():
         assert run_once("job", slow, lease=0.3) == "done in one transaction"
     assert Task.objects.get(key="job").result == "done in one transaction"
+
+
+class Thief:
+    """Another connection (its own thread) that tries to take the task over until told to stop,
+    and notes the latest lease expiry it saw."""
+
+    def __init__(self, key: str) -> None:
+        import threading
+
+        self.key, self.took, self.tries = key, False, 0
+        self.latest: object = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        try:
+            while not self.stop.is_set() and not self.took:
+                self.tries += 1
+                outcome = Task.objects.claim(self.key, owner="thief", lease=30)
+                self.took, self.latest = outcome.claimed, outcome.task.lease_expires_at
+                self.stop.wait(0.05)
+        finally:
+            connection.close()
+
+    def __enter__(self) -> Thief:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def test_keepalive_inside_atomic_keeps_a_committed_claim_alive() -> None:
+    """Claimed (and committed) before the transaction: the thread heartbeats on its own connection.
+
+    (The block reads nothing itself: on SQLite without WAL, a transaction that has read holds a
+    shared lock that stops every other connection's commit, heartbeats and takeovers alike.)
+    """
+    import datetime as dt
+
+    from django.db import transaction
+
+    claim = Task.objects.claim("job", owner="me", lease=1).claim
+    start = claim.lease_expires_at
+    with transaction.atomic(), claim.keepalive(interval=0.2), Thief("job") as thief:
+        # Three lease lengths by the database clock, while another connection keeps trying.
+        wait_until(lambda: thief.tries >= 5 and thief.latest is not None
+                   and thief.latest > start + dt.timedelta(seconds=3), timeout=30)  # type: ignore[operator]
+        assert not thief.took, "another worker took over a task whose owner was alive"
+    assert not claim.lost.is_set()
+    claim.complete("mine")
+    assert Task.objects.values_list("owner", "status", "result").get() == ("me", "succeeded", "mine")
+
+
+def test_keepalive_inside_atomic_reports_a_takeover() -> None:
+    """Never lose silently: a committed claim taken over while the transaction runs ends in StaleClaim."""
+    import threading
+
+    from django.db import connection, transaction
+
+    claim = Task.objects.claim("job", owner="me", lease=1).claim
+
+    def take_over() -> None:
+        try:
+            expire(claim)
+            assert Task.objects.claim("job", owner="thief").claimed
+        finally:
+            connection.close()
+
+    with pytest.raises(StaleClaim, match="keepalive"), transaction.atomic(), claim.keepalive(interval=0.1):
+        thread = threading.Thread(target=take_over)
+        thread.start()
+        thread.join(30)
+        assert claim.lost.wait(30), "the keepalive thread did not notice the takeover"
+    assert Task.objects.get(key="job").owner == "thief"
+
+
+@pytest.mark.parametrize("action", ["complete", "fail", "release"])
+def test_finishing_inside_keepalive_raises_nothing(action: str) -> None:
+    """Heartbeats refused because *this* claim finished are no loss, and no fenced-off write."""
+    claim = Task.objects.claim("job", lease=0.3).claim
+    with claim.keepalive(interval=0.01):
+        getattr(claim, action)(*(["boom"] if action == "fail" else []))
+        # Let the thread try to heartbeat the finished task a few times.
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert not claim.lost.is_set()
+    assert Attempt.objects.get().stale_writes == 0
+
+
+def test_fenced_then_complete_inside_atomic_and_keepalive_does_not_deadlock() -> None:
+    """The caller's transaction holds the row: the thread must neither block the end of the block nor cry loss."""
+    from django.db import transaction
+
+    from tests.testapp.models import Effect
+
+    claim = Task.objects.claim("job", lease=0.6).claim
+    with transaction.atomic(), claim.keepalive(interval=0.05):
+        with claim.fenced():
+            Effect.objects.create(task_key="job", token=claim.token, worker="me")
+        deadline = time.monotonic() + 1.5  # past the lease: the row lock holds the task meanwhile
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        claim.complete("done")
+    assert Task.objects.get(key="job").status == "succeeded" and Effect.objects.count() == 1
+    assert not claim.lost.is_set()
