@@ -123,7 +123,7 @@ def test_text_and_numbers_the_database_rejects_are_refused(settings, kwargs, err
             Task.objects.claim_next(**kwargs)
     if "payload" in kwargs or "max_attempts" in kwargs:
         with pytest.raises(error, match=message):
-            Task.objects.ensure("job", **{k: v for k, v in kwargs.items()})
+            Task.objects.ensure("job", **kwargs)
     assert rows() == before
 
 

@@ -10,6 +10,7 @@ runs half as many sequences of up to 12 steps). CI derandomizes, so a run is rep
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import uuid
@@ -43,7 +44,8 @@ AWKWARD = st.sampled_from(["", "\x00", "\ud800", "\udfff", "a\x00b", "x" * 255, 
                            "\u2028", "é", "\U0001f600", " ", "\t", "\\u0000"])
 TEXT = st.one_of(AWKWARD, st.text(ANY_CHAR, max_size=20), st.text(ANY_CHAR, min_size=250, max_size=260))
 # Valid values, as likely as the awkward ones, so that successes are explored as well as refusals.
-PLAIN = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs")),
+NON_PRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs")
+PLAIN = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_categories=NON_PRINTABLE),
                 min_size=1, max_size=30)
 KEYS = st.one_of(PLAIN, PLAIN, PLAIN, PLAIN, TEXT, st.integers(), st.none(),
                  st.builds(lambda op, run: TaskKey(op, run=run), st.sampled_from(["op", "b"]),
@@ -58,7 +60,8 @@ JSONISH = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(TEXT, inner, max_size=4),
     st.dictionaries(st.integers(), inner, max_size=2), st.sets(st.integers(), max_size=3)), max_leaves=8)
 OWNERS = st.one_of(st.none(), PLAIN, TEXT, st.integers())
-ATTEMPTS = st.one_of(st.none(), st.integers(1, 10), st.integers(-3, 2**40), st.booleans(), st.sampled_from([2**31 - 1, 2**31]))
+ATTEMPTS = st.one_of(st.none(), st.integers(1, 10), st.integers(-3, 2**40), st.booleans(),
+                     st.sampled_from([2**31 - 1, 2**31]))
 LONG = st.builds(lambda part, n: part * n, st.text(ANY_CHAR, min_size=1, max_size=4), st.integers(2_500, 6_000))
 ERRORS = st.one_of(TEXT, st.builds(ValueError, TEXT), LONG)
 
@@ -179,10 +182,8 @@ class RunOnceMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEY_POOL), result=st.one_of(st.none(), JSONISH), raises=st.booleans(),
           payload=st.sampled_from([None, {"v": 1}, {"v": 2}]))
     def call(self, key: str, result: Any, raises: bool, payload: Any) -> None:
-        try:
+        with contextlib.suppress(RuntimeError, InvalidResult, TaskClaimError):
             run_once(key, self._func(key, result, raises), payload=payload, lease=5)
-        except (RuntimeError, InvalidResult, TaskClaimError):
-            pass
 
     @rule(key=st.sampled_from(KEY_POOL))
     def another_worker_dies_holding_it(self, key: str) -> None:
