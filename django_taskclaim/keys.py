@@ -150,8 +150,8 @@ def lease_seconds(lease: float | int | timedelta | None) -> float:
         try:
             seconds = float(lease)
         except OverflowError:  # an integer beyond any float: beyond the maximum too
-            raise InvalidLease(f"lease of a {lease.bit_length()}-bit integer is longer than TASKCLAIM_MAX_LEASE "
-                               f"({max_lease():g} s)") from None
+            raise InvalidLease(f"lease is an integer too large for seconds; TASKCLAIM_MAX_LEASE is "
+                               f"{max_lease():g} s") from None
     else:
         raise InvalidLease(f"lease must be seconds or a timedelta, not {type(lease).__name__}")
     if not math.isfinite(seconds) or seconds <= 0:
