@@ -131,3 +131,17 @@ def test_celery_bridge_fails_the_task_through_the_same_helper(value: object) -> 
     assert task.status == "failed" and "InvalidResult" in task.error
     with pytest.raises(TaskFailed):
         returns("x", "fine now")
+
+
+@claimed_task(key="raises-{0}")
+def raises(key: str, text: str) -> None:
+    raise ValueError(text)
+
+
+@pytest.mark.parametrize("text", ["nul\x00inside", "lone \ud800", "e" * 50_000])
+def test_celery_bridge_records_any_error_text_and_never_leaves_the_task_running(text: str) -> None:
+    with pytest.raises(ValueError):
+        raises("x", text)
+    task = Task.objects.get(key="raises-x")
+    assert task.status == "failed" and task.error.startswith("ValueError: ")
+    assert "\x00" not in task.error and len(task.error) <= 10_000
