@@ -160,6 +160,7 @@ class Claim(AsyncClaimMixin):
             self._finishing = finishing  # nothing written: keepalive goes on heartbeating
             raise
         if status is None:
+            self._finishing = finishing  # fenced off: this claim did not finish the task
             self._refuse(action)
         return str(status)
 
@@ -301,13 +302,15 @@ class Claim(AsyncClaimMixin):
     def _beat(self, stop: threading.Event, every: float, outer: bool) -> None:
         # The local deadline may only make us give up early; the database decides expiry.
         deadline = time.monotonic() + self.lease
+        limited = not outer
         try:
-            if outer:
-                self._limit_lock_waits(min(every, 1.0))
             while not stop.wait(every):
                 if self._finishing:
                     return
                 try:
+                    if not limited:  # on first use: a short block never opens this connection
+                        self._limit_lock_waits(min(every, 1.0))
+                        limited = True
                     if outer and (self._row_held or not self._committed()):
                         # Held by the caller's open transaction: nobody can take over before it ends.
                         deadline = time.monotonic() + self.lease
