@@ -123,3 +123,36 @@ def test_signals_with_autocommit_off() -> None:
         connection.set_autocommit(True)
         signals.duplicate_delivery.disconnect(receiver)
     assert heard == ["second"]
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_inside_a_request_transaction_a_duplicate_waits_then_gets_the_result() -> None:
+    """What docs/recipes.md says of ATOMIC_REQUESTS on PostgreSQL: the duplicate blocks until the
+    first transaction commits, then returns the stored result without running anything."""
+    seen: list[object] = []
+
+    def duplicate() -> None:
+        try:
+            seen.append(run_once("job", lambda: "the duplicate ran"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=duplicate)
+    with transaction.atomic():
+        assert run_once("job", lambda: "first") == "first"
+        thread.start()
+
+        def blocked() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_stat_clear_snapshot()")  # activity is snapshotted per transaction
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                               "AND datname = current_database()")
+                return bool(cursor.fetchone()[0])
+
+        deadline = time.monotonic() + 30
+        while not blocked():
+            assert time.monotonic() < deadline, "the duplicate did not wait for the first transaction"
+            time.sleep(0.02)
+        assert not seen
+    thread.join(30)
+    assert seen == ["first"]
