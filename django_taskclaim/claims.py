@@ -25,7 +25,7 @@ from django.db import DatabaseError, DataError, connections, transaction
 from . import signals
 from .aio import AsyncClaimMixin
 from .backends import DbNow, get_backend
-from .backends.base import Backend
+from .backends.base import TASK, Backend
 from .conf import settings
 from .exceptions import InvalidResult, PayloadMismatch, StaleClaim, TaskClaimError
 from .keys import (
@@ -128,6 +128,7 @@ class Claim(AsyncClaimMixin):
         self._finishing = False
         # This thread's open transaction holds the task row (fenced(), a heartbeat inside it):
         # nobody can take over until it ends, and a heartbeat from another connection would wait.
+        # (Consulted on SQLite only; PostgreSQL asks the row's lock itself.)
         self._row_held = False
 
     def __repr__(self) -> str:
@@ -311,7 +312,7 @@ class Claim(AsyncClaimMixin):
                     if not limited:  # on first use: a short block never opens this connection
                         self._limit_lock_waits(min(every, 1.0))
                         limited = True
-                    if outer and (self._row_held or not self._committed()):
+                    if outer and not self._free_to_beat():
                         # Held by the caller's open transaction: nobody can take over before it ends.
                         deadline = time.monotonic() + self.lease
                         continue
@@ -339,18 +340,27 @@ class Claim(AsyncClaimMixin):
             else:
                 cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
-    def _committed(self) -> bool:
-        """Whether other connections see this claim (from this thread's own connection).
+    def _free_to_beat(self) -> bool:
+        """From this thread's own connection: whether a heartbeat can and should be sent now.
 
-        A claim made inside the caller's still-open transaction is not visible yet: the row shows
-        no token or the previous one. A token above ours, or another status, is a takeover: the
-        heartbeat that follows reports it.
+        Not when the claim is not committed yet (made inside the caller's open transaction: the
+        row shows no token or the previous one), nor while a transaction holds the row (the
+        caller's ``fenced()`` or heartbeat: no one can take over meanwhile, and the heartbeat
+        would wait for it). PostgreSQL answers both with ``SKIP LOCKED``, whoever holds the lock;
+        SQLite has no row locks, so this claim's own record of holding the row is used. A
+        larger token is a takeover: the heartbeat that follows reports it.
         """
-        from .models import Task
-
-        token = (Task.objects.using(self.using).filter(pk=self.task_id)
-                 .values_list("fencing_token", flat=True).first())
-        return token is not None and token >= self.token
+        conn = connections[self.using]
+        if conn.vendor == "postgresql":
+            sql = f"SELECT fencing_token FROM {TASK} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED"  # noqa: S608
+        elif self._row_held:
+            return False
+        else:
+            sql = f"SELECT fencing_token FROM {TASK} WHERE id = %s"  # noqa: S608
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [self.task_id])
+            row = cursor.fetchone()
+        return row is not None and row[0] >= self.token
 
     def _lose(self, exc: BaseException) -> None:
         self.lost_reason = exc
