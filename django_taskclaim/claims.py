@@ -328,12 +328,26 @@ class Claim(AsyncClaimMixin):
                         self._lose(exc)
                         return
         finally:
+            if outer and limited:
+                self._limit_lock_waits(None)
             connections[self.using].close()
 
-    def _limit_lock_waits(self, seconds: float) -> None:
+    def _limit_lock_waits(self, seconds: float | None) -> None:
         """On this thread's connection: wait at most ``seconds`` for a lock (the caller's
-        transaction may hold the task row, and waits for this thread at the end of the block)."""
+        transaction may hold the task row, and waits for this thread at the end of the block).
+
+        ``None`` restores the PostgreSQL default before the connection goes back (to a pool,
+        perhaps); a SQLite connection is closed for good.
+        """
         conn = connections[self.using]
+        if seconds is None:
+            if conn.vendor == "postgresql" and conn.connection is not None:
+                try:
+                    with conn.cursor() as cursor:
+                        cursor.execute("RESET lock_timeout")
+                except DatabaseError:  # the connection is gone: nothing to restore
+                    pass
+            return
         with conn.cursor() as cursor:
             if conn.vendor == "postgresql":
                 cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
