@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import time
 import uuid
 
 import pytest
@@ -145,3 +146,47 @@ def test_celery_bridge_records_any_error_text_and_never_leaves_the_task_running(
     task = Task.objects.get(key="raises-x")
     assert task.status == "failed" and task.error.startswith("ValueError: ")
     assert "\x00" not in task.error and len(task.error) <= 10_000
+
+
+def _wave(worker_env: dict[str, str], key: str, kind: str, n: int) -> list[str]:
+    """``n`` processes call run_once on ``key`` at the same moment; their outcomes."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.procs_results", key, kind, "0.5"], cwd=ROOT,
+                              env=worker_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    try:
+        for proc in procs:
+            assert json.loads(proc.stdout.readline())["event"] == "ready"  # type: ignore[union-attr]
+        for proc in procs:
+            proc.stdin.write("go\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+        return [json.loads(proc.stdout.readline())["outcome"] for proc in procs]  # type: ignore[union-attr]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("kind", ["set", "nul", "surrogate"])
+def test_racing_processes_run_an_unstorable_effect_once(worker_env, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """Processes race on one key whose result cannot be stored; more come after the lease ran out.
+    The effect lands once: the winner ends the task FAILED, every other caller is refused."""
+    from tests.testapp.models import Effect
+
+    first = _wave(worker_env, "race", kind, 4)
+    assert first.count("InvalidResult") == 1, first
+    assert set(first) <= {"InvalidResult", "TaskBusy", "TaskFailed"}, first
+    # The next wave comes once no live lease holds the task (at once when it ended FAILED).
+    deadline = time.monotonic() + 30
+    while Task.objects.live().filter(key="race").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = _wave(worker_env, "race", kind, 4)
+    assert second == ["TaskFailed"] * 4, second
+    assert Effect.objects.filter(task_key="race").count() == 1
+    assert Task.objects.get(key="race").status == "failed"
