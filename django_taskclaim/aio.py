@@ -26,7 +26,7 @@ from asgiref.sync import sync_to_async
 from django.db import Error as DbError  # DatabaseError, and InterfaceError of a closed connection
 from django.db import connections
 
-from .exceptions import InvalidResult, StaleClaim, TaskBusy, TaskFailed
+from .exceptions import StaleClaim, TaskBusy, TaskFailed
 
 if TYPE_CHECKING:
     from .claims import Claim
@@ -169,12 +169,10 @@ async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], *args:
             logger.warning("failure of a fenced-off claim not recorded",
                            extra={"key": claim_.key, "tenant": claim_.tenant, "token": claim_.token})
         raise
-    try:
-        await claim_.acomplete(result)
-    except InvalidResult as exc:
-        # The work ran (its effects may have landed): end FAILED rather than run it again.
-        await claim_.afail(InvalidResult(f"result could not be stored: {exc}"), retry=False)
-        raise
+    from .claims import complete_or_fail
+
+    # The work ran (its effects may have landed): a result that cannot be stored ends it FAILED.
+    await sync_to_async(complete_or_fail)(claim_, result)
     return result
 
 
@@ -198,22 +196,26 @@ async def arun_once(
     if not callable(afunc):
         raise TypeError(f"arun_once needs a coroutine function, not {afunc!r}")
     aclaim = sync_to_async(claim)
+    task = None
     while True:
-        outcome = await aclaim(key, tenant=tenant, lease=lease, payload=payload)
-        if outcome.claim is not None:
-            return await arun_claimed(outcome.claim, afunc, *args, **kwargs)
-        task = outcome.task
+        if task is None or not task.is_terminal:
+            outcome = await aclaim(key, tenant=tenant, lease=lease, payload=payload)
+            if outcome.claim is not None:
+                return await arun_claimed(outcome.claim, afunc, *args, **kwargs)
+            task = outcome.task
         if task.status == Task.Status.SUCCEEDED:
             return task.result
         if task.status in (Task.Status.FAILED, Task.Status.CANCELLED):
             raise TaskFailed(task)
         if on_busy == "raise":
             raise TaskBusy(task)
-        await _await_while_busy(task)
+        # A finished task is answered without another claim: one ``duplicate`` row per waiter.
+        task = await _await_while_busy(task)
 
 
-async def _await_while_busy(task: Any) -> None:
-    """Poll (``asyncio.sleep``, never a blocking sleep) until no live lease holds the task."""
+async def _await_while_busy(task: Any) -> Any:
+    """Poll (``asyncio.sleep``, never a blocking sleep) until no live lease holds the task;
+    its state then (``None`` if purged)."""
     from .backends import DbNow
     from .conf import settings
     from .models import Task
@@ -224,4 +226,4 @@ async def _await_while_busy(task: Any) -> None:
     while True:
         await asyncio.sleep(interval)
         if not await live.aexists():
-            return
+            return await Task.objects.using(task._state.db).filter(pk=task.pk).afirst()

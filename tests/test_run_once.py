@@ -156,3 +156,34 @@ def test_inside_a_request_transaction_a_duplicate_waits_then_gets_the_result() -
         assert not seen
     thread.join(30)
     assert seen == ["first"]
+
+
+def test_each_waiting_async_caller_leaves_one_duplicate_row(settings) -> None:  # type: ignore[no-untyped-def]
+    """The same for ``arun_once``: waiters in one event loop, one ``duplicate`` row each."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    from django_taskclaim import arun_once
+
+    settings.TASKCLAIM_POLL_INTERVAL = 0.02
+    owner = Task.objects.claim("job", owner="first").claim
+
+    async def main() -> list[object]:
+        async def nothing() -> str:
+            return "a waiter ran"
+
+        try:
+            waiters = [asyncio.ensure_future(arun_once("job", nothing, on_busy="wait")) for _ in range(3)]
+            deadline = time.monotonic() + 30
+            while await Attempt.objects.filter(outcome="duplicate").acount() < 3:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            await sync_to_async(owner.complete)("first result")
+            return list(await asyncio.gather(*waiters))
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    assert asyncio.run(main()) == ["first result"] * 3
+    assert Attempt.objects.filter(outcome="duplicate").count() == 3

@@ -40,9 +40,9 @@ from django.db import connections
 from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 
-from ..claims import Claim
+from ..claims import Claim, complete_or_fail
 from ..conf import settings
-from ..exceptions import InvalidResult, InvalidTaskKey, StaleClaim, TaskBusy, TaskClaimError, TaskFailed
+from ..exceptions import InvalidTaskKey, StaleClaim, TaskBusy, TaskClaimError, TaskFailed
 from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
 from ..runner import ON_BUSY
 
@@ -365,12 +365,8 @@ async def _arun(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwa
 
 def _store(claim: Claim, update: Any) -> None:
     """Complete with the update; one that cannot be stored ends the step FAILED, never re-run."""
-    try:
-        claim.complete(update)
-    except InvalidResult as exc:
-        # The body ran (its effects may have landed): running it again is not an option.
-        claim.fail(InvalidResult(f"state update of node could not be stored: {exc}"), retry=False)
-        raise
+    # The body ran (its effects may have landed): running it again is not an option.
+    complete_or_fail(claim, update)
 
 
 def _give_back(claim: Claim) -> None:
