@@ -150,7 +150,7 @@ def _close_if_broken(using: str) -> None:
         connection.close_if_unusable_or_obsolete()
 
 
-async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
     """Await ``afunc`` under ``claim_`` with ``akeepalive`` and store its result.
 
     The twin of :func:`~django_taskclaim.runner.run_claimed`: a failure is recorded with
@@ -177,7 +177,7 @@ async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], *args:
 
 
 async def arun_once(
-    key: str | TaskKey, afunc: Callable[..., Awaitable[T]], *args: Any, tenant: str = "", payload: Any = None,
+    key: str | TaskKey, afunc: Callable[..., Awaitable[T]], /, *args: Any, tenant: str = "", payload: Any = None,
     lease: float | timedelta | None = None, on_busy: str = "raise", **kwargs: Any,
 ) -> Any:
     """Await ``afunc(*args, **kwargs)`` at most once for ``(tenant, key)`` and return its result.
