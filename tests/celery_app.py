@@ -1,7 +1,9 @@
 """The Celery app of the test suite, configured from ``tests/settings.py`` (``CELERY_*``).
 
 Worker processes run ``celery -A tests.celery_app worker``; the tests publish with the same
-app after pointing ``broker_url``/``result_backend`` at their Redis server. Tasks made in the
+app after pointing ``broker_url``/``result_backend`` at their servers. The result backend is
+always their Redis server; the broker is Redis or RabbitMQ (``TASKCLAIM_TEST_BROKER_URL`` in a
+worker's environment, an ``amqp://`` URL, overrides the Redis broker of ``tests/settings.py``). Tasks made in the
 ``app.task`` style live here, tasks in the ``shared_task`` style in ``tests.procs_celery``.
 """
 
@@ -19,6 +21,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 app = Celery("taskclaim_tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.include = ["tests.procs_celery"]
+if os.environ.get("TASKCLAIM_TEST_BROKER_URL"):
+    app.conf.broker_url = os.environ["TASKCLAIM_TEST_BROKER_URL"]
 
 LEASE = 2.0
 

@@ -1,7 +1,13 @@
-"""The Celery bridge against real parts: ``celery worker`` processes (prefork, 2 children) and a
-``redis-server`` broker on a free port, both started here; the test database shared with them.
+"""The Celery bridge against real parts: ``celery worker`` processes (prefork, 2 children), a
+real broker (``redis-server`` or ``rabbitmq-server``) and a ``redis-server`` result backend,
+all on free ports and started here; the test database shared with them.
 
 "Ran once" is proved by counting ``Effect`` rows, which the task body writes under its fence.
+
+Every test runs once per broker in ``BROKERS``: Redis on both databases, RabbitMQ on PostgreSQL
+(the production pair; the bridge's broker-dependent paths are the same on SQLite), or the
+brokers named in ``TASKCLAIM_TEST_BROKERS`` (``redis,rabbitmq``). A test that only means
+something on one broker (visibility timeout, consumer timeout) says so with ``only_on``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import transaction
 from django.test import override_settings
@@ -27,14 +34,27 @@ from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-redis = pytest.importorskip("redis")
-celery_app_module = pytest.importorskip("tests.celery_app")
+try:
+    import kombu
+    import redis
+
+    from tests import celery_app as celery_app_module
+except ImportError as exc:  # in CI a missing Celery is a failure, not a skip
+    if os.environ.get("CI"):
+        raise
+    pytest.skip(f"{exc.name} is not installed (pip install -e '.[dev]')", allow_module_level=True)
+
 app = celery_app_module.app
 work = celery_app_module.work
 point_at = celery_app_module.point_at
 from tests.procs_celery import always_fails  # noqa: E402
 
-QUEUE = "celery"  # the default queue: a Redis list of that name
+QUEUE = "celery"  # the default queue (a Redis list, a RabbitMQ queue, of that name)
+QUEUES = (QUEUE, "a", "b", "later")  # every queue a test uses: emptied before each test
+BROKERS = [b for b in os.environ.get(
+    "TASKCLAIM_TEST_BROKERS",
+    "redis,rabbitmq" if settings.DATABASES["default"]["ENGINE"].endswith("postgresql") else "redis",
+).split(",") if b]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -49,31 +69,99 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.05)  # poll interval
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[Any]:
-    from tests.servers import RedisServer
+def start_server(kind: str, **options: Any) -> Any:
+    """A started Redis or RabbitMQ server; a missing binary skips locally, fails in CI."""
+    from tests.servers import RabbitMQServer, RedisServer
 
     try:
-        server = RedisServer()
+        server = RedisServer() if kind == "redis" else RabbitMQServer(**options)
     except RuntimeError:
-        requirement_missing("redis-server")
-    server.start()
-    previous = (app.conf.broker_url, app.conf.result_backend)
-    point_at(server.url, server.url.rsplit("/", 1)[0] + "/1")
+        requirement_missing("redis-server" if kind == "redis" else "rabbitmq-server")
+    return server.start()
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[Any]:
+    """The result backend (database 1), and the broker (database 0) of the Redis runs."""
+    server = start_server("redis")
     try:
         yield server
     finally:
-        point_at(*previous)
         server.stop()
 
 
+class Broker:
+    """What the tests need of a broker: its URL, queue lengths, losing and clearing messages."""
+
+    def __init__(self, kind: str, server: Any, results: Any) -> None:
+        self.kind, self.server, self.url = kind, server, server.url
+        self.results = redis.Redis.from_url(results.url.rsplit("/", 1)[0] + "/1")
+
+    def length(self, queue: str = QUEUE) -> int:
+        """Messages ready in ``queue`` (not counting those a worker holds unacknowledged)."""
+        if self.kind == "redis":
+            with redis.Redis.from_url(self.url) as client:
+                return int(client.llen(queue))
+        with kombu.Connection(self.url) as conn:
+            try:
+                return int(conn.channel().queue_declare(queue=queue, passive=True).message_count)
+            except conn.channel_errors:  # NOT_FOUND: never declared, so empty
+                return 0
+
+    def lose(self, queue: str = QUEUE) -> None:
+        """Broker data loss: every message ready in ``queue`` is gone."""
+        if self.kind == "redis":
+            with redis.Redis.from_url(self.url) as client:
+                client.delete(queue)
+        else:
+            with kombu.Connection(self.url) as conn:
+                conn.channel().queue_purge(queue)
+
+    def clear(self) -> None:
+        self.results.flushdb()
+        if self.kind == "redis":
+            with redis.Redis.from_url(self.url) as client:
+                client.flushdb()
+            return
+        # Purged, not deleted: the app's producer remembers which queues it declared, and
+        # would publish into a deleted one (dropped by RabbitMQ) without declaring it again.
+        with kombu.Connection(self.url) as conn:
+            for queue in QUEUES:
+                channel = conn.channel()
+                try:
+                    channel.queue_purge(queue)
+                except conn.channel_errors:
+                    pass
+                finally:
+                    channel.close()
+
+
+@pytest.fixture(scope="module", params=BROKERS)
+def broker_server(request: pytest.FixtureRequest, redis_server: Any) -> Iterator[Broker]:
+    """The module's broker; the in-process app publishes to it and reads results from Redis."""
+    kind = request.param
+    server = redis_server if kind == "redis" else start_server(kind)
+    backend = redis_server.url.rsplit("/", 1)[0] + "/1"
+    previous = (app.conf.broker_url, app.conf.result_backend)
+    point_at(server.url, backend)
+    try:
+        yield Broker(kind, server, redis_server)
+    finally:
+        point_at(*previous)
+        if server is not redis_server:
+            server.stop()
+
+
 @pytest.fixture
-def broker(redis_server: Any) -> Iterator[Any]:
-    """A Redis client on the test server, emptied before each test."""
-    client = redis.Redis.from_url(redis_server.url)
-    client.flushall()
-    yield client
-    client.close()
+def broker(broker_server: Broker) -> Iterator[Broker]:
+    """The module's broker with its queues and the result backend emptied before each test."""
+    broker_server.clear()
+    yield broker_server
+
+
+def only_on(broker: Broker, kind: str, why: str) -> None:
+    if broker.kind != kind:
+        pytest.skip(f"{kind} only: {why}")
 
 
 class Worker:
@@ -95,18 +183,19 @@ class Worker:
 
 
 @pytest.fixture
-def workers(broker: Any, redis_server: Any, worker_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
+def workers(broker: Broker, redis_server: Any, worker_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
     """Start ``celery worker`` processes (prefork, concurrency 2); all are killed at the end."""
     started: list[Worker] = []
 
-    def start(name: str, queues: str = QUEUE, **env: str) -> Worker:
+    def start(name: str, queues: str = QUEUE, broker_url: str | None = None, **env: str) -> Worker:
         log = tmp_path / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "prefork", "-c", "2",
                  "-n", f"{name}@%h", "-Q", queues, "-l", "INFO", "--without-gossip", "--without-mingle",
                  "--without-heartbeat"],
-                cwd=ROOT, env={**worker_env, "TASKCLAIM_TEST_REDIS_URL": redis_server.url, **env},
+                cwd=ROOT, env={**worker_env, "TASKCLAIM_TEST_REDIS_URL": redis_server.url,
+                     "TASKCLAIM_TEST_BROKER_URL": broker_url or broker.url, **env},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         worker = Worker(proc, log)
@@ -158,7 +247,8 @@ def test_same_task_sent_twice_at_once_runs_once(workers: Any) -> None:
     assert Task.objects.get(key="work-dup").result == one
 
 
-def test_visibility_timeout_redelivery_does_the_work_once(workers: Any) -> None:
+def test_visibility_timeout_redelivery_does_the_work_once(workers: Any, broker: Broker) -> None:
+    only_on(broker, "redis", "RabbitMQ has no visibility timeout (see the consumer_timeout test)")
     w = workers("w1", TASKCLAIM_TEST_VISIBILITY_TIMEOUT="2")
     workers.ready(w)
     result = work.apply_async(("vt", 5.0))
@@ -218,7 +308,7 @@ def test_paused_worker_is_fenced_off_when_it_resumes(workers: Any) -> None:
     assert "fenced write" in refused, refused
 
 
-def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Any) -> None:
+def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Broker) -> None:
     from django_taskclaim.celery import enqueue_once
 
     class Abort(Exception):
@@ -227,18 +317,18 @@ def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Any) -
     with pytest.raises(Abort), transaction.atomic():
         enqueue_once(work, key="work-once", args=("once",))
         raise Abort
-    assert broker.llen(QUEUE) == 0
+    assert broker.length() == 0
     assert not Task.objects.filter(key="work-once").exists()
 
     with transaction.atomic():
         handles = [enqueue_once(work, key="work-once", args=("once",)) for _ in range(3)]
-        assert broker.llen(QUEUE) == 0  # nothing goes out before the commit
+        assert broker.length() == 0  # nothing goes out before the commit
     assert [h.created for h in handles] == [True, False, False]
     assert handles[0].sent and not handles[1].sent
     assert handles[1].status == "pending" and handles[1].task_id == handles[0].task_id
     again = enqueue_once(work, key="work-once", args=("once",))
     assert not again.created
-    assert broker.llen(QUEUE) == 1
+    assert broker.length() == 1
 
     w = workers("w1")
     workers.ready(w)
@@ -248,7 +338,7 @@ def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Any) -
     assert [a.delivery_id for a in attempts("work-once")] == [handles[0].task_id]
     done = enqueue_once(work, key="work-once", args=("once",))
     assert (done.created, done.status) == (False, "succeeded")
-    assert broker.llen(QUEUE) == 0
+    assert broker.length() == 0
 
 
 def test_always_failing_task_stops_at_max_attempts(workers: Any) -> None:
@@ -271,13 +361,13 @@ def test_always_failing_task_stops_at_max_attempts(workers: Any) -> None:
     assert len(effects("poison")) == 3
 
 
-def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: Any, broker: Any) -> None:
+def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: Any, broker: Broker) -> None:
     from django_taskclaim.celery import enqueue_once
 
     lost = enqueue_once(work, key="work-lost", args=("lost",))
     crashed = enqueue_once(work, key="work-crashed", args=("crashed",))
     assert lost.sent and crashed.sent
-    broker.delete(QUEUE)  # broker data loss: both messages are gone
+    broker.lose()  # broker data loss: both messages are gone
     # An acks-early worker took "crashed" and died: its message is gone, its lease runs out.
     assert Task.objects.claim("work-crashed", owner="dead-worker", lease=30).claimed
     expire(Task.objects.get(key="work-crashed"))
@@ -287,7 +377,7 @@ def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: A
     with override_settings(TASKCLAIM_CELERY_APP="tests.celery_app.app"):
         call_command("reclaim", "--requeue", stdout=out)
         assert "requeue: 2 lost message(s) re-sent" in out.getvalue(), out.getvalue()
-        assert broker.llen(QUEUE) == 2
+        assert broker.length() == 2
         out = io.StringIO()
         call_command("reclaim", "--requeue", stdout=out)  # just re-sent: not lost
         assert "requeue: 0 lost message(s) re-sent" in out.getvalue(), out.getvalue()
