@@ -51,6 +51,23 @@ def work(self, name: str, seconds: float = 0.0) -> dict[str, object]:
     return {"name": name, "token": claim.token, "pid": os.getpid()}
 
 
+@claimed_task(key="hold-{name}", lease=LEASE, busy_countdown=0.3, app=app, bind=True)
+def hold(self, name: str, timeout: float = 120.0) -> dict[str, object]:
+    """Runs until the test writes an Effect row ``release:hold-<name>`` (or ``timeout``), then
+    one Effect row under the fence: a task as long as the test needs, without a fixed sleep."""
+    from tests.testapp.models import Effect
+
+    claim = self.claim
+    deadline = time.monotonic() + timeout
+    while not Effect.objects.filter(task_key=f"release:{claim.key}").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{claim.key} was never released")
+        time.sleep(0.1)  # poll interval
+    with claim.fenced():
+        Effect.objects.create(task_key=claim.key, token=claim.token, worker=f"{os.getpid()}")
+    return {"name": name, "token": claim.token, "pid": os.getpid()}
+
+
 def _record_refusals(**kwargs: object) -> None:
     """In worker processes only: note each fenced-off write as an Effect row ``refused:<key>``."""
     from django_taskclaim import signals

@@ -388,3 +388,45 @@ def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: A
     assert crashed.result(app=app).get(timeout=30)["name"] == "crashed"
     assert len(effects("work-lost")) == 1 and len(effects("work-crashed")) == 1
     assert Task.objects.get(key="work-lost").dispatch["sent"] == 2
+
+
+def test_task_outliving_the_consumer_timeout_runs_once(broker: Broker, workers: Any) -> None:
+    """RabbitMQ closes the channel of a delivery left unacknowledged past ``consumer_timeout``
+    and hands the message to another consumer while the first delivery still runs.
+
+    Celery treats the closed channel as unrecoverable: that worker stops taking messages,
+    finishes its running task (warm shutdown) and exits; a supervisor would restart it. The
+    redelivery reaches the other worker, finds the task RUNNING under a live lease and, with
+    ``on_busy="retry"``, re-publishes itself every ``busy_countdown`` until the first delivery
+    completed; then it returns the stored result. The body ran once; the caller gets the result.
+    """
+    only_on(broker, "rabbitmq", "consumer_timeout is RabbitMQ's (Redis has the visibility timeout)")
+    server = start_server("rabbitmq", config={"consumer_timeout": "2000"})  # checked every second
+    backend = app.conf.result_backend
+    point_at(server.url, backend)
+    hold = celery_app_module.hold
+    try:
+        w1, w2 = workers("w1", broker_url=server.url), workers("w2", broker_url=server.url)
+        workers.ready(w1, w2)
+        result = hold.apply_async(("ct",))
+        pid = running_owner_pid("hold-ct")
+        first, other = (w1, w2) if w1.owns(pid) else (w2, w1)
+        assert first.owns(pid)
+        # The redelivery found the task running: a duplicate attempt of the same Celery task id.
+        wait_for(lambda: Attempt.objects.filter(task__key="hold-ct", outcome="duplicate",
+                                                delivery_id=result.id).exists(), 60, "the redelivery")
+        assert "delivery acknowledgement on channel" in first.output()  # the consumer timeout fired
+        Effect.objects.create(task_key="release:hold-ct", token=0, worker="test")
+
+        value = result.get(timeout=60)
+        assert value["token"] == 1 and value["pid"] == pid  # the first delivery's completion landed
+        assert [e.token for e in effects("hold-ct")] == [1]
+        executed = [(a.token, a.outcome) for a in attempts("hold-ct") if a.token is not None]
+        assert executed == [(1, "succeeded")]
+        assert all(a.delivery_id == result.id for a in attempts("hold-ct"))
+        assert Task.objects.get(key="hold-ct").result == value
+        first.proc.wait(30)  # Celery's reaction to the closed channel: the worker exits
+        assert other.proc.poll() is None, other.output()
+    finally:
+        point_at(broker.url, backend)
+        server.stop()
