@@ -1,11 +1,16 @@
-"""The Celery variant (``--celery``): real ``celery worker`` processes, a real Redis broker.
+"""The Celery variant (``--celery``): real ``celery worker`` processes, a real Redis or RabbitMQ
+broker (``--broker``).
 
 Tasks go in through ``enqueue_once`` and run as a ``claimed_task`` of the bridge
 (``django_taskclaim.celery``), each effect and the completion written inside
 ``self.claim.fenced()``. The nemesis pauses and kills pool processes, kills whole workers
-(a replacement starts), restarts the broker (no persistence: every queued message is lost),
-and on PostgreSQL terminates the workers' database sessions. The visibility timeout is
-shorter than a pause, so Redis also redelivers the messages of paused workers. The sweeper
+(a replacement starts), restarts the broker, and on PostgreSQL terminates the workers' database
+sessions. Redis restarts without persistence: every queued message is lost. RabbitMQ is
+killed (SIGKILL) and started again on its data: durable queues keep their persistent
+messages, and every unacknowledged delivery comes back. Redis's visibility timeout and
+RabbitMQ's ``consumer_timeout`` are shorter than a pause, so both brokers also redeliver the
+messages of paused workers (and Celery stops a worker whose channel RabbitMQ closed for it:
+a replacement starts). The sweeper
 (what ``manage.py reclaim --requeue --every`` does in production) moves expired leases back
 and re-sends the messages of tasks that nobody is going to run. The checker is the same.
 """
@@ -39,11 +44,13 @@ CELERY_LABELS = [
     ("pause", "SIGSTOP of a pool process for 2-3x the lease"),
     ("kill", "SIGKILL of a pool process (task redelivered)"),
     ("kill_worker", "SIGKILL of a whole worker (a replacement starts)"),
-    ("broker_restart", "redis-server restart (queued messages lost)"),
+    ("broker_restart", "broker restart (queued messages lost)"),
     ("terminate", "pg_terminate_backend of a worker's sessions"),
     ("requeued", "messages re-sent by the sweeper"),
     ("worker_died_on_broker_loss", "workers that died of a broker loss (restarted)"),
+    ("worker_stopped_on_consumer_timeout", "workers stopped by RabbitMQ's consumer_timeout"),
 ]
+COUNTED = ("requeued", "worker_died_on_broker_loss", "worker_stopped_on_consumer_timeout")
 
 
 def children(pid: int) -> list[int]:
@@ -61,7 +68,7 @@ def children(pid: int) -> list[int]:
 
 
 class CeleryHarness(Harness):
-    def __init__(self, opts: Options) -> None:
+    def __init__(self, opts: Options, broker: str = "redis") -> None:
         super().__init__(opts)
         self.kinds = [k for k, (_, dbs) in CELERY_FAULTS.items() if opts.db in dbs]
         self.first = self.rng.sample(self.kinds, len(self.kinds))
@@ -69,14 +76,20 @@ class CeleryHarness(Harness):
         self.paused: dict[int, float] = {}  # pool process pid -> resume at
         self.events_dir = os.path.join(self.rundir, "events")
         os.makedirs(self.events_dir)
-        from tests.servers import RedisServer
+        from tests.servers import RabbitMQServer, RedisServer
 
-        self.redis = RedisServer().start()
+        self.broker_kind = broker
+        if broker == "rabbitmq":
+            # Shorter than a pause (2-3 leases), checked every second: paused deliveries come back.
+            timeout_ms = int(1.5 * opts.lease * 1000)
+            self.broker: Any = RabbitMQServer(config={"consumer_timeout": str(timeout_ms)}).start()
+        else:
+            self.broker = RedisServer().start()
         self.app: Any = None
         self.task: Any = None
 
     def setup(self) -> None:
-        os.environ.update(CHAOS_BROKER_URL=self.redis.url, CHAOS_LEASE=str(self.opts.lease),
+        os.environ.update(CHAOS_BROKER_URL=self.broker.url, CHAOS_LEASE=str(self.opts.lease),
                           CHAOS_STEPS=str(self.opts.steps), CHAOS_WORK_MS=str(self.opts.work_ms),
                           CHAOS_EVENTS=self.events_dir)
         super().setup()
@@ -109,7 +122,11 @@ class CeleryHarness(Harness):
                 if worker.pid not in self.log.killed_pids:
                     with open(os.path.join(self.rundir, f"{worker.tag}.log")) as f:
                         log = f.read()
-                    if "Unrecoverable error" in log and "Connection to broker lost" in log:
+                    if "Unrecoverable error" in log and "delivery acknowledgement on channel" in log:
+                        # RabbitMQ closed the channel of a delivery unacknowledged past
+                        # consumer_timeout (a paused pool process): Celery stops the worker.
+                        self.log.faults["worker_stopped_on_consumer_timeout"] += 1
+                    elif "Unrecoverable error" in log and "Connection to broker lost" in log:
                         # Celery/kombu's Redis transport sometimes gives up after the broker
                         # went away twice (celery/celery#8030, #10205): the worker exits and
                         # its supervisor restarts it. Counted, not a violation of ours.
@@ -171,7 +188,11 @@ class CeleryHarness(Harness):
             os.killpg(worker.pid, signal.SIGKILL)
             self.log.faults[kind] += 1
         elif kind == "broker_restart":
-            self.redis.restart()
+            if self.broker_kind == "rabbitmq":
+                self.broker.kill()  # a crash: what it had not written down is gone
+                self.broker.start()
+            else:
+                self.broker.restart()
             self.log.faults[kind] += 1
         elif kind == "terminate" and workers:
             # Django closes a pool process's connection after each task (CONN_MAX_AGE = 0):
@@ -256,7 +277,7 @@ class CeleryHarness(Harness):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(worker.pid, signal.SIGKILL)
                 worker.proc.wait()
-        self.redis.stop()
+        self.broker.stop()
         super().teardown(ok)
 
 
@@ -275,25 +296,28 @@ def run_celery(args: argparse.Namespace) -> int:
                    lease=args.lease, tasks=args.tasks, steps=args.steps, work_ms=args.work_ms,
                    fault_interval=args.fault_interval, crash="", skew=0.0, quiet=args.quiet,
                    keep=args.keep, verbose=args.verbose)
-    harness = build(CeleryHarness, opts)
+    harness = build(lambda o: CeleryHarness(o, broker=args.broker), opts)
     if harness is None:
         return 2
 
     def render(verdict: Verdict) -> str:
         log = harness.log
-        header = (f"django-taskclaim fault injection, Celery variant: {opts.db}, seed {opts.seed}, "
+        header = (f"django-taskclaim fault injection, Celery variant: {opts.db}, {args.broker}, seed {opts.seed}, "
                   f"{opts.workers} workers, lease {opts.lease} s, {log.chaos_seconds:.0f} s of "
                   f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
         lines = table(log.faults, verdict, header, [], False, "").split("\n")
         start = lines.index("faults injected") + 1
         end = lines.index("run") - 1
         tried = {"terminate": f"  (of {log.faults['terminate_tried']} tried)"}
-        lines[start:end] = [f"  {label:<56} {log.faults.get(kind, 0):>8}{tried.get(kind, '')}"
-                            for kind, label in CELERY_LABELS
-                            if kind in [*harness.kinds, "requeued", "worker_died_on_broker_loss"]]
+        labels = dict(CELERY_LABELS)
+        if args.broker == "rabbitmq":
+            labels["broker_restart"] = "SIGKILL of rabbitmq-server, started again on its data"
+        lines[start:end] = [f"  {labels[kind]:<56} {log.faults.get(kind, 0):>8}{tried.get(kind, '')}"
+                            for kind, _ in CELERY_LABELS
+                                            if kind in [*harness.kinds, *COUNTED]]
         return "\n".join(lines)
 
     return drive(harness, args, render,
-                 banner=f"celery chaos on {opts.db}: {opts.workers} workers x 2 processes, lease "
+                 banner=f"celery chaos on {opts.db} and {args.broker}: {opts.workers} workers x 2 processes, lease "
                         f"{opts.lease} s, {opts.duration:.0f} s of faults, seed {opts.seed}",
-                 report={"celery": True})
+                 report={"celery": True, "broker": args.broker})
