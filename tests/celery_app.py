@@ -28,11 +28,19 @@ LEASE = 2.0
 
 
 def point_at(broker_url: str | None, result_backend: str | None) -> None:
-    """Point the app at other servers, dropping the producer pool and result backend it built
-    for the old ones (Celery caches both on first use, e.g. by an in-process test)."""
-    if app._pool is not None:
-        app._pool.force_close_all()
+    """Point the app at other servers, dropping every connection it built for the old ones.
+
+    Celery caches a connection pool (``app._pool``), a producer pool (``app.amqp``) and a
+    result backend on first use (e.g. by an in-process test); the pools also stay registered
+    in kombu's process-wide pool groups, keyed by URL. Closing a pool without unregistering
+    it left a closed pool that pointing back at the same URL found again ("Acquire on closed
+    pool"): ``kombu.pools.reset()`` closes them all and empties the groups.
+    """
+    from kombu import pools
+
+    pools.reset()
     app._pool = None
+    app.amqp._producer_pool = None
     app._backend_cache = None  # a thread-safe backend is cached here, others per thread
     vars(app._local).pop("backend", None)
     app.conf.update(broker_url=broker_url, result_backend=result_backend)

@@ -117,6 +117,11 @@ class Broker:
             with kombu.Connection(self.url) as conn:
                 conn.channel().queue_purge(queue)
 
+    def restart(self) -> None:
+        """Stop the broker and start it again on the same port (RabbitMQ keeps its data, this
+        Redis keeps nothing)."""
+        self.server.restart()
+
     def clear(self) -> None:
         self.results.flushdb()
         if self.kind == "redis":
@@ -278,6 +283,64 @@ def test_worker_child_killed_mid_task_is_redelivered_and_completes_once(workers:
     assert executed[0] == (1, "taken_over")
     assert executed[-1] == (value["token"], "succeeded")
     assert all(a.delivery_id == result.id for a in attempts("work-kill"))
+
+
+def test_killed_worker_message_comes_back_and_completes_once(workers: Any, broker: Broker) -> None:
+    """SIGKILL of the whole worker (main process and children) mid-task: no one acknowledges
+    or rejects the message. RabbitMQ requeues it as the connection drops; Redis keeps it in its
+    unacknowledged set until a consumer restores it after the visibility timeout (here the
+    second worker's, 3 s). The redelivery waits out the dead worker's lease, then takes over."""
+    a = workers("wa")
+    workers.ready(a)
+    result = work.apply_async(("killw", 3.0))
+    pid = running_owner_pid("work-killw")
+    assert a.owns(pid)
+    os.killpg(a.pgid, signal.SIGKILL)
+    a.proc.wait(10)
+
+    b = workers("wb", TASKCLAIM_TEST_VISIBILITY_TIMEOUT="3")
+    workers.ready(b)
+    value = result.get(timeout=60)
+    assert value["token"] == 2 and b.owns(value["pid"])
+    assert [e.token for e in effects("work-killw")] == [2]
+    executed = [(a.token, a.outcome) for a in attempts("work-killw") if a.token is not None]
+    assert executed == [(1, "taken_over"), (2, "succeeded")]
+    assert all(a.delivery_id == result.id for a in attempts("work-killw"))
+
+
+def test_broker_restart_loses_nothing(workers: Any, broker: Broker) -> None:
+    """The broker restarts while one task runs and another waits in a queue. RabbitMQ keeps the
+    queued message (durable queue, persistent message) and requeues the running one's; this
+    Redis (no persistence) loses both, and ``reclaim --requeue`` sends the queued one again.
+    Either way each body runs once and each caller gets its result."""
+    from django_taskclaim.celery import enqueue_once
+
+    hold = celery_app_module.hold
+    w = workers("w1")
+    workers.ready(w)
+    running = enqueue_once(hold, key="hold-br", args=("br",))
+    queued = enqueue_once(work, key="work-br", args=("br",), queue="later")  # no worker reads "later" yet
+    assert running.sent and queued.sent
+    pid = running_owner_pid("hold-br")
+    wait_for(lambda: broker.length("later") == 1, 10, "the queued message")
+
+    broker.restart()
+    assert broker.length("later") == (1 if broker.kind == "rabbitmq" else 0)
+    Task.objects.filter(key="work-br").update(updated_at="2000-01-01T00:00:00Z")  # sent long ago
+    out = io.StringIO()
+    with override_settings(TASKCLAIM_CELERY_APP="tests.celery_app.app"):
+        call_command("reclaim", "--requeue", stdout=out)
+    assert "requeue: 1 lost message(s) re-sent" in out.getvalue(), out.getvalue()
+
+    Effect.objects.create(task_key="release:hold-br", token=0, worker="test")
+    later = workers("w2", queues="later")
+    workers.ready(later)
+    assert running.result(app=app).get(timeout=60) == {"name": "br", "token": 1, "pid": pid}
+    assert queued.result(app=app).get(timeout=60)["token"] == 1
+    assert [e.token for e in effects("hold-br")] == [1] and [e.token for e in effects("work-br")] == [1]
+    for key in ("hold-br", "work-br"):
+        executed = [(a.token, a.outcome) for a in attempts(key) if a.token is not None]
+        assert executed == [(1, "succeeded")], key
 
 
 def test_paused_worker_is_fenced_off_when_it_resumes(workers: Any) -> None:
