@@ -59,13 +59,12 @@ def work(self, name: str, seconds: float = 0.0) -> dict[str, object]:
     return {"name": name, "token": claim.token, "pid": os.getpid()}
 
 
-@claimed_task(key="hold-{name}", lease=LEASE, busy_countdown=0.3, app=app, bind=True)
-def hold(self, name: str, timeout: float = 120.0) -> dict[str, object]:
-    """Runs until the test writes an Effect row ``release:hold-<name>`` (or ``timeout``), then
-    one Effect row under the fence: a task as long as the test needs, without a fixed sleep."""
+def _hold(self: object, name: str, timeout: float) -> dict[str, object]:
+    """Runs until the test writes an Effect row ``release:<key>`` (or ``timeout``), then one
+    Effect row under the fence: a task as long as the test needs, without a fixed sleep."""
     from tests.testapp.models import Effect
 
-    claim = self.claim
+    claim = self.claim  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
     while not Effect.objects.filter(task_key=f"release:{claim.key}").exists():
         if time.monotonic() > deadline:
@@ -74,6 +73,24 @@ def hold(self, name: str, timeout: float = 120.0) -> dict[str, object]:
     with claim.fenced():
         Effect.objects.create(task_key=claim.key, token=claim.token, worker=f"{os.getpid()}")
     return {"name": name, "token": claim.token, "pid": os.getpid()}
+
+
+@claimed_task(key="hold-{name}", lease=LEASE, busy_countdown=0.3, app=app, bind=True)
+def hold(self, name: str, timeout: float = 120.0) -> dict[str, object]:
+    """Held until released by the test; a busy delivery retries (``on_busy="retry"``)."""
+    return _hold(self, name, timeout)
+
+
+@claimed_task(key="hold-skip-{name}", lease=LEASE, on_busy="skip", app=app, bind=True)
+def hold_skip(self, name: str, timeout: float = 120.0) -> dict[str, object]:
+    """Held until released by the test; a busy delivery is dropped (``on_busy="skip"``)."""
+    return _hold(self, name, timeout)
+
+
+@claimed_task(key="hold-wait-{name}", lease=LEASE, on_busy="wait", app=app, bind=True)
+def hold_wait(self, name: str, timeout: float = 120.0) -> dict[str, object]:
+    """Held until released by the test; a busy delivery blocks its slot (``on_busy="wait"``)."""
+    return _hold(self, name, timeout)
 
 
 def _record_refusals(**kwargs: object) -> None:

@@ -453,43 +453,68 @@ def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: A
     assert Task.objects.get(key="work-lost").dispatch["sent"] == 2
 
 
-def test_task_outliving_the_consumer_timeout_runs_once(broker: Broker, workers: Any) -> None:
+@pytest.fixture(scope="module")
+def short_consumer_timeout() -> Iterator[Any]:
+    """A RabbitMQ server whose consumer_timeout is 2 s, checked every second."""
+    server = start_server("rabbitmq", config={"consumer_timeout": "2000"})
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("on_busy", ["retry", "skip", "wait"])
+def test_task_outliving_the_consumer_timeout_runs_once(broker: Broker, workers: Any, on_busy: str,
+                                                       request: pytest.FixtureRequest) -> None:
     """RabbitMQ closes the channel of a delivery left unacknowledged past ``consumer_timeout``
     and hands the message to another consumer while the first delivery still runs.
 
     Celery treats the closed channel as unrecoverable: that worker stops taking messages,
     finishes its running task (warm shutdown) and exits; a supervisor would restart it. The
-    redelivery reaches the other worker, finds the task RUNNING under a live lease and, with
-    ``on_busy="retry"``, re-publishes itself every ``busy_countdown`` until the first delivery
-    completed; then it returns the stored result. The body ran once; the caller gets the result.
+    redelivery reaches the other worker and finds the task RUNNING under a live lease:
+    ``retry`` re-publishes it every ``busy_countdown`` until the first delivery completed, then
+    returns the stored result; ``skip`` drops it; ``wait`` blocks the slot with the redelivery
+    unacknowledged, so a wait longer than the timeout stops that worker too and the message
+    goes to a third. In every case the body ran once and the caller gets the first result.
     """
     only_on(broker, "rabbitmq", "consumer_timeout is RabbitMQ's (Redis has the visibility timeout)")
-    server = start_server("rabbitmq", config={"consumer_timeout": "2000"})  # checked every second
+    server = request.getfixturevalue("short_consumer_timeout")
+    task = {"retry": celery_app_module.hold, "skip": celery_app_module.hold_skip,
+            "wait": celery_app_module.hold_wait}[on_busy]
+    key = {"retry": "hold-ct", "skip": "hold-skip-ct", "wait": "hold-wait-ct"}[on_busy]
+    timed_out = "delivery acknowledgement on channel"
     backend = app.conf.result_backend
     point_at(server.url, backend)
-    hold = celery_app_module.hold
     try:
         w1, w2 = workers("w1", broker_url=server.url), workers("w2", broker_url=server.url)
         workers.ready(w1, w2)
-        result = hold.apply_async(("ct",))
-        pid = running_owner_pid("hold-ct")
+        result = task.apply_async(("ct",))
+        pid = running_owner_pid(key)
         first, other = (w1, w2) if w1.owns(pid) else (w2, w1)
         assert first.owns(pid)
         # The redelivery found the task running: a duplicate attempt of the same Celery task id.
-        wait_for(lambda: Attempt.objects.filter(task__key="hold-ct", outcome="duplicate",
+        wait_for(lambda: Attempt.objects.filter(task__key=key, outcome="duplicate",
                                                 delivery_id=result.id).exists(), 60, "the redelivery")
-        assert "delivery acknowledgement on channel" in first.output()  # the consumer timeout fired
-        Effect.objects.create(task_key="release:hold-ct", token=0, worker="test")
+        assert timed_out in first.output()  # the consumer timeout fired
+        if on_busy == "wait":
+            wait_for(lambda: timed_out in other.output(), 60, "the waiting delivery to time out as well")
+            third = workers("w3", broker_url=server.url)
+            workers.ready(third)
+        Effect.objects.create(task_key=f"release:{key}", token=0, worker="test")
 
         value = result.get(timeout=60)
         assert value["token"] == 1 and value["pid"] == pid  # the first delivery's completion landed
-        assert [e.token for e in effects("hold-ct")] == [1]
-        executed = [(a.token, a.outcome) for a in attempts("hold-ct") if a.token is not None]
+        assert [e.token for e in effects(key)] == [1]
+        executed = [(a.token, a.outcome) for a in attempts(key) if a.token is not None]
         assert executed == [(1, "succeeded")]
-        assert all(a.delivery_id == result.id for a in attempts("hold-ct"))
-        assert Task.objects.get(key="hold-ct").result == value
+        assert all(a.delivery_id == result.id for a in attempts(key))
+        assert Task.objects.get(key=key).result == value
         first.proc.wait(30)  # Celery's reaction to the closed channel: the worker exits
-        assert other.proc.poll() is None, other.output()
+        if on_busy == "wait":
+            other.proc.wait(30)
+            # The third worker got the message last: it found the stored result.
+            wait_for(lambda: len(attempts(key)) >= 3, 30, "the third delivery")
+        else:
+            assert other.proc.poll() is None and timed_out not in other.output(), other.output()
     finally:
         point_at(broker.url, backend)
-        server.stop()
