@@ -24,6 +24,21 @@ app.conf.include = ["tests.procs_celery"]
 if os.environ.get("TASKCLAIM_TEST_BROKER_URL"):
     app.conf.broker_url = os.environ["TASKCLAIM_TEST_BROKER_URL"]
 
+
+def quorum_queue(name: str, delivery_limit: int) -> object:
+    """A RabbitMQ quorum queue that dead-letters a message returned more than ``delivery_limit``
+    times into the classic queue ``<name>-dead`` (where a test can count it)."""
+    from kombu import Queue
+
+    return Queue(name, queue_arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": delivery_limit,
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": f"{name}-dead"})
+
+
+if os.environ.get("TASKCLAIM_TEST_QUORUM_QUEUE"):  # "name:limit", for a worker that reads it
+    _name, _limit = os.environ["TASKCLAIM_TEST_QUORUM_QUEUE"].split(":")
+    app.conf.task_queues = [quorum_queue(_name, int(_limit))]
+
 LEASE = 2.0
 
 
@@ -91,6 +106,17 @@ def hold_skip(self, name: str, timeout: float = 120.0) -> dict[str, object]:
 def hold_wait(self, name: str, timeout: float = 120.0) -> dict[str, object]:
     """Held until released by the test; a busy delivery blocks its slot (``on_busy="wait"``)."""
     return _hold(self, name, timeout)
+
+
+@claimed_task(key="poison-{name}", lease=1, on_busy="wait", max_attempts=3, app=app, bind=True)
+def kills_its_worker(self, name: str) -> None:
+    """A poison message: each execution records an Effect, then its worker child dies."""
+    import signal
+
+    from tests.testapp.models import Effect
+
+    Effect.objects.create(task_key=self.claim.key, token=self.claim.token, worker=f"{os.getpid()}")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _record_refusals(**kwargs: object) -> None:

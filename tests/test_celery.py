@@ -50,7 +50,8 @@ point_at = celery_app_module.point_at
 from tests.procs_celery import always_fails  # noqa: E402
 
 QUEUE = "celery"  # the default queue (a Redis list, a RabbitMQ queue, of that name)
-QUEUES = (QUEUE, "a", "b", "later")  # every queue a test uses: emptied before each test
+# Every queue a test uses: emptied before each test.
+QUEUES = (QUEUE, "a", "b", "later", "poison-1", "poison-1-dead", "poison-5", "poison-5-dead")
 BROKERS = [b for b in os.environ.get(
     "TASKCLAIM_TEST_BROKERS",
     "redis,rabbitmq" if settings.DATABASES["default"]["ENGINE"].endswith("postgresql") else "redis",
@@ -518,3 +519,38 @@ def test_task_outliving_the_consumer_timeout_runs_once(broker: Broker, workers: 
             assert other.proc.poll() is None and timed_out not in other.output(), other.output()
     finally:
         point_at(broker.url, backend)
+
+
+@pytest.mark.parametrize("delivery_limit", [1, 5])
+def test_quorum_delivery_limit_or_max_attempts_ends_a_poison_message(
+        workers: Any, broker: Broker, delivery_limit: int) -> None:
+    """A message that kills its worker child every time, on a quorum queue. RabbitMQ counts
+    the returns of the message (``x-delivery-limit``), the database counts the claims
+    (``max_attempts=3``); ``on_busy="wait"`` makes every redelivery wait out the dead
+    child's lease and claim the task itself, so both count the same executions. The lower
+    one ends it: a delivery limit of 1 dead-letters the message after two executions, the
+    task left unfinished; with 5, the third claim is the last and the task ends FAILED."""
+    from kombu import Connection
+
+    only_on(broker, "rabbitmq", "quorum queues are RabbitMQ's")
+    queue = f"poison-{delivery_limit}"
+    dead = f"{queue}-dead"
+    with Connection(broker.url) as conn:  # the dead-letter queue, where a test can count
+        conn.channel().queue_declare(dead, durable=True, auto_delete=False)
+    w = workers("w1", queues=queue, TASKCLAIM_TEST_QUORUM_QUEUE=f"{queue}:{delivery_limit}")
+    workers.ready(w)
+    task = celery_app_module.kills_its_worker
+    result = task.apply_async(("q",), queue=celery_app_module.quorum_queue(queue, delivery_limit))
+
+    if delivery_limit == 1:
+        wait_for(lambda: broker.length(dead) == 1, 60, "RabbitMQ to dead-letter the message")
+        row = Task.objects.get(key="poison-q")
+        assert row.status == "running" and row.attempts == 2  # unfinished: reclaim's to repair
+    else:
+        wait_for(lambda: Task.objects.filter(key="poison-q", status="failed").exists(), 60,
+                 "max_attempts to end the task")
+        result.get(timeout=30, propagate=False)
+        assert result.state == "FAILURE" and "TaskFailed" in (result.traceback or "")
+        assert broker.length(dead) == 0 and broker.length(queue) == 0
+        assert Task.objects.get(key="poison-q").attempts == 3
+    assert len(effects("poison-q")) == min(delivery_limit + 1, 3)
