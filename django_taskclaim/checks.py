@@ -95,11 +95,12 @@ W105 = ("django_taskclaim.W105", "RabbitMQ's consumer_timeout ({timeout:g}s{sour
         "the claim keeps the body from running twice, but the worker is lost.")
 W106 = ("django_taskclaim.W106", "Quorum queue {queue!r} has x-delivery-limit {limit} but claimed task "
         "{task} allows max_attempts {attempts}.",
-        "Set x-delivery-limit (deliveries after the first) to at least max_attempts, or lower "
-        "max_attempts: whichever is lower ends a message that keeps killing its worker. When "
-        "RabbitMQ's limit comes first it drops (or dead-letters) the message while the task stays "
-        "unfinished in the database, until 'reclaim --requeue' sends it again; when max_attempts "
-        "comes first the task ends FAILED and every later delivery raises TaskFailed.")
+        "Set x-delivery-limit to at least max_attempts, or lower max_attempts: whichever is lower "
+        "ends a message that keeps killing its worker. When RabbitMQ's limit comes first it drops "
+        "(or dead-letters) the message while the task stays unfinished in the database, until "
+        "'reclaim --requeue' sends it again; when max_attempts comes first the task ends FAILED "
+        "and every later delivery raises TaskFailed. (A busy retry publishes a new message, so "
+        "RabbitMQ counts only the returns that found the task free.)")
 
 
 def _error(spec: tuple[str, str, str], **fmt: Any) -> checks.Error:

@@ -50,7 +50,6 @@ CELERY_LABELS = [
     ("worker_died_on_broker_loss", "workers that died of a broker loss (restarted)"),
     ("worker_stopped_on_consumer_timeout", "workers stopped by RabbitMQ's consumer_timeout"),
 ]
-COUNTED = ("requeued", "worker_died_on_broker_loss", "worker_stopped_on_consumer_timeout")
 
 
 def children(pid: int) -> list[int]:
@@ -310,11 +309,13 @@ def run_celery(args: argparse.Namespace) -> int:
         end = lines.index("run") - 1
         tried = {"terminate": f"  (of {log.faults['terminate_tried']} tried)"}
         labels = dict(CELERY_LABELS)
+        counted = ["requeued", "worker_died_on_broker_loss"]
         if args.broker == "rabbitmq":
             labels["broker_restart"] = "SIGKILL of rabbitmq-server, started again on its data"
+            counted.append("worker_stopped_on_consumer_timeout")
         lines[start:end] = [f"  {labels[kind]:<56} {log.faults.get(kind, 0):>8}{tried.get(kind, '')}"
                             for kind, _ in CELERY_LABELS
-                                            if kind in [*harness.kinds, *COUNTED]]
+                                            if kind in [*harness.kinds, *counted]]
         return "\n".join(lines)
 
     return drive(harness, args, render,
