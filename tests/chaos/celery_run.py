@@ -49,6 +49,7 @@ CELERY_LABELS = [
     ("requeued", "messages re-sent by the sweeper"),
     ("worker_died_on_broker_loss", "workers that died of a broker loss (restarted)"),
     ("worker_stopped_on_consumer_timeout", "workers stopped by RabbitMQ's consumer_timeout"),
+    ("worker_hung_after_broker_loss", "workers killed after a hung warm shutdown (broker lost)"),
 ]
 
 
@@ -64,6 +65,17 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.split("/")[2]))
     return found
+
+
+def proc_state(pid: int) -> str:
+    """A process's state letter and kernel wait channel (for a report on a hung worker)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/wchan") as f:
+            return f"{state}/{f.read().strip() or '-'}"
+    except OSError:
+        return "gone"
 
 
 class CeleryHarness(Harness):
@@ -260,7 +272,20 @@ class CeleryHarness(Harness):
             try:
                 worker.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.log.errors.append(f"celery worker {worker.tag} did not stop; killed")
+                states = ", ".join(f"{pid}:{proc_state(pid)}" for pid in [worker.pid, *children(worker.pid)])
+                with open(os.path.join(self.rundir, f"{worker.tag}.log")) as f:
+                    lost_broker = "Connection to broker lost" in f.read()
+                if lost_broker:
+                    # Seen once in seven short RabbitMQ runs, under load: a worker that
+                    # reconnected after the broker was killed does not finish its warm
+                    # shutdown. Its tasks are all settled in the database (the checker below
+                    # decides); counted and reported like the Redis transport's exits.
+                    self.log.faults["worker_hung_after_broker_loss"] += 1
+                    print(f"  celery worker {worker.tag} did not stop after a broker loss; killed "
+                          f"(process states {states})", flush=True)
+                else:
+                    self.log.errors.append(f"celery worker {worker.tag} did not stop; killed "
+                                           f"(process states {states})")
                 os.killpg(worker.pid, signal.SIGKILL)
                 worker.proc.wait()
         for path in sorted(glob.glob(os.path.join(self.events_dir, "*.jsonl"))):
@@ -309,7 +334,7 @@ def run_celery(args: argparse.Namespace) -> int:
         end = lines.index("run") - 1
         tried = {"terminate": f"  (of {log.faults['terminate_tried']} tried)"}
         labels = dict(CELERY_LABELS)
-        counted = ["requeued", "worker_died_on_broker_loss"]
+        counted = ["requeued", "worker_died_on_broker_loss", "worker_hung_after_broker_loss"]
         if args.broker == "rabbitmq":
             labels["broker_restart"] = "SIGKILL of rabbitmq-server, started again on its data"
             counted.append("worker_stopped_on_consumer_timeout")
