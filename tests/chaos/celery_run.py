@@ -98,6 +98,7 @@ class CeleryHarness(Harness):
             self.broker = RedisServer().start()
         self.app: Any = None
         self.task: Any = None
+        self.restarting: threading.Thread | None = None  # RabbitMQ boots for seconds: in a thread
 
     def setup(self) -> None:
         os.environ.update(CHAOS_BROKER_URL=self.broker.url, CHAOS_LEASE=str(self.opts.lease),
@@ -200,8 +201,12 @@ class CeleryHarness(Harness):
             self.log.faults[kind] += 1
         elif kind == "broker_restart":
             if self.broker_kind == "rabbitmq":
+                if self.restarting is not None and self.restarting.is_alive():
+                    return  # still booting from the last one
                 self.broker.kill()  # a crash: what it had not written down is gone
-                self.broker.start()
+                # The node takes seconds to boot: the nemesis goes on meanwhile.
+                self.restarting = threading.Thread(target=self.start_broker, daemon=True)
+                self.restarting.start()
             else:
                 self.broker.restart()
             self.log.faults[kind] += 1
@@ -250,9 +255,20 @@ class CeleryHarness(Harness):
             time.sleep(0.05)  # the nemesis's tick
         self.log.chaos_seconds = time.monotonic() - start
 
+    def start_broker(self) -> None:
+        try:
+            self.broker.start()
+        except RuntimeError as exc:
+            self.log.errors.append(f"rabbitmq-server did not start again: {exc}")
+
+    def broker_up(self) -> None:
+        if self.restarting is not None:
+            self.restarting.join(120)
+
     def quiet(self) -> None:
         from django_taskclaim.models import Task
 
+        self.broker_up()
         self.resume_due(everyone=True)
         start = time.monotonic()
         limit = self.opts.quiet if self.opts.quiet is not None else max(90.0, 30 * self.opts.lease)
@@ -295,6 +311,7 @@ class CeleryHarness(Harness):
                         self.log.events.append(json.loads(line))
 
     def teardown(self, ok: bool) -> None:
+        self.broker_up()
         self.resume_due(everyone=True)
         for worker in self.workers:
             if worker.alive():
