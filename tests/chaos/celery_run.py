@@ -48,6 +48,7 @@ CELERY_LABELS = [
     ("terminate", "pg_terminate_backend of a worker's sessions"),
     ("requeued", "messages re-sent by the sweeper"),
     ("worker_died_on_broker_loss", "workers that died of a broker loss (restarted)"),
+    ("worker_died_on_pool_start", "workers Celery ended as a pool process died at start"),
     ("worker_stopped_on_consumer_timeout", "workers stopped by RabbitMQ's consumer_timeout"),
     ("worker_hung_in_shutdown", "workers killed after a hung warm shutdown"),
 ]
@@ -143,12 +144,15 @@ class CeleryHarness(Harness):
                         # RabbitMQ closed the channel of a delivery unacknowledged past
                         # consumer_timeout (a paused pool process): Celery stops the worker.
                         self.log.faults["worker_stopped_on_consumer_timeout"] += 1
+                    elif "Could not start worker processes" in log:
+                        # Celery ends the worker when a pool process dies while the worker
+                        # starts or reconnects to its broker (the nemesis killed one). The
+                        # worker exits and its supervisor restarts it: counted, not ours.
+                        self.log.faults["worker_died_on_pool_start"] += 1
                     elif "Unrecoverable error" in log and lost_broker(log):
                         # Celery/kombu's Redis transport sometimes gives up after the broker
-                        # went away twice (celery/celery#8030, #10205); on RabbitMQ, a pool
-                        # process killed while the worker reconnects ends it with "Could not
-                        # start worker processes". The worker exits and its supervisor
-                        # restarts it. Counted, not a violation of ours.
+                        # went away twice (celery/celery#8030, #10205): the worker exits and
+                        # its supervisor restarts it. Counted, not a violation of ours.
                         self.log.faults["worker_died_on_broker_loss"] += 1
                     else:
                         self.log.errors.append(f"celery worker {worker.tag} exited with code "
@@ -360,7 +364,8 @@ def run_celery(args: argparse.Namespace) -> int:
         end = lines.index("run") - 1
         tried = {"terminate": f"  (of {log.faults['terminate_tried']} tried)"}
         labels = dict(CELERY_LABELS)
-        counted = ["requeued", "worker_died_on_broker_loss", "worker_hung_in_shutdown"]
+        counted = ["requeued", "worker_died_on_broker_loss", "worker_died_on_pool_start",
+                   "worker_hung_in_shutdown"]
         if args.broker == "rabbitmq":
             labels["broker_restart"] = "SIGKILL of rabbitmq-server, started again on its data"
             counted.append("worker_stopped_on_consumer_timeout")
