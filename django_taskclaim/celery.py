@@ -60,6 +60,10 @@ REQUEUE_AFTER = 300.0
 #: Brokers that hide an unacknowledged message for a while and then deliver it again, with
 #: kombu's default visibility timeout in seconds.
 VISIBILITY_TIMEOUT_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+#: Brokers speaking AMQP 0-9-1 (RabbitMQ), whose ``consumer_timeout`` closes the channel of a
+#: delivery left unacknowledged for too long, and RabbitMQ's default for it in seconds.
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
+CONSUMER_TIMEOUT_DEFAULT = 1800.0
 
 KeySpec = str | TaskKey | Callable[..., "str | TaskKey"]
 
@@ -141,16 +145,49 @@ def import_task_modules(app: Celery) -> None:
         importlib.import_module(name)
 
 
-def visibility_timeout(app: Celery) -> float | None:
-    """Seconds after which the broker delivers an unacknowledged message again, if it does."""
+def broker_scheme(app: Celery) -> str:
+    """The scheme of the app's (first) broker URL: ``redis``, ``amqp``, ``sqs``…"""
     url = app.conf.broker_url or ""
     if isinstance(url, list | tuple):
         url = url[0] if url else ""
-    scheme = str(url).split("://", 1)[0].split("+", 1)[0].lower()
+    if not url:
+        return "amqp"  # Celery's default broker
+    return str(url).split("://", 1)[0].split("+", 1)[0].split(";", 1)[0].lower()
+
+
+def visibility_timeout(app: Celery) -> float | None:
+    """Seconds after which the broker delivers an unacknowledged message again, if it does."""
+    scheme = broker_scheme(app)
     if scheme not in VISIBILITY_TIMEOUT_DEFAULTS:
         return None
     options = app.conf.broker_transport_options or {}
     return float(options.get("visibility_timeout", VISIBILITY_TIMEOUT_DEFAULTS[scheme]))
+
+
+def queue_arguments(app: Celery, queue: str | None) -> dict[str, Any]:
+    """The ``x-`` arguments the app declares ``queue`` with (its default queue when ``None``)."""
+    name = queue or app.conf.task_default_queue
+    # Built afresh from the configuration: app.amqp.queues is cached on first use.
+    declared = app.amqp.Queues(app.conf.task_queues).get(name)
+    if declared is None:
+        return {}
+    return {**(declared.queue_arguments or {}), **(declared.consumer_arguments or {})}
+
+
+def consumer_timeout(app: Celery, queue: str | None = None) -> tuple[float, bool] | None:
+    """RabbitMQ's ``consumer_timeout`` for ``queue`` in seconds, and whether the app sets it.
+
+    ``None`` for brokers other than RabbitMQ. A queue or consumer argument
+    ``x-consumer-timeout`` (milliseconds; RabbitMQ 3.12+) is read from ``task_queues``. The
+    server-wide ``consumer_timeout`` of ``rabbitmq.conf`` cannot be read by a client: without
+    the argument, RabbitMQ's default (30 minutes) is assumed, with ``False``.
+    """
+    if broker_scheme(app) not in AMQP_SCHEMES:
+        return None
+    value = queue_arguments(app, queue).get("x-consumer-timeout")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value) / 1000, True
+    return CONSUMER_TIMEOUT_DEFAULT, False
 
 
 # -- options of a claimed task -------------------------------------------------------------
@@ -462,14 +499,21 @@ class ClaimedTask(Task):
 def busy_countdown(opts: ClaimOptions, app: Celery) -> float:
     """Seconds before a busy delivery looks again: ``busy_countdown``, else ``lease / 2`` (0.5-30 s).
 
-    Always below half the broker's visibility timeout: a message waiting for its ETA sits
-    unacknowledged in the worker, and past the timeout the broker would deliver it once more.
+    Always below half the broker's visibility timeout (Redis, SQS) or consumer timeout
+    (RabbitMQ, when ``task_queues`` sets ``x-consumer-timeout``): a message waiting for its
+    ETA sits unacknowledged in the worker, and past the timeout the broker would deliver it
+    once more (RabbitMQ also closes the worker's channel).
     """
     countdown = opts.busy_countdown
     if countdown is None:
         countdown = max(0.5, min(opts.lease_seconds / 2, 30.0))
     vt = visibility_timeout(app)
-    return countdown if vt is None else min(countdown, vt / 2)
+    if vt is not None:
+        countdown = min(countdown, vt / 2)
+    ct = consumer_timeout(app, opts.celery_options.get("queue"))
+    if ct is not None and ct[1]:
+        countdown = min(countdown, ct[0] / 2)
+    return countdown
 
 
 def claimed_task(
@@ -730,6 +774,7 @@ def _publish(app: Celery, name: str, dispatch: dict[str, Any]) -> None:
 
 
 __all__ = [
-    "ClaimOptions", "ClaimedTask", "Enqueued", "Requeued", "busy_countdown", "celery_app", "claimed_task",
-    "claimed_tasks", "enqueue_once", "import_task_modules", "in_use", "requeue_lost", "visibility_timeout",
+    "ClaimOptions", "ClaimedTask", "Enqueued", "Requeued", "broker_scheme", "busy_countdown", "celery_app",
+    "claimed_task", "claimed_tasks", "consumer_timeout", "enqueue_once", "import_task_modules", "in_use",
+    "queue_arguments", "requeue_lost", "visibility_timeout",
 ]

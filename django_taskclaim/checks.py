@@ -17,6 +17,10 @@ ID                     Problem
 ``django_taskclaim.W103``  Celery: a claimed task runs with ``reject_on_worker_lost`` off.
 ``django_taskclaim.W104``  Celery: the broker's visibility timeout is not longer than the
                            longest lease or time limit of a claimed task.
+``django_taskclaim.W105``  Celery on RabbitMQ: ``consumer_timeout`` is not longer than the
+                           longest time limit of a claimed task with ``acks_late``.
+``django_taskclaim.W106``  Celery on RabbitMQ: a quorum queue's ``x-delivery-limit`` is lower
+                           than the ``max_attempts`` of a claimed task on it.
 =====================  ====================================================================
 
 The Celery checks (1xx) run only when the bridge is in use: some ``claimed_task`` is defined
@@ -74,8 +78,9 @@ W101 = ("django_taskclaim.W101", "Celery acks_late is off for claimed task(s): {
         "(only 'reclaim --requeue' brings it back).")
 W102 = ("django_taskclaim.W102", "Celery worker_prefetch_multiplier is {value}.",
         "Set CELERY_WORKER_PREFETCH_MULTIPLIER = 1: prefetched messages wait unacknowledged behind "
-        "a busy worker slot, where a Redis/SQS visibility timeout delivers them a second time and a "
-        "crash of that worker delays all of them.")
+        "a busy worker slot, where a Redis/SQS visibility timeout delivers them a second time, where "
+        "RabbitMQ's consumer_timeout runs for them too (closing the worker's channel), and a crash of "
+        "that worker delays all of them.")
 W103 = ("django_taskclaim.W103", "Celery reject_on_worker_lost is off for claimed task(s): {tasks}.",
         "Set CELERY_TASK_REJECT_ON_WORKER_LOST = True: with acks_late, a message whose worker "
         "process was killed is then requeued instead of acknowledged as failed; the claim makes the "
@@ -85,6 +90,23 @@ W104 = ("django_taskclaim.W104", "The broker's visibility_timeout ({timeout:g}s)
         "Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above the longest time limit "
         "(set time_limit on long tasks): an unacknowledged message older than the timeout is "
         "delivered again while the first delivery still runs.")
+
+
+W105 = ("django_taskclaim.W105", "RabbitMQ's consumer_timeout ({timeout:g}s{source}) is not longer than "
+        "the time limit ({longest:g}s) of claimed task {task}, which acknowledges late.",
+        "Raise consumer_timeout above the longest time limit: in rabbitmq.conf (consumer_timeout, "
+        "in ms; a client cannot read it) or per queue with the 'x-consumer-timeout' argument in "
+        "CELERY_TASK_QUEUES (RabbitMQ 3.12+). A delivery unacknowledged for longer makes RabbitMQ "
+        "close the worker's channel (Celery's worker then stops) and deliver the message again; "
+        "the claim keeps the body from running twice, but the worker is lost.")
+W106 = ("django_taskclaim.W106", "Quorum queue {queue!r} has x-delivery-limit {limit} but claimed task "
+        "{task} allows max_attempts {attempts}.",
+        "Set x-delivery-limit to at least max_attempts, or lower max_attempts: whichever is lower "
+        "ends a message that keeps killing its worker. When RabbitMQ's limit comes first it drops "
+        "(or dead-letters) the message while the task stays unfinished in the database, until "
+        "'reclaim --requeue' sends it again; when max_attempts comes first the task ends FAILED "
+        "and every later delivery raises TaskFailed. (A busy retry publishes a new message, so "
+        "RabbitMQ counts only the returns that found the task free.)")
 
 
 def _error(spec: tuple[str, str, str], **fmt: Any) -> checks.Error:
@@ -183,6 +205,7 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                                                   "task_time_limit", "task_soft_time_limit")}
         prefetch = conf.worker_prefetch_multiplier
         timeout = bridge.visibility_timeout(app)
+        rabbitmq = _rabbitmq_messages(bridge, app, bridge.claimed_tasks(), defaults)
     except (ImproperlyConfigured, ImportError) as exc:
         return [_error(E101, problem=f"{type(exc).__name__}: {exc}")]
 
@@ -214,6 +237,36 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                 worst = (longest, what, spec.label)
         if worst is not None:
             messages.append(_warning(W104, timeout=timeout, longest=worst[0], what=worst[1], task=worst[2]))
+    return messages + rabbitmq
+
+
+def _rabbitmq_messages(bridge: Any, app: Any, specs: list[Any], defaults: dict[str, Any]) -> list[checks.CheckMessage]:
+    """W105/W106: RabbitMQ's consumer timeout and quorum delivery limit against the claimed tasks."""
+    if bridge.broker_scheme(app) not in bridge.AMQP_SCHEMES:
+        return []
+    messages: list[checks.CheckMessage] = []
+    worst: tuple[float, str, float, bool] | None = None  # (limit, task, timeout, timeout set by the app)
+    short: tuple[str, int, str, int] | None = None  # (queue, limit, task, max_attempts)
+    for spec in specs:
+        queue = spec.celery_options.get("queue")
+        if spec.celery_options.get("acks_late", defaults["task_acks_late"]):
+            timeout, known = bridge.consumer_timeout(app, queue)
+            limits = [spec.celery_options.get(option, defaults[setting]) for option, setting in
+                      (("time_limit", "task_time_limit"), ("soft_time_limit", "task_soft_time_limit"))]
+            longest = max((float(v) for v in limits if v), default=0.0)
+            if longest and longest >= timeout and (worst is None or longest > worst[0]):
+                worst = (longest, spec.label, timeout, known)
+        args = bridge.queue_arguments(app, queue)
+        limit = args.get("x-delivery-limit")
+        if args.get("x-queue-type") == "quorum" and isinstance(limit, int) and not isinstance(limit, bool):
+            attempts = spec.max_attempts or settings.MAX_ATTEMPTS
+            if limit < attempts and (short is None or attempts - limit > short[3] - short[1]):
+                short = (queue or app.conf.task_default_queue, limit, spec.label, attempts)
+    if worst is not None:
+        source = ", x-consumer-timeout" if worst[3] else ", RabbitMQ's default: the server's setting cannot be read"
+        messages.append(_warning(W105, timeout=worst[2], source=source, longest=worst[0], task=worst[1]))
+    if short is not None:
+        messages.append(_warning(W106, queue=short[0], limit=short[1], task=short[2], attempts=short[3]))
     return messages
 
 

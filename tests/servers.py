@@ -1,4 +1,4 @@
-"""Throwaway PostgreSQL and Redis servers on 127.0.0.1 for tests, the harness and benchmarks.
+"""Throwaway PostgreSQL, Redis and RabbitMQ servers on 127.0.0.1 for tests, the harness and benchmarks.
 
 Standard library only, so the test runner can use it before the virtualenv exists. As root,
 PostgreSQL runs as the ``postgres`` system user (or ``nobody``), because it refuses root.
@@ -10,10 +10,12 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from typing import Any
 
 
 def free_port() -> int:
@@ -164,6 +166,140 @@ class RedisServer:
         self.start()
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+RABBITMQ_SCRIPT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+
+class RabbitMQServer:
+    """A private RabbitMQ node on free ports, its data in a temporary folder.
+
+    Debian's ``rabbitmq-server`` (its ``/usr/lib/rabbitmq/bin`` scripts, not the service).
+    As root, the node runs as the ``rabbitmq`` user, which owns the folder. It gets its own
+    ``epmd`` (Erlang's port mapper) on a free port, started and stopped here, so nothing of it
+    outlives :meth:`stop`. ``config`` lines go to its ``rabbitmq.conf`` (e.g.
+    ``{"consumer_timeout": "5000"}``); ``advanced`` is an Erlang term list for settings the
+    ``.conf`` format lacks. ``channel_tick_interval`` (default 60 s, here 1 s) is how often a
+    channel looks for deliveries past ``consumer_timeout``.
+
+    A restart keeps the data folder: durable queues and their persistent messages (Celery's
+    defaults) survive it, unlike the queues of :class:`RedisServer`.
+    """
+
+    def __init__(self, config: dict[str, str] | None = None, advanced: str | None = None,
+                 channel_tick_interval: int = 1000) -> None:
+        if not os.path.exists(RABBITMQ_SCRIPT) or shutil.which("epmd") is None:
+            raise RuntimeError("rabbitmq-server not found; install Debian's 'rabbitmq-server' package")
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="taskclaim-rabbitmq-")
+        self.node = f"taskclaim{self.port}@localhost"
+        self.config = {"listeners.tcp.1": f"127.0.0.1:{self.port}", "loopback_users": "none",
+                       "log.console": "true", "log.console.level": "warning", "log.file": "false",
+                       **(config or {})}
+        self.advanced = advanced or f"[{{rabbit, [{{channel_tick_interval, {channel_tick_interval}}}]}}]."
+        self.user: str | None = None
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("rabbitmq")
+            except KeyError:
+                raise RuntimeError("running as root and no 'rabbitmq' user to run RabbitMQ") from None
+            self.user = "rabbitmq"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.epmd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.dir, "server.log")
+
+    def _env(self) -> dict[str, str]:
+        d = self.dir
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": d, "LANG": "C.UTF-8",
+            "RABBITMQ_NODENAME": self.node, "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "ERL_EPMD_PORT": str(self.epmd_port), "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_MNESIA_BASE": os.path.join(d, "mnesia"), "RABBITMQ_LOG_BASE": os.path.join(d, "log"),
+            "RABBITMQ_CONFIG_FILE": os.path.join(d, "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": os.path.join(d, "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(d, "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": os.path.join(d, "rabbitmq-env.conf"),
+            "RABBITMQ_PID_FILE": os.path.join(d, "rabbitmq.pid"),
+        }
+
+    def _prepare(self) -> None:
+        d = self.dir
+        for sub in ("mnesia", "log"):
+            os.makedirs(os.path.join(d, sub), exist_ok=True)
+        with open(os.path.join(d, "rabbitmq.conf"), "w") as f:
+            f.writelines(f"{k} = {v}\n" for k, v in self.config.items())
+        with open(os.path.join(d, "advanced.config"), "w") as f:
+            f.write(self.advanced + "\n")
+        with open(os.path.join(d, "enabled_plugins"), "w") as f:
+            f.write("[].\n")
+        open(os.path.join(d, "rabbitmq-env.conf"), "w").close()  # noqa: SIM115 (empty file)
+        if self.user:
+            for root, dirs, files in os.walk(d):
+                for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                    shutil.chown(name, self.user, self.user)
+
+    def _popen(self, argv: list[str], out: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, cwd=self.dir, env=self._env(), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                user=self.user, group=self.user)
+
+    def start(self) -> RabbitMQServer:
+        self._prepare()
+        if self.epmd is None or self.epmd.poll() is not None:
+            self.epmd = self._popen(["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+                                    subprocess.DEVNULL)
+            _wait_for_port(self.epmd_port, time.monotonic() + 10, "epmd", self.epmd)
+        with open(self.log, "ab") as out:
+            self.proc = self._popen([RABBITMQ_SCRIPT], out)
+        try:
+            # The AMQP listener opens last, once the node has booted.
+            _wait_for_port(self.port, time.monotonic() + 90, "rabbitmq-server", self.proc)
+        except RuntimeError as exc:
+            with open(self.log, errors="replace") as f:
+                raise RuntimeError(f"{exc}; its log:\n{f.read()[-3000:]}") from None
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the node (a crash); unacknowledged deliveries go back to their queues."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def _stop_node(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the script forwards it: a clean stop
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self) -> None:
+        """Stop the node cleanly and start it again on the same ports and data."""
+        self._stop_node()
+        self.start()
+
+    def stop(self) -> None:
+        self._stop_node()
+        if self.epmd is not None and self.epmd.poll() is None:
+            self.epmd.terminate()
+            self.epmd.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RabbitMQServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

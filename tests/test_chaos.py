@@ -195,7 +195,8 @@ def test_short_run_fails_when_effects_are_not_fenced(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_short_celery_run_passes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_short_celery_run_passes(tmp_path: Path, broker: str) -> None:
     """Celery workers through the bridge, killed and paused, the broker restarted."""
     if not (ROOT / "django_taskclaim" / "celery.py").exists():
         pytest.skip("the Celery bridge (django_taskclaim/celery.py) is not in this checkout")
@@ -207,11 +208,13 @@ def test_short_celery_run_passes(tmp_path: Path) -> None:
 
     if shutil.which("redis-server") is None:
         requirement_missing("redis-server")
+    if broker == "rabbitmq" and not os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):
+        requirement_missing("rabbitmq-server")
     require_binaries()
-    code, out, report = chaos(tmp_path, "--celery", "--duration", "12", "--workers", "3",
-                              "--seed", "11", "--fault-interval", "0.8", timeout=240)
+    code, out, report = chaos(tmp_path, "--celery", "--broker", broker, "--duration", "12",
+                              "--workers", "3", "--seed", "11", "--fault-interval", "0.8", timeout=240)
     assert code == 0, out
-    assert report["ok"] and not report["violations"], out
+    assert report["ok"] and not report["violations"] and report["broker"] == broker, out
     for kind in ("pause", "kill", "kill_worker", "broker_restart"):
         assert report["faults"].get(kind, 0) > 0, f"{kind} never injected\n{out}"
     figures = report["figures"]

@@ -93,7 +93,9 @@ def parser() -> argparse.ArgumentParser:
                    help="workers write the effect outside fenced(): the checker must fail")
     p.add_argument("--celery", action="store_true",
                    help="run Celery workers through django_taskclaim.celery instead "
-                        "(needs redis-server)")
+                        "(needs redis-server, or rabbitmq-server with --broker rabbitmq)")
+    p.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
+                   help="broker of the Celery variant (default: %(default)s)")
     p.add_argument("--keep", action="store_true",
                    help="keep the run folder (worker logs) after a pass")
     p.add_argument("--report", default=None,

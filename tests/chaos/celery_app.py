@@ -3,7 +3,8 @@
 Configured from the environment the harness sets (``CHAOS_BROKER_URL``, ``CHAOS_LEASE``,
 ``CHAOS_VISIBILITY_TIMEOUT``, ``CHAOS_STEPS``, ``CHAOS_WORK_MS``, ``CHAOS_EVENTS``), with the
 settings the bridge recommends (acks late, reject on worker lost, prefetch 1) and a visibility
-timeout shorter than a pause, so that Redis redelivers messages of paused workers.
+timeout shorter than a pause, so that Redis redelivers messages of paused workers (on RabbitMQ
+the harness sets the server's ``consumer_timeout`` shorter than a pause to the same end).
 
 Each process appends its events (JSON lines) to ``$CHAOS_EVENTS/<pid>.jsonl``: the claims it
 got, and every fenced-off write it was refused (through the ``stale_write_refused`` signal).
