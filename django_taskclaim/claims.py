@@ -327,6 +327,12 @@ class Claim(AsyncClaimMixin):
                     if time.monotonic() >= deadline:
                         self._lose(exc)
                         return
+                    # A session the server dropped never works again: close it so the next
+                    # heartbeat opens a new one (whose lock-wait limit must be set again).
+                    conn = connections[self.using]
+                    conn.close_if_unusable_or_obsolete()
+                    if conn.connection is None:
+                        limited = not outer
         finally:
             if outer and limited:
                 self._limit_lock_waits(None)

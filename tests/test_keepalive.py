@@ -232,3 +232,26 @@ def test_keepalive_inside_atomic_holds_off_other_processes(spawn) -> None:  # ty
     assert all(r["owner"] == "me" for r in results)
     claim.complete("mine")
     assert Task.objects.get(key="job").owner == "me"
+
+
+def test_keepalive_reconnects_after_its_connection_is_dropped() -> None:
+    """A heartbeat connection killed by the server (failover, idle kill) is replaced, not retried to death."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("terminating a server session needs PostgreSQL")
+    claim = Task.objects.claim("job", lease=0.9).claim
+    seen = set()
+    with claim.keepalive():
+        wait_until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 2)
+        with connection.cursor() as cursor:  # every session but ours: the keepalive thread's
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] >= 1
+        seen.clear()
+        # Renewed several times after the drop, for longer than one lease: a new connection.
+        wait_until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 5)
+    assert not claim.lost.is_set(), claim.lost_reason
+    claim.complete("ok")
