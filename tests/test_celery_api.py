@@ -83,6 +83,8 @@ def test_claimed_task_refuses_bad_options() -> None:
         claimed_task(key=42)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_attempts"):
         claimed_task(key="x", max_attempts=0)
+    with pytest.raises(ValueError, match="too large"):  # the column holds 2**31 - 1: refused now
+        claimed_task(key="x", max_attempts=2**31)
     with pytest.raises(ValueError, match="'order' is not a parameter"):
         claimed_task(key="invoice-{order}")(lambda order_id: None)
     with pytest.raises(ValueError, match="no positional argument 1"):

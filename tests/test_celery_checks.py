@@ -58,6 +58,12 @@ def test_recommended_configuration_passes() -> None:
     assert checks.check_celery() == []
 
 
+def test_a_default_lease_out_of_bounds_is_reported_by_e005_not_a_crash() -> None:
+    with override_settings(TASKCLAIM_DEFAULT_LEASE=10**9):
+        assert "django_taskclaim.E005" in ids(checks.check_settings())
+        checks.check_celery()  # reads the leases of claimed tasks: must not raise
+
+
 def test_w101_acks_late_off() -> None:
     with app_conf(task_acks_late=False):
         (warning,) = checks.check_celery()
