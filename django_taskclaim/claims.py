@@ -474,12 +474,18 @@ def ensure_task(
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
     limit = _max_attempts(max_attempts)
     backend = get_backend(using)
-    with connections[using].cursor() as cursor:
-        row = backend.ensure(cursor, tenant=tenant, key=key, payload=stored, fingerprint=fp,
-                             max_attempts=limit, dispatch=dispatch_json)
-    if row is not None:
-        return backend.row_to_task(row, using), True
-    task = Task.objects.using(using).get(tenant=tenant, key=key)
+    # The row that made the insert conflict can be purged before the read below: insert again.
+    for _ in range(3):
+        with connections[using].cursor() as cursor:
+            row = backend.ensure(cursor, tenant=tenant, key=key, payload=stored, fingerprint=fp,
+                                 max_attempts=limit, dispatch=dispatch_json)
+        if row is not None:
+            return backend.row_to_task(row, using), True
+        task = Task.objects.using(using).filter(tenant=tenant, key=key).first()
+        if task is not None:
+            break
+    else:
+        raise TaskClaimError(f"task {key!r} (tenant {tenant!r}) kept vanishing under ensure(); try again")
     if fp and task.payload_fingerprint and task.payload_fingerprint != fp:
         raise PayloadMismatch(key, tenant, task.payload_fingerprint, fp)
     if fp and not task.payload_fingerprint:

@@ -56,6 +56,8 @@ def claimer(args: argparse.Namespace) -> None:
         key = f"k{n % args.keys}"
         n += 1
         try:
+            if args.ensure:  # as enqueue_once does: the row first, in its own statement
+                seen["ensured"] += Task.objects.ensure(key).key == key
             outcome = Task.objects.claim(key, owner=me, lease=30)
             if outcome.claimed:
                 assert outcome.claim is not None
@@ -229,6 +231,7 @@ def main() -> None:
     p = sub.add_parser("claimer")
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--keys", type=int, default=10)
+    p.add_argument("--ensure", action="store_true", help="ensure() each key before claiming it")
     p = sub.add_parser("drain")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--lease", type=float, default=60)

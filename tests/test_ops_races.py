@@ -74,7 +74,9 @@ def test_claims_racing_a_purge_loop_never_raise(spawn_ops: Spawn) -> None:
     """Claims of a few keys, done and purged over and over: a claim whose task vanished between
     its statements claims it afresh; none raises ``IntegrityError``, and every claim that lost
     saw the task running or succeeded (with its result)."""
-    claimers = [spawn_ops("claimer", "--seconds", "6", "--keys", "6") for _ in range(4)]
+    # Half of them ensure() first: its read after a conflicting insert can race the purge too.
+    claimers = [spawn_ops("claimer", "--seconds", "6", "--keys", "6", *(["--ensure"] if i % 2 else []))
+                for i in range(4)]
     purger = spawn_ops("operator", "purge", "--seconds", "6", "--backdate")
     exits = run_together([*claimers, purger])
     errors = all_errors(exits)
@@ -86,7 +88,7 @@ def test_claims_racing_a_purge_loop_never_raise(spawn_ops: Spawn) -> None:
     assert exits[-1]["runs"] > 10, exits[-1]  # the purge did run, over and over
     # Keys were claimed afresh after purges, and the other claims found them done.
     print("purge-race figures:", dict(counts), "purge runs:", exits[-1]["runs"])
-    assert counts["claimed"] > 6 and counts["succeeded"] > 0, counts
+    assert counts["claimed"] > 6 and counts["succeeded"] > 0 and counts["ensured"] > 0, counts
 
 
 # -- item: SQLite writers beside operator actions ----------------------------------------------
