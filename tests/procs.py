@@ -68,12 +68,28 @@ def drain(args: argparse.Namespace) -> None:
     emit(event="exit", done=done, stale=stale)
 
 
+def clock(args: argparse.Namespace) -> None:
+    """Lease decisions of a process whose clock may be faked: one JSON report of what it saw."""
+    from django_taskclaim.models import Task
+
+    me = f"faked-{os.getpid()}"
+    report: dict[str, object] = {"process_clock": time.time()}
+    report["live"] = sorted(Task.objects.live().values_list("key", flat=True))
+    report["expired"] = sorted(Task.objects.expired().values_list("key", flat=True))
+    report["claim_live"] = Task.objects.claim("key-live", owner=me, lease=30).claimed
+    report["claim_gone"] = Task.objects.claim("key-gone", owner=me, lease=30).claimed
+    report["claim_next"] = [c.key for c in Task.objects.claim_next(owner=me, lease=30, limit=10)]
+    report["reclaimed"] = Task.objects.reclaim_expired()
+    emit(**report)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="mode", required=True)
     p = sub.add_parser("race")
     p.add_argument("key")
     p.add_argument("--lease", type=float, default=30)
+    sub.add_parser("clock")
     p = sub.add_parser("drain")
     p.add_argument("--lease", type=float, default=30)
     p.add_argument("--work-ms", type=float, default=0)
@@ -81,7 +97,7 @@ def main() -> None:
     p.add_argument("--tag", default="w")
     args = parser.parse_args()
     setup()
-    {"race": race, "drain": drain}[args.mode](args)
+    {"race": race, "drain": drain, "clock": clock}[args.mode](args)
 
 
 if __name__ == "__main__":
