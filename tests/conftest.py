@@ -52,6 +52,30 @@ def spawn(worker_env):  # type: ignore[no-untyped-def]
         proc.wait()
 
 
+def db_now() -> dt.datetime:
+    """The database clock, read in SQL (exactly the expression the app compares leases with)."""
+    from django_taskclaim.backends import get_backend
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {get_backend('default').now}", [])  # params: the SQL has %% escapes
+        return get_backend("default").to_datetime(cursor.fetchone()[0])  # type: ignore[return-value]
+
+
+def lease_left(key: str) -> float:
+    """Seconds from the database clock to the task's lease expiry, both read in one statement.
+
+    Both values come back as datetimes and are subtracted exactly in Python (no float
+    ``julianday`` arithmetic), so the result is exact to the microsecond.
+    """
+    from django_taskclaim.backends import get_backend
+
+    backend = get_backend("default")
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT lease_expires_at, {backend.now} FROM django_taskclaim_task WHERE "key" = %s', [key])  # noqa: S608 (the clock expression)
+        expires, now = cursor.fetchone()
+    return (backend.to_datetime(expires) - backend.to_datetime(now)).total_seconds()  # type: ignore[operator]
+
+
 def expire(task_or_pk) -> None:  # type: ignore[no-untyped-def]
     """Move a running task's lease into the past, as if its owner stopped heartbeating long ago."""
     from django_taskclaim.models import Task

@@ -23,35 +23,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_taskclaim.backends import DbNowPlus, get_backend
+from django_taskclaim.backends import DbNowPlus
 from django_taskclaim.models import Attempt, Task
 from django_taskclaim.runner import run_once
-from tests.conftest import requirement_missing
+from tests.conftest import db_now, lease_left, requirement_missing
 
 pytestmark = pytest.mark.django_db
 
 SKEW = dt.timedelta(hours=2)
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-
-
-def db_now() -> dt.datetime:
-    """The database clock, read in SQL (exactly the expression the app compares leases with)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {get_backend('default').now}", [])  # params: the SQL has %% escapes
-        return get_backend("default").to_datetime(cursor.fetchone()[0])  # type: ignore[return-value]
-
-
-def lease_left(key: str) -> float:
-    """Seconds from the database clock to the task's lease expiry, both read in one statement.
-
-    Both values come back as datetimes and are subtracted exactly in Python (no float
-    ``julianday`` arithmetic), so the result is exact to the microsecond.
-    """
-    backend = get_backend("default")
-    with connection.cursor() as cursor:
-        cursor.execute(f'SELECT lease_expires_at, {backend.now} FROM django_taskclaim_task WHERE "key" = %s', [key])  # noqa: S608 (the clock expression)
-        expires, now = cursor.fetchone()
-    return (backend.to_datetime(expires) - backend.to_datetime(now)).total_seconds()  # type: ignore[operator]
 
 
 @pytest.fixture(params=[SKEW, -SKEW], ids=["ahead", "behind"])
