@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
-from django.db import connection
 
 from django_taskclaim import TaskKey, run_once
 from django_taskclaim.exceptions import (
@@ -17,7 +18,7 @@ from django_taskclaim.exceptions import (
     TaskFailed,
 )
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import expire
+from tests.conftest import expire, lease_left
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db
@@ -326,14 +327,20 @@ def test_ensure_creates_pending_once() -> None:
     assert again.pk == task.pk and Task.objects.count() == 1
 
 
-def test_claims_use_the_database_clock(settings) -> None:  # type: ignore[no-untyped-def]
+def test_claims_use_the_database_clock(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The lease runs 30 s from the database clock, whatever this process's clock says.
+
+    Python's clock is moved an hour ahead, so a lease computed from it would be ~3630 s away by
+    the database clock. Expiry and the database's now are read in one statement and subtracted
+    exactly (no float ``julianday`` arithmetic), so the upper bound holds to the microsecond.
+    """
+    from django.utils import timezone
+
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=1))
     claim = claim_of("job", lease=30)
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT lease_expires_at - statement_timestamp() FROM django_taskclaim_task")
-            remaining = cursor.fetchone()[0].total_seconds()
-        else:
-            cursor.execute("SELECT (julianday(lease_expires_at) - julianday('now')) * 86400 FROM django_taskclaim_task")
-            remaining = cursor.fetchone()[0]
+    remaining = lease_left("job")
     assert 25 < remaining <= 30
+    # By the (skewed) process clock the same lease looks an hour over: the clocks are told apart.
+    assert (claim.lease_expires_at - timezone.now()).total_seconds() < -3500
     claim.release()
