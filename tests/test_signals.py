@@ -111,9 +111,12 @@ def worker(args: argparse.Namespace) -> None:
             assert claim is not None
             n = int(key.rsplit("-", 1)[1])
             if claim.token == 1 and n % 3 == 0:
-                # The first owner stalls past its lease: another worker takes over, and
-                # this one's completion is refused (a fenced-off write).
-                time.sleep(args.lease * 2.5)
+                # The first owner stalls past its lease until another worker has taken over
+                # (the token moved on), so this one's completion is refused (a fenced-off write).
+                until = time.monotonic() + 30
+                while Task.objects.filter(pk=claim.task_id, fencing_token=claim.token).exists():
+                    assert time.monotonic() < until, f"nobody took {key} over"
+                    time.sleep(0.02)  # a poll of the task row, with the deadline above
             elif claim.token == 1 and n % 3 == 1:
                 claim.fail("first attempt fails", retry=True)
                 continue
