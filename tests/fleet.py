@@ -21,12 +21,26 @@ class Fleet:
         self.events: queue.Queue[tuple[subprocess.Popen[str], Event]] = queue.Queue()
         self.procs: list[subprocess.Popen[str]] = []
         self.log: list[tuple[int, Event]] = []
+        self.readers: list[threading.Thread] = []
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         proc = self.spawn(*args)
         self.procs.append(proc)
-        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+        reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        reader.start()
+        self.readers.append(reader)
         return proc
+
+    def go(self, timeout: float = 60) -> None:
+        """Wait until every worker said ready, then release them all at once (``--go`` workers)."""
+        ready: set[int] = set()
+        while len(ready) < len(self.procs):
+            proc, _ = self.wait_for(lambda p, e: e["event"] == "ready" and p.pid not in ready, timeout)
+            ready.add(proc.pid)
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
 
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
@@ -62,7 +76,9 @@ class Fleet:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"worker {proc.pid} did not finish in time") from None
-        while self.next_event(0.05):
+        for reader in self.readers:  # every line the workers printed is queued...
+            reader.join(max(0.1, deadline - time.monotonic()))
+        while self.next_event(0):  # ...and now logged
             pass
 
     def stderr_of_failures(self) -> str:

@@ -46,6 +46,8 @@ def drain(args: argparse.Namespace) -> None:
     me = f"{args.tag}-{os.getpid()}"
     done = stale = 0
     emit(event="ready", pid=os.getpid())
+    if args.go:
+        sys.stdin.readline()  # start together with the others: the first claims race
     while True:
         claims = Task.objects.claim_next(owner=me, lease=args.lease, limit=args.batch)
         if not claims:
@@ -95,6 +97,7 @@ def main() -> None:
     p.add_argument("--work-ms", type=float, default=0)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tag", default="w")
+    p.add_argument("--go", action="store_true", help="wait for a line on stdin after 'ready'")
     args = parser.parse_args()
     setup()
     {"race": race, "drain": drain, "clock": clock}[args.mode](args)

@@ -55,6 +55,27 @@ def test_sixteen_processes_race_for_one_key_and_one_wins(spawn) -> None:  # type
     assert Counter(Attempt.objects.values_list("outcome", flat=True)) == {"running": 1, "duplicate": 15}
 
 
+def assert_handed_out_once(fleet: Fleet, n: int) -> None:
+    """Under a lease far longer than the run, every task was handed out exactly once.
+
+    Checked from what the workers were given (each ``(task, token)`` once, every token 1, so no
+    task ever had two owners) and from the database (no attempt taken over, no write fenced
+    off): a queue that handed one task to two callers shows up here even when fencing kept the
+    effects exactly once.
+    """
+    handed = Counter((e["key"], e["token"]) for _, e in fleet.log if e["event"] == "claimed")
+    twice = {k: c for k, c in handed.items() if c > 1}
+    assert not twice, f"(task, token) handed out more than once: {twice}"
+    per_task = Counter(key for key, _ in handed)
+    again = {k: c for k, c in per_task.items() if c > 1}
+    assert not again, f"tasks handed to more than one owner: {again}"
+    assert len(per_task) == n and {token for _, token in handed} == {1}
+    assert [e for _, e in fleet.log if e["event"] == "stale"] == []
+    assert not Attempt.objects.filter(outcome="taken_over").exists()
+    assert (Attempt.objects.aggregate(n=Sum("stale_writes"))["n"] or 0) == 0
+    assert Attempt.objects.filter(token__isnull=False).count() == n
+
+
 def test_four_processes_drain_a_thousand_tasks_exactly_once(spawn) -> None:  # type: ignore[no-untyped-def]
     make_tasks(1000)
     fleet = Fleet(spawn)
@@ -63,9 +84,24 @@ def test_four_processes_drain_a_thousand_tasks_exactly_once(spawn) -> None:  # t
     fleet.join(timeout=240)
     assert all(p.returncode == 0 for p in fleet.procs), fleet.stderr_of_failures()
     assert_exactly_once(1000)
+    assert_handed_out_once(fleet, 1000)
     done = [e["done"] for _, e in fleet.log if e["event"] == "exit"]
     assert sum(done) == 1000 and len(done) == 4
     assert Attempt.objects.filter(outcome="succeeded").count() == 1000
+
+
+def test_racing_claim_next_callers_never_share_a_task(spawn) -> None:  # type: ignore[no-untyped-def]
+    """Six processes released together call ``claim_next`` one task at a time on one queue."""
+    n = 400
+    make_tasks(n)
+    fleet = Fleet(spawn)
+    for i in range(6):
+        fleet.start("drain", "--lease", "60", "--batch", "1", "--tag", f"r{i}", "--go")
+    fleet.go()
+    fleet.join(timeout=240)
+    assert all(p.returncode == 0 for p in fleet.procs), fleet.stderr_of_failures()
+    assert_handed_out_once(fleet, n)
+    assert_exactly_once(n)
 
 
 def test_chaos_pauses_past_the_lease_and_kills_never_double_or_lose_work(spawn) -> None:  # type: ignore[no-untyped-def]
