@@ -85,6 +85,61 @@ def clock(args: argparse.Namespace) -> None:
     emit(**report)
 
 
+def fenced_owner(args: argparse.Namespace) -> None:
+    """Claim, enter ``fenced()``, say so, and wait for a line on stdin before writing and committing."""
+    from django_taskclaim.exceptions import StaleClaim
+    from django_taskclaim.models import Task
+    from tests.testapp.models import Effect
+
+    me = f"owner-{os.getpid()}"
+    claim = Task.objects.claim(args.key, owner=me, lease=args.lease).claim
+    assert claim is not None
+    try:
+        with claim.fenced():
+            emit(event="inside", token=claim.token)
+            sys.stdin.readline()  # held here, after the token check and before the commit
+            Effect.objects.create(task_key=claim.key, token=claim.token, worker=me)
+            claim.complete({"by": me})
+        emit(event="committed", token=claim.token)
+    except StaleClaim:
+        emit(event="stale", token=claim.token)
+
+
+def _lock_wait(seconds: float) -> None:
+    """How long this connection waits for a lock held by another (PostgreSQL row lock, SQLite write lock)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
+        else:
+            cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+
+
+def taker(args: argparse.Namespace) -> None:
+    """Claim a key whose lease expired: first with a short lock wait, to tell whether someone holds
+    the row (``blocked``), then waiting as long as it takes; do the effect inside ``fenced()``."""
+    from django.db import OperationalError
+
+    from django_taskclaim.models import Task
+    from tests.testapp.models import Effect
+
+    me = f"taker-{os.getpid()}"
+    _lock_wait(0.3)
+    try:
+        outcome = Task.objects.claim(args.key, owner=me, lease=args.lease)
+    except OperationalError as exc:  # the lock is held: wait for it now
+        emit(event="blocked", error=str(exc)[:200])
+        _lock_wait(120)
+        outcome = Task.objects.claim(args.key, owner=me, lease=args.lease)
+    if outcome.claim is not None:
+        claim = outcome.claim
+        with claim.fenced():
+            Effect.objects.create(task_key=claim.key, token=claim.token, worker=me)
+            claim.complete({"by": me})
+    emit(event="done", claimed=outcome.claimed, token=outcome.task.fencing_token, status=outcome.task.status)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -92,6 +147,10 @@ def main() -> None:
     p.add_argument("key")
     p.add_argument("--lease", type=float, default=30)
     sub.add_parser("clock")
+    for mode in ("fenced-owner", "taker"):
+        p = sub.add_parser(mode)
+        p.add_argument("key")
+        p.add_argument("--lease", type=float, default=30)
     p = sub.add_parser("drain")
     p.add_argument("--lease", type=float, default=30)
     p.add_argument("--work-ms", type=float, default=0)
@@ -100,7 +159,7 @@ def main() -> None:
     p.add_argument("--go", action="store_true", help="wait for a line on stdin after 'ready'")
     args = parser.parse_args()
     setup()
-    {"race": race, "drain": drain, "clock": clock}[args.mode](args)
+    {"race": race, "drain": drain, "clock": clock, "fenced-owner": fenced_owner, "taker": taker}[args.mode](args)
 
 
 if __name__ == "__main__":
