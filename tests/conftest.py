@@ -21,6 +21,16 @@ def requirement_missing(what: str) -> None:
     pytest.skip(f"{what} is not installed")
 
 
+def require_module(module: str, what: str) -> None:
+    """Import ``module`` or report ``what`` missing: a skip locally, a failure in CI."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        requirement_missing(what)
+
+
 @pytest.fixture
 def worker_env() -> dict[str, str]:
     """Environment for a child process that should use the test database."""

@@ -286,7 +286,9 @@ def test_attempt_links_to_celery_result(operator, settings) -> None:  # type: ig
     from django.apps import apps
 
     if not apps.is_installed("django_celery_results"):
-        pytest.skip("django_celery_results is not in INSTALLED_APPS")
+        from tests.conftest import requirement_missing
+
+        requirement_missing("django-celery-results (in INSTALLED_APPS)")
     from django_celery_results.models import TaskResult
 
     stored = TaskResult.objects.create(task_id="celery-id-1", status="SUCCESS")

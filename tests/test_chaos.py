@@ -198,14 +198,13 @@ def test_short_run_fails_when_effects_are_not_fenced(tmp_path: Path) -> None:
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_short_celery_run_passes(tmp_path: Path, broker: str) -> None:
     """Celery workers through the bridge, killed and paused, the broker restarted."""
-    if not (ROOT / "django_taskclaim" / "celery.py").exists():
-        pytest.skip("the Celery bridge (django_taskclaim/celery.py) is not in this checkout")
     if DB != "postgresql":
         pytest.skip("run on PostgreSQL only (kept to the CI budget)")
     import shutil
 
-    from tests.conftest import requirement_missing
+    from tests.conftest import require_module, requirement_missing
 
+    require_module("django_taskclaim.celery", "the Celery bridge (pip install 'django-taskclaim[celery]')")
     if shutil.which("redis-server") is None:
         requirement_missing("redis-server")
     if broker == "rabbitmq" and not os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):

@@ -24,7 +24,7 @@ from django.test import override_settings
 
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import ROOT, expire, requirement_missing
+from tests.conftest import ROOT, expire, require_module, requirement_missing
 
 SHORT = ["--jobs", "6", "--agents", "3", "--work-seconds", "0.4", "--steps", "3", "--lease", "1"]
 
@@ -125,7 +125,7 @@ def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_demo_through_real_celery_workers_and_redis(tmp_path: Path) -> None:
-    pytest.importorskip("django_taskclaim.celery", reason="the Celery bridge is not installed")
+    require_module("django_taskclaim.celery", "the Celery bridge (pip install 'django-taskclaim[celery]')")
     from tests.servers import RedisServer
 
     if shutil.which("redis-server") is None:
