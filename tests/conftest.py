@@ -18,7 +18,7 @@ def requirement_missing(what: str) -> None:
     """Skip locally when a server binary is missing; fail in CI, where everything must run."""
     if os.environ.get("CI"):
         pytest.fail(f"{what} is required in CI")
-    pytest.skip(f"{what} is not installed")
+    pytest.skip(f"{what} is not installed", allow_module_level=True)  # usable at import time too
 
 
 def require_module(module: str, what: str) -> None:

@@ -330,7 +330,9 @@ def test_purge_and_reclaim_json() -> None:
 
 
 def test_reclaim_requeue_dry_run_lists_what_it_would_send() -> None:
-    pytest.importorskip("celery")
+    from tests.conftest import require_module
+
+    require_module("celery", "celery (pip install 'django-taskclaim[celery]')")
     from django_taskclaim.claims import ensure
 
     dispatch = {"task": "tests.celery_app.work", "task_id": "msg-lost", "args": ["a"], "kwargs": {}}

@@ -15,7 +15,7 @@ from django_taskclaim import run_once
 from django_taskclaim.checks import check_settings
 from django_taskclaim.exceptions import InvalidResult, TaskFailed
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import expire
+from tests.conftest import expire, require_module
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,7 +114,7 @@ def test_e006_bad_encoder(value: object, problem: str) -> None:
     assert error.id == "django_taskclaim.E006" and problem in error.msg and error.hint
 
 
-celery = pytest.importorskip("celery")
+require_module("celery", "celery (pip install 'django-taskclaim[celery]')")
 
 from django_taskclaim.celery import claimed_task  # noqa: E402
 
