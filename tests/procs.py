@@ -62,6 +62,25 @@ def race(args: argparse.Namespace) -> None:
          status=outcome.task.status, owner=outcome.task.owner)
 
 
+def request(args: argparse.Namespace) -> None:
+    """Connect, say ready, wait for 'go', then POST ``args.path`` through Django's whole handler.
+
+    The test client runs the request as a server would (middleware, ATOMIC_REQUESTS, the
+    request_finished signal that ends the connection); the response is reported.
+    """
+    from django.db import connections
+    from django.test import Client
+
+    from django_taskclaim.conf import settings
+
+    connections[settings.DATABASE].ensure_connection()
+    emit(event="ready", pid=os.getpid())
+    sys.stdin.readline()
+    response = Client().post(args.path)
+    end_unit()
+    emit(event="response", status=response.status_code, body=response.json())
+
+
 def drain(args: argparse.Namespace) -> None:
     """Claim tasks queue-style until none is unfinished; each effect written inside fenced()."""
     from django_taskclaim.exceptions import StaleClaim
@@ -131,12 +150,14 @@ def main() -> None:
     p.add_argument("--work-ms", type=float, default=0)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tag", default="w")
+    p = sub.add_parser("request")
+    p.add_argument("path")
     p = sub.add_parser("cycles")
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--prefix", default="cycle")
     args = parser.parse_args()
     setup()
-    {"race": race, "drain": drain, "cycles": cycles}[args.mode](args)
+    {"race": race, "drain": drain, "cycles": cycles, "request": request}[args.mode](args)
 
 
 if __name__ == "__main__":
