@@ -53,8 +53,9 @@ def race(args: argparse.Namespace) -> None:
     from django_taskclaim.conf import settings
     from django_taskclaim.models import Task
 
-    connections[settings.DATABASE].ensure_connection()
-    emit(event="ready", pid=os.getpid())
+    db = connections[settings.DATABASE]
+    db.ensure_connection()
+    emit(event="ready", pid=os.getpid(), autocommit=db.get_autocommit())
     sys.stdin.readline()
     outcome = Task.objects.claim(args.key, lease=args.lease, owner=f"racer-{os.getpid()}")
     end_unit()

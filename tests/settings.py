@@ -8,6 +8,7 @@ processes started by the tests set ``TASKCLAIM_TEST_DB_NAME`` to the test databa
 
 import os
 import tempfile
+from typing import Any
 
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
 DEBUG = False
@@ -51,7 +52,7 @@ else:
 # ---- The configuration matrix (tests/configurations.py; docs/configurations.md) -------------
 # TASKCLAIM_TEST_CONFIG names one supported Django setup; worker processes inherit it.
 TEST_CONFIG = os.environ.get("TASKCLAIM_TEST_CONFIG", "default")
-_default = DATABASES["default"]
+_default: dict[str, Any] = DATABASES["default"]
 if "TASKCLAIM_TEST_PREPARED" in os.environ:  # "0" or "1": a test's child process, either way
     TASKCLAIM_PREPARED_STATEMENTS = os.environ["TASKCLAIM_TEST_PREPARED"] == "1"
 if TEST_CONFIG == "pool":
@@ -71,7 +72,7 @@ elif TEST_CONFIG == "atomic_requests":
 elif TEST_CONFIG == "second_db":
     # The task table (and the effects fenced() writes with it) in "tasks"; everything else in
     # "default". Worker processes get the test database's name in TASKCLAIM_TEST_TASKS_DB_NAME.
-    _tasks = {**_default, "OPTIONS": dict(_default.get("OPTIONS", {})), "TEST": dict(_default["TEST"])}
+    _tasks: dict[str, Any] = {**_default, "OPTIONS": dict(_default.get("OPTIONS", {})), "TEST": dict(_default["TEST"])}
     if DB_VENDOR == "sqlite":
         _tasks["NAME"] = _path + ".tasks"
         _tasks["TEST"]["NAME"] = _path + ".tasks.test"

@@ -84,7 +84,18 @@ def test_the_configuration_is_in_effect() -> None:
 
 def test_the_system_checks_pass() -> None:
     """The documented settings of each configuration raise no check of django-taskclaim."""
-    assert checks.check_database() == [] and checks.check_settings() == []
+    assert checks.check_database() == [] and checks.check_settings() == [] and checks.check_pooler() == []
+
+
+def test_workers_run_as_the_configuration_says(spawn) -> None:  # type: ignore[no-untyped-def]
+    """The race workers of test_concurrency.py turn autocommit off where the configuration says so."""
+    proc = spawn("race", "probe")
+    ready = json.loads(proc.stdout.readline())
+    assert ready["autocommit"] is (CONFIG != "autocommit_off"), (ready, proc.stderr.read())
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["claimed"] and proc.wait(60) == 0
+    assert Task.objects.get(key="probe").status == "running"  # committed by the worker
 
 
 # ---- ATOMIC_REQUESTS (and every other configuration): views raced by processes --------------

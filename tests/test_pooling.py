@@ -1,6 +1,6 @@
-"""Prepared statements under Django's connection pool and server-side binding (PostgreSQL).
+"""Prepared statements under Django's connection pool, server-side binding and poolers.
 
-Each test runs a worker process in the named configuration (tests/settings.py) against the
+The cycle tests run a worker process in the named configuration (tests/settings.py) against the
 test database: 40 claim + complete cycles, each ended like a request (the connection closed,
 with a pool: handed back, so the next cycle may run on another server session).
 """
@@ -10,17 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.test import override_settings
 
+from django_taskclaim import checks
 from django_taskclaim.models import Task
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def _postgresql_only() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only")
+postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only")
 
 
 def run_cycles(spawn, config: str, prepared: bool, n: int = 40) -> dict:  # type: ignore[no-untyped-def]
@@ -31,6 +27,9 @@ def run_cycles(spawn, config: str, prepared: bool, n: int = 40) -> dict:  # type
     return json.loads(out.strip().splitlines()[-1])
 
 
+@postgresql_only
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("config", ["pool", "server_side_binding"])
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "plain"])
 def test_claim_complete_cycles_all_succeed(spawn, config: str, prepared: bool) -> None:  # type: ignore[no-untyped-def]
@@ -41,3 +40,29 @@ def test_claim_complete_cycles_all_succeed(spawn, config: str, prepared: bool) -
     assert (report["ok"], report["failed"]) == (40, 0), report["errors"]
     assert Task.objects.filter(key__startswith=f"{config}-", status="succeeded").count() == 40
 
+
+
+@pytest.fixture
+def behind_transaction_pooler(monkeypatch):  # type: ignore[no-untyped-def]
+    """The task database as Django's docs set it up behind PgBouncer in transaction mode."""
+    db = connections["default"]
+    monkeypatch.setattr(type(db), "vendor", "postgresql")
+    monkeypatch.setitem(db.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+
+
+@pytest.mark.usefixtures("behind_transaction_pooler")
+@override_settings(TASKCLAIM_PREPARED_STATEMENTS=True)
+def test_e010_prepared_statements_behind_a_transaction_mode_pooler() -> None:
+    (error,) = checks.check_pooler()
+    assert error.id == "django_taskclaim.E010" and "'default'" in error.msg
+    assert "TASKCLAIM_PREPARED_STATEMENTS = False" in error.hint
+
+
+@pytest.mark.usefixtures("behind_transaction_pooler")
+@override_settings(TASKCLAIM_PREPARED_STATEMENTS=False)
+def test_e010_silent_with_the_documented_setting() -> None:
+    assert checks.check_pooler() == []
+
+
+def test_e010_silent_without_a_transaction_mode_pooler() -> None:
+    assert checks.check_pooler() == []  # prepared statements on, as by default: fine here
