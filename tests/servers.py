@@ -362,12 +362,14 @@ class PgBouncerServer:
                 # would keep it busy, so close them quickly.
                 "server_idle_timeout = 1\nserver_lifetime = 3600\n"
                 "ignore_startup_parameters = extra_float_digits,options\n"
+                "log_connections = 0\nlog_disconnections = 0\n"
                 f"logfile = {self.log}\npidfile = {os.path.join(self.dir, 'pgbouncer.pid')}\n"
             )
         argv = [self.binary, ini]
         if self.user:
             argv[1:1] = ["-u", self.user]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Not a pipe: PgBouncer logs every login to stderr too, and would block once it filled.
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for_port(self.port, time.monotonic() + 20, "pgbouncer", self.proc)
         return self
 

@@ -66,7 +66,7 @@ elif TEST_CONFIG == "pgbouncer":
     # with the settings docs/configurations.md asks for.
     _default["PORT"] = os.environ.get("TASKCLAIM_TEST_PGBOUNCER_PORT", "6432")
     _default["DISABLE_SERVER_SIDE_CURSORS"] = True
-    TASKCLAIM_PREPARED_STATEMENTS = False
+    TASKCLAIM_PREPARED_STATEMENTS = os.environ.get("TASKCLAIM_TEST_PREPARED") == "1"  # "1": to see it fail
 elif TEST_CONFIG == "atomic_requests":
     _default["ATOMIC_REQUESTS"] = True
 elif TEST_CONFIG == "second_db":

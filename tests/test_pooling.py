@@ -66,3 +66,45 @@ def test_e010_silent_with_the_documented_setting() -> None:
 
 def test_e010_silent_without_a_transaction_mode_pooler() -> None:
     assert checks.check_pooler() == []  # prepared statements on, as by default: fine here
+
+
+def forget_prepared_statements() -> None:
+    """Make the library believe this session prepared nothing, as a new client of a pooler does."""
+    from django_taskclaim.backends import postgresql
+
+    postgresql._prepared_in(connection.connection).clear()
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_session_that_already_has_the_statements_is_used_as_is() -> None:
+    # A session-mode pooler without DISCARD ALL hands a new client a session that prepared the
+    # statements before: PREPARE says "already exists" (it failed every such claim before).
+    Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
+    forget_prepared_statements()
+    outcome = Task.objects.claim("second", owner="w")
+    assert outcome.claim is not None
+    outcome.claim.complete()
+    assert Task.objects.get(key="second").status == Task.Status.SUCCEEDED
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_aborted_transaction() -> None:
+    """With autocommit off the failed EXECUTE aborted the caller's transaction: report that error."""
+    from django.db import DatabaseError, transaction
+
+    Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
+    transaction.set_autocommit(False)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        with pytest.raises(DatabaseError, match="does not exist"):
+            Task.objects.claim("second", owner="w")
+        transaction.rollback()
+        assert Task.objects.claim("second", owner="w").claimed  # prepared again in the new transaction
+        transaction.commit()
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+    assert Task.objects.get(key="second").status == Task.Status.RUNNING

@@ -59,6 +59,20 @@ def _prepared_in(raw: Any) -> set[str]:
         return names
 
 
+_UNDEFINED_STATEMENT = "26000"  # prepared statement "…" does not exist
+_DUPLICATE_STATEMENT = "42P05"  # prepared statement "…" already exists
+
+
+def _sqlstate(exc: DatabaseError) -> str | None:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", getattr(cause, "pgcode", None))
+
+
+def _outside_transaction(db: Any) -> bool:
+    """Whether a failed statement on ``db`` aborted no transaction (autocommit, no atomic block)."""
+    return bool(db.get_autocommit()) and not db.in_atomic_block
+
+
 def _binds_on_server(db: Any) -> bool:
     """Whether Django runs this connection's queries with server-side binding (Django 4.2+ option)."""
     return db.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
@@ -114,12 +128,13 @@ class PostgreSQLBackend(Backend):
         try:
             cursor.execute(execute_sql, params)
         except DatabaseError as exc:
-            # Someone ran DISCARD ALL / DEALLOCATE on this session: prepare again, once, where a
-            # failed statement did not abort an enclosing transaction.
-            cause = exc.__cause__
-            if getattr(cause, "sqlstate", getattr(cause, "pgcode", None)) != "26000" or db.in_atomic_block:
+            # Someone ran DISCARD ALL / DEALLOCATE on this session: prepare again, at once where
+            # the failed statement aborted no transaction of the caller's, else at the next call.
+            if _sqlstate(exc) != _UNDEFINED_STATEMENT:
                 raise
             _prepared_in(db.connection).clear()
+            if not _outside_transaction(db):
+                raise
             self._prepare(db, name, prepare_sql)
             cursor.execute(execute_sql, params)
 
@@ -129,8 +144,15 @@ class PostgreSQLBackend(Backend):
         if name not in prepared:
             # On the DB-API cursor: an internal, once-per-session statement that query budgets
             # (assertNumQueries) do not count.
-            with db.wrap_database_errors, raw.cursor() as prep:
-                prep.execute(prepare_sql)
+            try:
+                with db.wrap_database_errors, raw.cursor() as prep:
+                    prep.execute(prepare_sql)
+            except DatabaseError as exc:
+                # The session already has it: one a pooler handed over without DISCARD ALL (a
+                # session-mode PgBouncer with an empty server_reset_query). The name is a hash of
+                # the SQL, so it is this very statement. Inside a transaction the error aborted it.
+                if _sqlstate(exc) != _DUPLICATE_STATEMENT or not _outside_transaction(db):
+                    raise
             prepared.add(name)
 
     def columns(self, table: str = "") -> str:
