@@ -7,10 +7,13 @@ with a pool: handed back, so the next cycle may run on another server session).
 
 from __future__ import annotations
 
+import io
 import json
 
 import django
 import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import connection, connections
 from django.test import override_settings
 
@@ -111,3 +114,10 @@ def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_abor
         transaction.rollback()
         transaction.set_autocommit(True)
     assert Task.objects.get(key="second").status == Task.Status.RUNNING
+
+
+@pytest.mark.usefixtures("behind_transaction_pooler")
+@override_settings(TASKCLAIM_PREPARED_STATEMENTS=True)
+def test_e010_stops_manage_py_check() -> None:
+    with pytest.raises(SystemCheckError, match="E010"):
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
