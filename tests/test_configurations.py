@@ -7,6 +7,7 @@ others; the rest run everywhere, the default suite included.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import threading
@@ -167,6 +168,9 @@ def test_claims_fenced_writes_and_commands_use_the_task_database() -> None:
     call_command("taskclaim_audit", "--json", stdout=out)
     report = json.loads(out.getvalue())
     assert report["overlaps"]["count"] == 0 and report["stale_writes"]["count"] == 1, report
+    Task.objects.filter(key="invoice-1").update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    call_command("taskclaim_purge", "--older-than", "1d", stdout=io.StringIO())
+    assert list(Task.objects.using("tasks").values_list("key", flat=True)) == ["invoice-2"]
 
 
 # ---- Callers with autocommit off ------------------------------------------------------------
