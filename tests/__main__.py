@@ -86,19 +86,17 @@ def names_tests(pytest_args: list[str]) -> bool:
 
 def main() -> int:
     ensure_venv()
+    sys.path.insert(0, str(ROOT))
+    from tests.configurations import CONFIGS, CORE
+
     parser = argparse.ArgumentParser(prog="python3 -m tests", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", choices=("sqlite", "postgresql", "all"), default="all",
                         help="database(s) to run the suite on (default: %(default)s)")
-    parser.add_argument("--config", default="default",
-                        help="a configuration of tests/configurations.py, or 'all' for every one but "
-                             "the default (default: %(default)s)")
+    parser.add_argument("--config", choices=(*CONFIGS, "all"), default="default",
+                        help="a configuration of tests/configurations.py (docs/configurations.md), or "
+                             "'all' for every one but the default (default: %(default)s)")
     args, pytest_args = parser.parse_known_args()
-    sys.path.insert(0, str(ROOT))
-    from tests.configurations import CONFIGS, CORE
-
-    if args.config != "all" and args.config not in CONFIGS:
-        parser.error(f"--config must be 'all' or one of: {', '.join(CONFIGS)}")
     configs = [c for c in CONFIGS if c != "default"] if args.config == "all" else [args.config]
     dbs = ["sqlite", "postgresql"] if args.db == "all" else [args.db]
     runs = [(config, db) for config in configs for db in dbs if db in CONFIGS[config][0]]
