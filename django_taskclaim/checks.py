@@ -9,6 +9,9 @@ ID                     Problem
 ``django_taskclaim.E004``  ``TASKCLAIM_DATABASE`` names no configured database.
 ``django_taskclaim.E005``  A ``TASKCLAIM_*`` setting has the wrong type or range.
 ``django_taskclaim.E006``  ``TASKCLAIM_JSON_ENCODER`` is not an importable ``JSONEncoder``.
+``django_taskclaim.E010``  PostgreSQL behind a transaction-mode pooler (the database has
+                           ``DISABLE_SERVER_SIDE_CURSORS = True``) with
+                           ``TASKCLAIM_PREPARED_STATEMENTS`` on.
 ``django_taskclaim.W020``  SQLite's busy timeout (``OPTIONS["timeout"]``, 5 s by default) is
                            shorter than the recommended 30 s for concurrent workers.
 ``django_taskclaim.E101``  ``TASKCLAIM_CELERY_APP`` cannot be loaded.
@@ -70,6 +73,13 @@ W020 = ("django_taskclaim.W020", "SQLite database {alias!r} waits {timeout} for 
 E006 = ("django_taskclaim.E006", "{problem}",
         "Set TASKCLAIM_JSON_ENCODER to the dotted path of a json.JSONEncoder subclass, e.g. "
         "'django.core.serializers.json.DjangoJSONEncoder' (the default).")
+E010 = ("django_taskclaim.E010", "Database {alias!r} is set up for a transaction-mode connection pooler "
+        "(DISABLE_SERVER_SIDE_CURSORS = True) and TASKCLAIM_PREPARED_STATEMENTS is on.",
+        "Set TASKCLAIM_PREPARED_STATEMENTS = False. A pooler in transaction mode (PgBouncer's "
+        "pool_mode = transaction, and the like) runs each transaction on any server session, where "
+        "the statements django-taskclaim prepared in another session do not exist; PgBouncer 1.21's "
+        "max_prepared_statements covers protocol-level prepares only, not these. See "
+        "docs/configurations.md.")
 E101 = ("django_taskclaim.E101", "The Celery app cannot be loaded: {problem}",
         "Set TASKCLAIM_CELERY_APP to the dotted path of your Celery app, e.g. 'proj.celery.app'.")
 W101 = ("django_taskclaim.W101", "Celery acks_late is off for claimed task(s): {tasks}.",
@@ -148,6 +158,21 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         if (warning := _sqlite_timeout_warning(alias)) is not None:
             errors.append(warning)
     return errors
+
+
+def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Prepared statements cannot live behind a transaction-mode pooler (no query is made).
+
+    Django asks for ``DISABLE_SERVER_SIDE_CURSORS = True`` exactly there (PgBouncer in
+    transaction mode), so that setting is the sign; a session-mode pooler or Django's own pool
+    keeps a session per connection, where prepared statements work.
+    """
+    alias = settings.DATABASE
+    if alias not in django_settings.DATABASES or connections[alias].vendor != "postgresql":
+        return []
+    if connections[alias].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS") and settings.PREPARED_STATEMENTS:
+        return [_error(E010, alias=alias)]
+    return []
 
 
 _NUMERIC = {
@@ -273,4 +298,5 @@ def _rabbitmq_messages(bridge: Any, app: Any, specs: list[Any], defaults: dict[s
 def register() -> None:
     checks.register(check_database)
     checks.register(check_settings)
+    checks.register(check_pooler)
     checks.register(check_celery)

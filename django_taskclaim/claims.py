@@ -252,6 +252,11 @@ class Claim(AsyncClaimMixin):
         """
         refused = False
         nested = in_transaction(self.using)
+        db = connections[self.using]
+        if not db.get_autocommit() and not db.in_atomic_block:
+            # The caller turned autocommit off: the block joins its transaction, and the writes
+            # commit (or roll back) with the caller's commit() (or rollback()).
+            self._backend.join_callers_transaction(db)
         with transaction.atomic(using=self.using):
             with connections[self.using].cursor() as cursor:
                 owned = self._backend.lock(cursor, self.task_id, self.token)

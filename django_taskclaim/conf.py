@@ -24,10 +24,10 @@ Setting                              Type       Default       Meaning
 ``TASKCLAIM_POLL_INTERVAL``          float      ``0.5``       Seconds between polls of ``on_busy="wait"``.
 ``TASKCLAIM_PREPARED_STATEMENTS``    bool       ``True``      PostgreSQL: run the claim, heartbeat and
                                                               completion statements as prepared statements
-                                                              (planned once per connection). Set ``False``
-                                                              behind a pooler that does not keep them:
-                                                              PgBouncer in transaction mode before 1.21, or
-                                                              with ``max_prepared_statements = 0``.
+                                                              (planned once per server session). Set
+                                                              ``False`` behind a pooler in transaction mode
+                                                              (any PgBouncer version; check E010). Ignored
+                                                              with server-side binding.
 ``TASKCLAIM_CELERY_APP``             str        ``None``      Dotted path of the Celery app the bridge's
                                                               checks inspect (default: the project's app, as
                                                               ``celery -A proj`` finds it;

@@ -6,6 +6,11 @@ environment it starts a throwaway PostgreSQL server on 127.0.0.1 for the run.
 
     python3 -m tests                      # both databases
     python3 -m tests --db sqlite -k claim # one database, pytest options after
+    python3 -m tests --config pool        # the core concurrency tests in one configuration
+    python3 -m tests --config all         # ... in every configuration (tests/configurations.py)
+
+A configuration other than ``default`` runs the core concurrency tests unless test paths are
+given, on the databases it applies to; ``pgbouncer`` starts a PgBouncer in front of PostgreSQL.
 """
 
 from __future__ import annotations
@@ -44,37 +49,66 @@ def ensure_venv(extras: str = "dev") -> None:
     os.execv(str(venv_python()), [str(venv_python()), *sys.orig_argv[1:]])
 
 
-def run_pytest(db: str, pytest_args: list[str]) -> int:
-    from tests.servers import PostgresServer
+def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
+    from tests.servers import PgBouncerServer, PostgresServer
 
-    env = dict(os.environ, TASKCLAIM_TEST_DB=db, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TASKCLAIM_TEST_DB=db, TASKCLAIM_TEST_CONFIG=config, PYTHONPATH=str(ROOT))
     # A file of its own per run, so that two runs on one machine never share a database.
-    sqlite_file = os.path.join(tempfile.gettempdir(), f"taskclaim-tests-{os.getpid()}.sqlite3")
+    sqlite_file = os.path.join(tempfile.gettempdir(), f"taskclaim-tests-{os.getpid()}-{config}.sqlite3")
     env.setdefault("TASKCLAIM_TEST_SQLITE", sqlite_file)
-    server = None
+    server = bouncer = None
     if db == "postgresql" and "PGHOST" not in os.environ:
         server = PostgresServer().start()
         env.update(server.env)
         print(f"started PostgreSQL on 127.0.0.1:{server.port}", flush=True)
+    if config == "pgbouncer" and db == "postgresql":
+        bouncer = PgBouncerServer(int(env.get("PGPORT", "5432"))).start()
+        env["TASKCLAIM_TEST_PGBOUNCER_PORT"] = str(bouncer.port)
+        print(f"started PgBouncer (transaction pooling) on 127.0.0.1:{bouncer.port}", flush=True)
+        # Keep the test database at the end: PgBouncer's idle server sessions would make
+        # DROP DATABASE fail, and the throwaway server goes anyway.
+        pytest_args = ["--reuse-db", *pytest_args]
     try:
-        print(f"\n===== tests on {db} =====", flush=True)
+        label = db if config == "default" else f"{db}, configuration {config}"
+        print(f"\n===== tests on {label} =====", flush=True)
         return subprocess.call([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env)
     finally:
+        if bouncer is not None:
+            bouncer.stop()
         if server is not None:
             server.stop()
 
 
+def names_tests(pytest_args: list[str]) -> bool:
+    """Whether the pytest arguments name test files or folders (else a configuration runs CORE)."""
+    return any(not a.startswith("-") and (ROOT / a.split("::")[0]).exists() for a in pytest_args)
+
+
 def main() -> int:
     ensure_venv()
+    sys.path.insert(0, str(ROOT))
+    from tests.configurations import CONFIGS, CORE
+
     parser = argparse.ArgumentParser(prog="python3 -m tests", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", choices=("sqlite", "postgresql", "all"), default="all",
                         help="database(s) to run the suite on (default: %(default)s)")
+    parser.add_argument("--config", choices=(*CONFIGS, "all"), default="default",
+                        help="a configuration of tests/configurations.py (docs/configurations.md), or "
+                             "'all' for every one but the default (default: %(default)s)")
     args, pytest_args = parser.parse_known_args()
-    sys.path.insert(0, str(ROOT))
+    configs = [c for c in CONFIGS if c != "default"] if args.config == "all" else [args.config]
     dbs = ["sqlite", "postgresql"] if args.db == "all" else [args.db]
-    results = {db: run_pytest(db, pytest_args) for db in dbs}
-    print("\n" + "  ".join(f"{db}: {'ok' if code == 0 else f'FAILED (exit {code})'}" for db, code in results.items()))
+    runs = [(config, db) for config in configs for db in dbs if db in CONFIGS[config][0]]
+    if not runs:
+        parser.error(f"configuration {args.config!r} does not apply to {args.db}")
+    results = {}
+    for config, db in runs:
+        selected = pytest_args if config == "default" or names_tests(pytest_args) else [*pytest_args, *CORE]
+        label = db if config == "default" else f"{config}/{db}"
+        results[label] = run_pytest(db, selected, config)
+    print("\n" + "  ".join(f"{label}: {'ok' if code == 0 else f'FAILED (exit {code})'}"
+                           for label, code in results.items()))
     return 0 if all(code == 0 for code in results.values()) else 1
 
 

@@ -34,12 +34,29 @@ def require_module(module: str, what: str) -> None:
 @pytest.fixture
 def worker_env() -> dict[str, str]:
     """Environment for a child process that should use the test database."""
-    return dict(
+    from django.db import connections
+
+    env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="tests.settings",
         TASKCLAIM_TEST_DB_NAME=str(connection.settings_dict["NAME"]),
         PYTHONPATH=str(ROOT),
     )
+    if "tasks" in connections:  # the second_db configuration
+        env["TASKCLAIM_TEST_TASKS_DB_NAME"] = str(connections["tasks"].settings_dict["NAME"])
+    return env
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With a second database (the second_db configuration), database tests may use both."""
+    from django.conf import settings
+
+    if len(settings.DATABASES) < 2:
+        return
+    for item in items:
+        marker = item.get_closest_marker("django_db")
+        if marker is not None and "databases" not in marker.kwargs:
+            item.add_marker(pytest.mark.django_db(*marker.args, **marker.kwargs, databases="__all__"), append=False)
 
 
 @pytest.fixture

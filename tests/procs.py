@@ -17,6 +17,29 @@ def setup() -> None:
     import django
 
     django.setup()
+    if os.environ.get("TASKCLAIM_TEST_CONFIG") == "autocommit_off":
+        from django.db import connections, transaction
+
+        for alias in connections:
+            transaction.set_autocommit(False, using=alias)
+
+
+def end_unit() -> None:
+    """End one unit of work as the configuration's callers do (tests/configurations.py).
+
+    Autocommit off: the caller commits what it did. A connection pool: the connection goes back
+    to the pool, as at the end of a request, so the next unit may run on another session.
+    """
+    from django.conf import settings
+    from django.db import connections, transaction
+
+    config = os.environ.get("TASKCLAIM_TEST_CONFIG")
+    if config == "autocommit_off":
+        for alias in connections:
+            transaction.commit(using=alias)
+    elif config == "pool":
+        for alias in settings.DATABASES:
+            connections[alias].close()
 
 
 def emit(**event: object) -> None:
@@ -25,16 +48,38 @@ def emit(**event: object) -> None:
 
 def race(args: argparse.Namespace) -> None:
     """Connect, say ready, wait for 'go' on stdin, then claim one key once."""
-    from django.db import connection
+    from django.db import connections
 
+    from django_taskclaim.conf import settings
     from django_taskclaim.models import Task
 
-    connection.ensure_connection()
-    emit(event="ready", pid=os.getpid())
+    db = connections[settings.DATABASE]
+    db.ensure_connection()
+    emit(event="ready", pid=os.getpid(), autocommit=db.get_autocommit())
     sys.stdin.readline()
     outcome = Task.objects.claim(args.key, lease=args.lease, owner=f"racer-{os.getpid()}")
+    end_unit()
     emit(event="done", claimed=outcome.claimed, token=outcome.task.fencing_token,
          status=outcome.task.status, owner=outcome.task.owner)
+
+
+def request(args: argparse.Namespace) -> None:
+    """Connect, say ready, wait for 'go', then POST ``args.path`` through Django's whole handler.
+
+    The test client runs the request as a server would (middleware, ATOMIC_REQUESTS, the
+    request_finished signal that ends the connection); the response is reported.
+    """
+    from django.db import connections
+    from django.test import Client
+
+    from django_taskclaim.conf import settings
+
+    connections[settings.DATABASE].ensure_connection()
+    emit(event="ready", pid=os.getpid())
+    sys.stdin.readline()
+    response = Client().post(args.path)
+    end_unit()
+    emit(event="response", status=response.status_code, body=response.json())
 
 
 def drain(args: argparse.Namespace) -> None:
@@ -50,6 +95,7 @@ def drain(args: argparse.Namespace) -> None:
         sys.stdin.readline()  # start together with the others: the first claims race
     while True:
         claims = Task.objects.claim_next(owner=me, lease=args.lease, limit=args.batch)
+        end_unit()
         if not claims:
             if not Task.objects.unfinished().exists():
                 break
@@ -67,6 +113,7 @@ def drain(args: argparse.Namespace) -> None:
             except StaleClaim:
                 stale += 1
                 emit(event="stale", key=claim.key, token=claim.token)
+            end_unit()
     emit(event="exit", done=done, stale=stale)
 
 
@@ -140,6 +187,31 @@ def taker(args: argparse.Namespace) -> None:
     emit(event="done", claimed=outcome.claimed, token=outcome.task.fencing_token, status=outcome.task.status)
 
 
+def cycles(args: argparse.Namespace) -> None:
+    """Claim and complete ``--n`` keys, ending each cycle like a request; report what failed.
+
+    Each cycle is claim, complete, ``end_unit()``, then ``connection.close()`` as at the end
+    of a request (with a pool: back to the pool). Errors are counted, not raised, so that the
+    test sees how many cycles a configuration breaks.
+    """
+    from django.db import DatabaseError, connections
+
+    from django_taskclaim.models import Task
+
+    ok, errors = 0, []
+    for i in range(args.n):
+        try:
+            outcome = Task.objects.claim(f"{args.prefix}-{i}", owner=f"cycles-{os.getpid()}")
+            assert outcome.claim is not None
+            outcome.claim.complete({"i": i})
+            ok += 1
+        except DatabaseError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        end_unit()
+        connections.close_all()
+    emit(event="exit", ok=ok, failed=len(errors), errors=errors[:5])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -157,9 +229,15 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tag", default="w")
     p.add_argument("--go", action="store_true", help="wait for a line on stdin after 'ready'")
+    p = sub.add_parser("request")
+    p.add_argument("path")
+    p = sub.add_parser("cycles")
+    p.add_argument("--n", type=int, default=40)
+    p.add_argument("--prefix", default="cycle")
     args = parser.parse_args()
     setup()
-    {"race": race, "drain": drain, "clock": clock, "fenced-owner": fenced_owner, "taker": taker}[args.mode](args)
+    {"race": race, "drain": drain, "clock": clock, "fenced-owner": fenced_owner, "taker": taker,
+     "cycles": cycles, "request": request}[args.mode](args)
 
 
 if __name__ == "__main__":

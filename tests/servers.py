@@ -304,3 +304,87 @@ class RabbitMQServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class PgBouncerServer:
+    """A private PgBouncer (Debian's ``pgbouncer``) in front of a PostgreSQL server.
+
+    Transaction pool mode by default: each transaction (each statement in autocommit) may run on
+    a different server session, as in the deployments docs/configurations.md describes. Every
+    database name is forwarded to the upstream server as user ``postgres``, without a password.
+    """
+
+    def __init__(self, upstream_port: int, port: int | None = None, pool_mode: str = "transaction",
+                 pool_size: int = 10) -> None:
+        self.binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer")
+                                                    else None)
+        if self.binary is None:
+            raise RuntimeError("pgbouncer not found; install Debian's 'pgbouncer' package")
+        self.upstream_port = upstream_port
+        self.port = port or free_port()
+        self.pool_mode = pool_mode
+        self.pool_size = pool_size
+        self.dir = tempfile.mkdtemp(prefix="taskclaim-pgbouncer-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        # PgBouncer refuses to run as root: drop to the user PostgreSQL runs as.
+        self.user: str | None = None
+        if os.geteuid() == 0:
+            for name in ("postgres", "nobody"):
+                try:
+                    pwd.getpwnam(name)
+                    self.user = name
+                    break
+                except KeyError:
+                    continue
+            if self.user is not None:
+                shutil.chown(self.dir, self.user)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PGHOST": "127.0.0.1", "PGPORT": str(self.port), "PGUSER": "postgres",
+                "PGPASSWORD": "", "PGDATABASE": "postgres"}
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.dir, "pgbouncer.log")
+
+    def start(self) -> PgBouncerServer:
+        ini = os.path.join(self.dir, "pgbouncer.ini")
+        with open(ini, "w") as f:
+            f.write(
+                "[databases]\n"
+                f"* = host=127.0.0.1 port={self.upstream_port} user=postgres\n"
+                "[pgbouncer]\n"
+                f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+                f"auth_type = any\npool_mode = {self.pool_mode}\n"
+                f"default_pool_size = {self.pool_size}\nmax_client_conn = 1000\n"
+                # Django's test runner drops the test database at the end; idle server sessions
+                # would keep it busy, so close them quickly.
+                "server_idle_timeout = 1\nserver_lifetime = 3600\n"
+                "ignore_startup_parameters = extra_float_digits,options\n"
+                "log_connections = 0\nlog_disconnections = 0\n"
+                f"logfile = {self.log}\npidfile = {os.path.join(self.dir, 'pgbouncer.pid')}\n"
+            )
+        argv = [self.binary, ini]
+        if self.user:
+            argv[1:1] = ["-u", self.user]
+        # Not a pipe: PgBouncer logs every login to stderr too, and would block once it filled.
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_port(self.port, time.monotonic() + 20, "pgbouncer", self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> PgBouncerServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

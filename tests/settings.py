@@ -8,6 +8,7 @@ processes started by the tests set ``TASKCLAIM_TEST_DB_NAME`` to the test databa
 
 import os
 import tempfile
+from typing import Any
 
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
 DEBUG = False
@@ -47,6 +48,42 @@ elif DB_VENDOR == "postgresql":
     }
 else:
     raise RuntimeError(f"TASKCLAIM_TEST_DB must be 'sqlite' or 'postgresql', not {DB_VENDOR!r}")
+
+# ---- The configuration matrix (tests/configurations.py; docs/configurations.md) -------------
+# TASKCLAIM_TEST_CONFIG names one supported Django setup; worker processes inherit it.
+TEST_CONFIG = os.environ.get("TASKCLAIM_TEST_CONFIG", "default")
+_default: dict[str, Any] = DATABASES["default"]
+if "TASKCLAIM_TEST_PREPARED" in os.environ:  # "0" or "1": a test's child process, either way
+    TASKCLAIM_PREPARED_STATEMENTS = os.environ["TASKCLAIM_TEST_PREPARED"] == "1"
+if TEST_CONFIG == "pool":
+    # Django's connection pool (5.1+, psycopg-pool): every connection.close() hands the session
+    # back, and the next query may run on another one.
+    _default["OPTIONS"] = {"pool": {"min_size": 2, "max_size": 6, "timeout": 60}}
+elif TEST_CONFIG == "server_side_binding":
+    _default["OPTIONS"] = {"server_side_binding": True}
+elif TEST_CONFIG == "pgbouncer":
+    # A PgBouncer in transaction pool mode in front of the test server (started by the runner),
+    # with the settings docs/configurations.md asks for.
+    _default["PORT"] = os.environ.get("TASKCLAIM_TEST_PGBOUNCER_PORT", "6432")
+    _default["DISABLE_SERVER_SIDE_CURSORS"] = True
+    TASKCLAIM_PREPARED_STATEMENTS = os.environ.get("TASKCLAIM_TEST_PREPARED") == "1"  # "1": to see it fail
+elif TEST_CONFIG == "atomic_requests":
+    _default["ATOMIC_REQUESTS"] = True
+elif TEST_CONFIG == "second_db":
+    # The task table (and the effects fenced() writes with it) in "tasks"; everything else in
+    # "default". Worker processes get the test database's name in TASKCLAIM_TEST_TASKS_DB_NAME.
+    _tasks: dict[str, Any] = {**_default, "OPTIONS": dict(_default.get("OPTIONS", {})), "TEST": dict(_default["TEST"])}
+    if DB_VENDOR == "sqlite":
+        _tasks["NAME"] = _path + ".tasks"
+        _tasks["TEST"]["NAME"] = _path + ".tasks.test"
+    else:
+        _tasks["TEST"]["NAME"] = _default["TEST"]["NAME"] + "_tasks"
+    _tasks["NAME"] = os.environ.get("TASKCLAIM_TEST_TASKS_DB_NAME") or _tasks["NAME"]
+    DATABASES["tasks"] = _tasks
+    DATABASE_ROUTERS = ["tests.routers.TaskDatabaseRouter"]
+    TASKCLAIM_DATABASE = "tasks"
+elif TEST_CONFIG not in ("default", "autocommit_off"):
+    raise RuntimeError(f"unknown TASKCLAIM_TEST_CONFIG {TEST_CONFIG!r}")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

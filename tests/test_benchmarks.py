@@ -42,7 +42,13 @@ def test_claim_and_complete_run_as_prepared_statements() -> None:
 
 @pytest.mark.django_db
 def test_prepared_statements_can_be_turned_off(settings) -> None:
-    settings.TASKCLAIM_AUDIT = False  # statements of their own, so none is prepared yet
+    from django_taskclaim.backends import postgresql
+
+    # A session with nothing prepared, whatever tests ran on it before.
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    postgresql._prepared_in(connection.connection).clear()
+    settings.TASKCLAIM_AUDIT = False  # statements of their own
     settings.TASKCLAIM_PREPARED_STATEMENTS = False
     before = set(prepared_statements())
     Task.objects.claim("plain", owner="w").claim.complete()  # type: ignore[union-attr]

@@ -227,6 +227,12 @@ class Backend:
             )
         return str(row[0])
 
+    def join_callers_transaction(self, db: Any) -> None:
+        """With autocommit off and no transaction open yet, open the caller's transaction now.
+
+        Only SQLite needs it (see there); psycopg opens one before any statement itself.
+        """
+
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         """Inside a transaction: take the write lock if the token still owns the task."""
         # SQLite has one writer: a no-op UPDATE as the transaction's first statement takes the

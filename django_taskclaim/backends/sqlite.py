@@ -33,5 +33,14 @@ class SQLiteBackend(Backend):
         # with OPTIONS={"transaction_mode": "IMMEDIATE"}.)
         cursor.execute(f"UPDATE {TASK} SET id = id WHERE 0 = 1")
 
+    def join_callers_transaction(self, db: Any) -> None:
+        # With autocommit off, Python's sqlite3 opens a transaction only before a write. An
+        # atomic() block entered first would issue SAVEPOINT outside a transaction, which SQLite
+        # treats as BEGIN, and its RELEASE as COMMIT: the caller's commit or rollback would come
+        # too late. Open the transaction, so that the savepoint nests inside it.
+        if not db.connection.in_transaction:
+            with db.wrap_database_errors:
+                db.connection.execute("BEGIN")
+
 
 backend = SQLiteBackend()
