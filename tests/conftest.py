@@ -6,6 +6,8 @@ import datetime as dt
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,24 +61,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.django_db(*marker.args, **marker.kwargs, databases="__all__"), append=False)
 
 
-@pytest.fixture
-def spawn(worker_env):  # type: ignore[no-untyped-def]
-    """Start ``python -m tests.procs ARGS`` processes; any still running at the end are killed."""
+@contextmanager
+def spawning(module: str, base_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start ``python -m MODULE ARGS`` processes; any still running at the end are killed."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.procs", *args], cwd=ROOT, env={**worker_env, **(env or {})},
+            [sys.executable, "-m", module, *args], cwd=ROOT, env={**base_env, **(env or {})},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         procs.append(proc)
         return proc
 
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def spawn(worker_env):  # type: ignore[no-untyped-def]
+    """Start ``python -m tests.procs ARGS`` processes; any still running at the end are killed."""
+    with spawning("tests.procs", worker_env) as start:
+        yield start
 
 
 def db_now() -> dt.datetime:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 from django.db import connection
 
 from django_taskclaim.models import Task
-from tests.conftest import ROOT
+from tests.conftest import spawning
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,21 +28,8 @@ Spawn = Callable[..., subprocess.Popen[str]]
 @pytest.fixture
 def spawn_ops(worker_env: dict[str, str]) -> Iterator[Spawn]:
     """Start ``python -m tests.procs_ops ARGS``; any still running at the end are killed."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.procs_ops", *args], cwd=ROOT, env={**worker_env, **(env or {})},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    with spawning("tests.procs_ops", worker_env) as start:
+        yield start
 
 
 def run_together(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[dict[str, Any]]:
