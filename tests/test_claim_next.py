@@ -62,3 +62,33 @@ def test_finished_and_running_tasks_are_skipped() -> None:
 def test_bad_limit(limit: object) -> None:
     with pytest.raises(ValueError, match="limit must be a positive integer"):
         Task.objects.claim_next(limit=limit)  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_row_is_skipped_not_waited_for() -> None:
+    """PostgreSQL: claim_next passes over a row another transaction holds (SKIP LOCKED)."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has one writer: there is no row lock to skip")
+    Task.objects.ensure("held")
+    Task.objects.ensure("free")
+    out: dict[str, object] = {}
+
+    def other_worker() -> None:
+        try:
+            out["keys"] = [c.key for c in Task.objects.claim_next(limit=5)]
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        Task.objects.select_for_update().get(key="held")  # another claimer, mid-transaction
+        thread = threading.Thread(target=other_worker, daemon=True)
+        thread.start()
+        thread.join(30)
+        waited = thread.is_alive()
+    thread.join(30)
+    assert not waited, "claim_next waited for a row lock instead of skipping the row"
+    assert out["keys"] == ["free"]
