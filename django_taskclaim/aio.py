@@ -26,7 +26,7 @@ from asgiref.sync import sync_to_async
 from django.db import Error as DbError  # DatabaseError, and InterfaceError of a closed connection
 from django.db import connections
 
-from .exceptions import StaleClaim, TaskBusy, TaskFailed
+from .exceptions import StaleClaim
 
 if TYPE_CHECKING:
     from .claims import Claim
@@ -188,8 +188,7 @@ async def arun_once(
     poll with ``asyncio.sleep`` until it ends and return its stored result (``"wait"``).
     """
     from .claims import claim
-    from .models import Task
-    from .runner import ON_BUSY
+    from .runner import ON_BUSY, WAIT, stored_answer
 
     if on_busy not in ON_BUSY:
         raise ValueError(f"on_busy must be one of {ON_BUSY}, not {on_busy!r}")
@@ -203,12 +202,9 @@ async def arun_once(
             if outcome.claim is not None:
                 return await arun_claimed(outcome.claim, afunc, *args, **kwargs)
             task = outcome.task
-        if task.status == Task.Status.SUCCEEDED:
-            return task.result
-        if task.status in (Task.Status.FAILED, Task.Status.CANCELLED):
-            raise TaskFailed(task)
-        if on_busy == "raise":
-            raise TaskBusy(task)
+        answer = stored_answer(task, on_busy)
+        if answer is not WAIT:
+            return answer
         # A finished task is answered without another claim: one ``duplicate`` row per waiter.
         task = await _await_while_busy(task)
 

@@ -91,7 +91,6 @@ def _run_once(
     key: str | TaskKey, tenant: str, payload: Any, lease: float | timedelta | None, on_busy: str,
     func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
 ) -> Any:
-    from .models import Task
 
     if on_busy not in ON_BUSY:
         raise ValueError(f"on_busy must be one of {ON_BUSY}, not {on_busy!r}")
@@ -102,15 +101,29 @@ def _run_once(
             if outcome.claim is not None:
                 return run_claimed(outcome.claim, func, *args, **kwargs)
             task = outcome.task
-        if task.status == Task.Status.SUCCEEDED:
-            return task.result
-        if task.status in (Task.Status.FAILED, Task.Status.CANCELLED):
-            raise TaskFailed(task)
-        if on_busy == "raise":
-            raise TaskBusy(task)
+        answer = stored_answer(task, on_busy)
+        if answer is not WAIT:
+            return answer
         # Wait, then look at the task: a finished one is answered without another claim, so a
         # waiting caller leaves one ``duplicate`` audit row, not one per poll.
         task = _wait_while_busy(task)
+
+
+WAIT = object()
+
+
+def stored_answer(task: Any, on_busy: str) -> Any:
+    """What a caller that did not claim ``task`` gets: its stored result, ``TaskFailed``,
+    ``TaskBusy`` (``on_busy="raise"``), or ``WAIT`` to poll until the owner is done."""
+    from .models import Task
+
+    if task.status == Task.Status.SUCCEEDED:
+        return task.result
+    if task.status in (Task.Status.FAILED, Task.Status.CANCELLED):
+        raise TaskFailed(task)
+    if on_busy == "raise":
+        raise TaskBusy(task)
+    return WAIT
 
 
 def _wait_while_busy(task: Any) -> Any:
