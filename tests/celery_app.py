@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from celery import Celery
 
@@ -40,6 +43,17 @@ if os.environ.get("TASKCLAIM_TEST_QUORUM_QUEUE"):  # "name:limit", for a worker 
     app.conf.task_queues = [quorum_queue(_name, int(_limit))]
 
 LEASE = 2.0
+
+
+@contextmanager
+def app_conf(**values: Any) -> Iterator[None]:
+    """Change the test app's configuration for a block, as ``override_settings`` does for Django's."""
+    old = {name: app.conf[name] for name in values}
+    app.conf.update(values)
+    try:
+        yield
+    finally:
+        app.conf.update(old)
 
 
 def point_at(broker_url: str | None, result_backend: str | None) -> None:

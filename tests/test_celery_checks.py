@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from django_taskclaim import checks
 
 try:
     from django_taskclaim import celery as bridge
-    from tests.celery_app import app
+    from tests.celery_app import app_conf
 except ImportError:  # in CI a missing Celery is a failure, not a skip
     if os.environ.get("CI"):
         raise
@@ -33,16 +32,6 @@ pytestmark = pytest.mark.usefixtures("use_test_app")
 def use_test_app() -> Iterator[None]:
     with override_settings(TASKCLAIM_CELERY_APP="tests.celery_app.app"):
         yield
-
-
-@contextmanager
-def app_conf(**values: Any) -> Iterator[None]:
-    old = {name: app.conf[name] for name in values}
-    app.conf.update(values)
-    try:
-        yield
-    finally:
-        app.conf.update(old)
 
 
 def ids(messages: list[Any]) -> list[str]:

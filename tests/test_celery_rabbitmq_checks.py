@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ try:
     from kombu import Queue
 
     from django_taskclaim import celery as bridge
-    from tests.celery_app import app, work
+    from tests.celery_app import app, app_conf, work
     from tests.procs_celery import always_fails
 except ImportError as exc:  # in CI a missing Celery is a failure, not a skip
     if os.environ.get("CI"):
@@ -25,16 +24,6 @@ except ImportError as exc:  # in CI a missing Celery is a failure, not a skip
     pytest.skip(f"{exc.name} is not installed", allow_module_level=True)
 
 AMQP = "amqp://guest@127.0.0.1:5672//"
-
-
-@contextmanager
-def app_conf(**values: Any) -> Iterator[None]:
-    old = {name: app.conf[name] for name in values}
-    app.conf.update(values)
-    try:
-        yield
-    finally:
-        app.conf.update(old)
 
 
 @pytest.fixture(autouse=True)
