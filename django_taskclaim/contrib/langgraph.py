@@ -42,7 +42,7 @@ from langgraph.errors import GraphBubbleUp
 
 from ..claims import Claim, complete_or_fail
 from ..conf import settings
-from ..exceptions import InvalidTaskKey, StaleClaim, TaskBusy, TaskClaimError, TaskFailed
+from ..exceptions import InvalidTaskKey, StaleClaim, TaskClaimError
 from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
 from ..runner import ON_BUSY
 
@@ -282,27 +282,18 @@ def _wrap(
 
 def _settle(task: Any, on_busy: str) -> None:
     """For a step someone else holds or finished: return to read it, wait, or raise."""
-    from ..runner import _wait_while_busy
+    from ..runner import WAIT, _wait_while_busy, stored_answer
 
-    if task.status == task.Status.SUCCEEDED:
-        return
-    if task.status in (task.Status.FAILED, task.Status.CANCELLED):
-        raise TaskFailed(task)
-    if on_busy == "raise":
-        raise TaskBusy(task)
-    _wait_while_busy(task)
+    if stored_answer(task, on_busy) is WAIT:
+        _wait_while_busy(task)
 
 
 async def _settle_async(task: Any, on_busy: str) -> None:
     from ..aio import _await_while_busy
+    from ..runner import WAIT, stored_answer
 
-    if task.status == task.Status.SUCCEEDED:
-        return
-    if task.status in (task.Status.FAILED, task.Status.CANCELLED):
-        raise TaskFailed(task)
-    if on_busy == "raise":
-        raise TaskBusy(task)
-    await _await_while_busy(task)
+    if stored_answer(task, on_busy) is WAIT:
+        await _await_while_busy(task)
 
 
 def _completed_by_body(claim: Claim) -> bool:
