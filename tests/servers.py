@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any
+from typing import Any, Self
 
 
 def free_port() -> int:
@@ -46,7 +46,23 @@ def _wait_for_port(port: int, deadline: float, what: str, proc: subprocess.Popen
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} in time")
 
 
-class PostgresServer:
+class ManagedServer:
+    """A server the tests start and stop: ``with Server() as server:`` always stops it again."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class PostgresServer(ManagedServer):
     """A private PostgreSQL cluster in a temporary folder."""
 
     def __init__(self, port: int | None = None, settings: dict[str, str] | None = None) -> None:
@@ -120,14 +136,8 @@ class PostgresServer:
         self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop", check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> PostgresServer:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class RedisServer:
+class RedisServer(ManagedServer):
     """A private ``redis-server`` on a free port, no persistence."""
 
     def __init__(self, port: int | None = None) -> None:
@@ -165,17 +175,11 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="taskclaim-redis-")
         self.start()
 
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 RABBITMQ_SCRIPT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
 
-class RabbitMQServer:
+class RabbitMQServer(ManagedServer):
     """A private RabbitMQ node on free ports, its data in a temporary folder.
 
     Debian's ``rabbitmq-server`` (its ``/usr/lib/rabbitmq/bin`` scripts, not the service).
@@ -299,14 +303,8 @@ class RabbitMQServer:
             self.epmd.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> RabbitMQServer:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class PgBouncerServer:
+class PgBouncerServer(ManagedServer):
     """A private PgBouncer (Debian's ``pgbouncer``) in front of a PostgreSQL server.
 
     Transaction pool mode by default: each transaction (each statement in autocommit) may run on
@@ -382,9 +380,3 @@ class PgBouncerServer:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> PgBouncerServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
