@@ -54,18 +54,7 @@ def build(checkpointer: Any, *, version: str = "v1", lease: float = 30, worker: 
             claim.complete(update)
         return update
 
-    def finish(state: State) -> State:
-        return {"log": ["finish"]}
-
-    graph = StateGraph(State)
-    graph.add_node("plan", plan)
-    graph.add_node("write", write)
-    graph.add_node("finish", finish)
-    graph.add_edge(START, "plan")
-    graph.add_edge("plan", "write")
-    graph.add_edge("write", "finish")
-    graph.add_edge("finish", END)
-    return graph.compile(checkpointer=checkpointer, interrupt_before=["write"] if interrupt else None)
+    return _plan_write_finish(plan, write, checkpointer, interrupt_before=["write"] if interrupt else None)
 
 
 def build_async(checkpointer: Any, *, version: str = "v1", calls: list[str]) -> Any:
@@ -88,6 +77,12 @@ def build_async(checkpointer: Any, *, version: str = "v1", calls: list[str]) -> 
         await claim.afenced(publish)
         return update
 
+    return _plan_write_finish(plan, write, checkpointer)
+
+
+def _plan_write_finish(plan: Any, write: Any, checkpointer: Any, interrupt_before: list[str] | None = None) -> Any:
+    """The graph both builders compile: plan -> write -> finish."""
+
     def finish(state: State) -> State:
         return {"log": ["finish"]}
 
@@ -99,7 +94,7 @@ def build_async(checkpointer: Any, *, version: str = "v1", calls: list[str]) -> 
     graph.add_edge("plan", "write")
     graph.add_edge("write", "finish")
     graph.add_edge("finish", END)
-    return graph.compile(checkpointer=checkpointer)
+    return graph.compile(checkpointer=checkpointer, interrupt_before=interrupt_before)
 
 
 def _conninfo() -> str:
