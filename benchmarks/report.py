@@ -88,7 +88,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
         add("## By-key claim + complete (claims/s)")
         add("")
         add(f"Each worker process claims a fresh key and completes it, in a loop, for {sizes.bykey_seconds:g} s. "
-            "*raw* sends the very statements of `django_taskclaim/backends/postgresql.py` (the run checks "
+            "*raw* sends the very statements of `django_taskclaim/store/postgresql.py` (the run checks "
             "they are identical, captured with `connection.execute_wrapper`) with plain psycopg, no ORM: "
             "autocommit, server-side parameter binding and psycopg's automatic prepared statements. The app "
             "goes through `Task.objects.claim()` and `Claim.complete()` on Django's connection "

@@ -23,7 +23,6 @@ BARRIER_TIMEOUT = 300.0
 
 # ``Claim.complete()`` with no result sends this SET list: the raw phase passes the same
 # fragment to the backend, and ``check_identical_sql`` proves both send identical SQL.
-COMPLETE_SET_SQL = "status = 'succeeded', result = %s::jsonb, result_ref = %s, error = ''"
 LEASE = 30.0
 MAX_ATTEMPTS = 5
 
@@ -120,13 +119,12 @@ def bykey_app(index: int, barrier: Any, run: str, duration: float, audit: bool) 
 
 def raw_cycle(cursor: Any, key: str, owner: str, audit: bool) -> None:
     """One claim + complete through the app's PostgreSQL backend methods on a plain cursor."""
-    from django_taskclaim.backends.postgresql import backend as pg
+    from django_taskclaim.store.postgresql import store as pg
 
-    row, _ = pg.claim_key(cursor, tenant="", key=key, owner=owner, lease=LEASE, payload=None,
-                          fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=audit)
-    assert row is not None, key
-    status = pg.finish(cursor, row[0], row[5], COMPLETE_SET_SQL, [None, ""],
-                       ("succeeded", "succeeded"), audit)
+    claimed = pg.claim_key(cursor, tenant="", key=key, owner=owner, lease=LEASE, payload=None,
+                           fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=audit)
+    assert claimed is not None, key
+    status = pg.complete(cursor, claimed.row.id, claimed.row.fencing_token, None, "", audit)
     assert status == "succeeded", key
 
 
@@ -184,7 +182,7 @@ def check_identical_sql(url: str) -> int:
             raw_cycle(Recording(cursor, raw_sql), f"sqlcheck:raw:{audit}", "sqlcheck", audit)
         # The app runs its statements as prepared statements (PREPARE once, then EXECUTE name);
         # psycopg prepares the raw ones on its own after 5 runs. Compare the statements' text.
-        from django_taskclaim.backends import postgresql
+        from django_taskclaim.store import prepared as postgresql
 
         bodies = {execute: sql for sql, (_, _, execute) in postgresql._STATEMENTS.items()}
         app_sql = [bodies.get(sql, sql) for sql in app_sql]
@@ -273,7 +271,7 @@ def race_raw(index: int, barrier: Any, run: str, keys: int, rounds: Any, url: st
     """
     import psycopg
 
-    from django_taskclaim.backends.postgresql import backend as pg
+    from django_taskclaim.store.postgresql import store as pg
 
     owner = f"bench-raw-race-{index}"
     times, won = [], []
@@ -283,9 +281,9 @@ def race_raw(index: int, barrier: Any, run: str, keys: int, rounds: Any, url: st
         for k in range(keys):
             rounds.wait(BARRIER_TIMEOUT)
             t0 = time.perf_counter()
-            row, _ = pg.claim_key(cursor, tenant="", key=f"{run}:{k}", owner=owner, lease=300, payload=None,
-                                  fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=True)
+            claimed = pg.claim_key(cursor, tenant="", key=f"{run}:{k}", owner=owner, lease=300, payload=None,
+                                   fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=True)
             times.append(time.perf_counter() - t0)
-            if row is not None:
+            if claimed is not None:
                 won.append(k)
     return {"times": times, "won": won}

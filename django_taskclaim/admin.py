@@ -25,10 +25,9 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .backends import DbNow
-from .claims import reclaim_expired_rows
-from .models import Attempt, Task
-from .querysets import TaskQuerySet
+from .lifecycle import reclaim_expired_rows
+from .models import Attempt, Task, TaskQuerySet
+from .store import DbNow
 
 logger = logging.getLogger("django_taskclaim")
 PREVIEW_LENGTH = 80
@@ -309,7 +308,7 @@ class TaskAdmin(admin.ModelAdmin):
                   permissions=["reclaim"])
     def reclaim_expired(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         rows = reclaim_expired_rows(using=queryset.db)
-        pending = sum(1 for row in rows if row[4] == Task.Status.PENDING)
+        pending = sum(1 for row in rows if row.status == Task.Status.PENDING)
         self._log(request, "reclaim_expired", queryset.count(), len(rows))
         self.message_user(request, ngettext(
             "Reclaimed %(count)d expired task: %(pending)d back to pending, %(failed)d failed "

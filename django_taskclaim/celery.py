@@ -45,11 +45,11 @@ from django.utils import timezone
 from django.utils.module_loading import import_string, module_has_submodule
 
 from . import claims
-from .backends import DbNow, DbNowPlus
-from .claims import Claim
 from .conf import settings
 from .exceptions import InvalidTaskKey, StaleClaim, TaskFailed
 from .keys import TaskKey, lease_seconds, positive_int, resolve_identity
+from .lifecycle import Claim
+from .store import DbNow, DbNowPlus
 
 logger = logging.getLogger("django_taskclaim")
 

@@ -3,8 +3,9 @@
 =====================  ====================================================================
 ID                     Problem
 =====================  ====================================================================
-``django_taskclaim.E001``  The task database is neither PostgreSQL nor SQLite.
-``django_taskclaim.E002``  SQLite older than 3.35 (no ``RETURNING``).
+``django_taskclaim.E001``  The task database's vendor has no store (``store.VENDORS``).
+``django_taskclaim.E002``  The database server is too old (SQLite before 3.35, MySQL before
+                           8.0.1, MariaDB before 10.6: see each store's ``unsupported()``).
 ``django_taskclaim.E003``  SQLite with ``USE_TZ = False`` (leases are compared in UTC).
 ``django_taskclaim.E004``  ``TASKCLAIM_DATABASE`` names no configured database.
 ``django_taskclaim.E005``  A ``TASKCLAIM_*`` setting has the wrong type or range.
@@ -36,7 +37,6 @@ as the worker would see it, after importing the modules a worker imports (the ap
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -44,16 +44,17 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from .backends import SUPPORTED_VENDORS
 from .conf import settings
 from .exceptions import InvalidLease
 from .keys import LEASE_CEILING, MAX_INT, json_encoder, lease_seconds
+from .store import VENDORS
 
 E001 = ("django_taskclaim.E001", "Database {alias!r} ({vendor}) is not supported by django-taskclaim.",
         "Use PostgreSQL (production) or SQLite (development) for the task table; set "
         "TASKCLAIM_DATABASE to an alias of one of them.")
-E002 = ("django_taskclaim.E002", "SQLite {version} is too old for django-taskclaim.",
-        "Claims need SQLite 3.35 or newer (UPDATE … RETURNING); upgrade the SQLite library.")
+E002 = ("django_taskclaim.E002", "Database {alias!r} cannot hold the task table: {problem}.",
+        "Upgrade the database server (or the SQLite library) to a supported version; see "
+        "docs/databases.md.")
 E003 = ("django_taskclaim.E003", "USE_TZ is False with SQLite.",
         "Leases are compared with SQLite's UTC clock; set USE_TZ = True.")
 E004 = ("django_taskclaim.E004", "TASKCLAIM_DATABASE = {alias!r} is not in DATABASES.",
@@ -147,12 +148,13 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if alias not in django_settings.DATABASES:
         return [_error(E004, alias=alias, aliases=", ".join(django_settings.DATABASES))]
     vendor = connections[alias].vendor
-    if vendor not in SUPPORTED_VENDORS:
+    store = VENDORS.get(vendor)
+    if store is None:
         return [_error(E001, alias=alias, vendor=vendor)]
     errors: list[checks.CheckMessage] = []
+    if (problem := store.unsupported(connections[alias])) is not None:
+        errors.append(_error(E002, alias=alias, problem=problem))
     if vendor == "sqlite":
-        if sqlite3.sqlite_version_info < (3, 35):
-            errors.append(_error(E002, version=sqlite3.sqlite_version))
         if not django_settings.USE_TZ:
             errors.append(_error(E003))
         if (warning := _sqlite_timeout_warning(alias)) is not None:

@@ -1,32 +1,144 @@
-"""The task table and its audit trail."""
+"""The task table, its audit trail, and ``Task.objects``: queries, operator actions and the
+claim API (which calls the lifecycle; the lifecycle never imports this module)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .compat import check_constraint
-from .querysets import AttemptManager, TaskManager
+from .conf import settings
+from .lifecycle import Claim, ClaimOutcome, api, transitions
+from .status import TERMINAL, Outcome, Status
+from .store import DbNow
 
 if TYPE_CHECKING:
     from datetime import datetime
+
+    from .keys import TaskKey
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    """Filters by state (the lease by the database clock), and the operator actions."""
+
+    def pending(self) -> TaskQuerySet:
+        return self.filter(status=Status.PENDING)
+
+    def running(self) -> TaskQuerySet:
+        return self.filter(status=Status.RUNNING)
+
+    def expired(self) -> TaskQuerySet:
+        """Running tasks whose lease has expired by the database clock."""
+        return self.filter(status=Status.RUNNING, lease_expires_at__lt=DbNow())
+
+    def live(self) -> TaskQuerySet:
+        """Running tasks whose lease has not expired by the database clock."""
+        return self.filter(status=Status.RUNNING, lease_expires_at__gte=DbNow())
+
+    def succeeded(self) -> TaskQuerySet:
+        return self.filter(status=Status.SUCCEEDED)
+
+    def failed(self) -> TaskQuerySet:
+        return self.filter(status=Status.FAILED)
+
+    def finished(self) -> TaskQuerySet:
+        """Terminal tasks: succeeded, failed or cancelled."""
+        return self.filter(status__in=TERMINAL)
+
+    def unfinished(self) -> TaskQuerySet:
+        return self.exclude(status__in=TERMINAL)
+
+    # -- operator actions: the lifecycle's guarded transitions, fencing as for workers --------
+    def force_release(self) -> int:
+        """Running tasks back to PENDING now, as their owner's release would (the attempt does
+        not count); the owners are fenced off from then on."""
+        held = list(self.running().values_list("pk", "fencing_token"))
+        return len(transitions.force_release(self.db, held))
+
+    def reset(self) -> int:
+        """FAILED or CANCELLED tasks back to PENDING with their attempts count at zero."""
+        return transitions.reset(self.db, list(self.filter(status__in=(Status.FAILED, Status.CANCELLED))
+                                               .values_list("pk", flat=True)))
+
+    def cancel(self) -> int:
+        """Unfinished tasks to CANCELLED; a running owner is fenced off."""
+        return transitions.cancel(self.db, list(self.unfinished().values_list("pk", flat=True)))
+
+
+_QueryManager = models.Manager.from_queryset(TaskQuerySet)
+
+
+class TaskManager(_QueryManager["Task"]):
+    """The queryset's filters and actions on ``TASKCLAIM_DATABASE``, and the claim API."""
+
+    def get_queryset(self) -> TaskQuerySet:
+        return TaskQuerySet(self.model, using=self._db or settings.DATABASE)
+
+    def _using(self) -> str:
+        return self._db or settings.DATABASE
+
+    def ensure(self, key: str | TaskKey, tenant: str = "", payload: Any = None,
+               max_attempts: int | None = None, **options: Any) -> Task:
+        """Create the task PENDING if absent; see :func:`django_taskclaim.claims.ensure`."""
+        return api.ensure(key, tenant, payload, max_attempts, using=self._using(), **options)
+
+    def claim(self, key: str | TaskKey, tenant: str = "", owner: str | None = None,
+              lease: float | timedelta | None = None, payload: Any = None, **options: Any) -> ClaimOutcome:
+        """Claim one task by key; see :func:`django_taskclaim.claims.claim`."""
+        return api.claim(key, tenant, owner, lease, payload, using=self._using(), **options)
+
+    def claim_next(self, owner: str | None = None, lease: float | timedelta | None = None,
+                   tenant: str | None = None, limit: int = 1, **options: Any) -> list[Claim]:
+        """Claim the next tasks, queue style; see :func:`django_taskclaim.claims.claim_next`."""
+        return api.claim_next(owner, lease, tenant, limit, using=self._using(), **options)
+
+    def reclaim_expired(self, limit: int | None = None) -> int:
+        """Expired RUNNING tasks to PENDING (FAILED when attempts are spent); how many moved."""
+        return api.reclaim_expired(limit, using=self._using())
+
+    # -- the async API: the sync calls above on Django's ORM thread (asgiref sync_to_async) --
+    async def aensure(self, key: str | TaskKey, tenant: str = "", payload: Any = None,
+                      max_attempts: int | None = None, **options: Any) -> Task:
+        """:meth:`ensure`, awaitable."""
+        return await sync_to_async(self.ensure)(key, tenant, payload, max_attempts, **options)
+
+    async def aclaim(self, key: str | TaskKey, tenant: str = "", owner: str | None = None,
+                     lease: float | timedelta | None = None, payload: Any = None, **options: Any) -> ClaimOutcome:
+        """:meth:`claim`, awaitable: the same ``ClaimOutcome``."""
+        return await sync_to_async(self.claim)(key, tenant, owner, lease, payload, **options)
+
+    async def aclaim_next(self, owner: str | None = None, lease: float | timedelta | None = None,
+                          tenant: str | None = None, limit: int = 1, **options: Any) -> list[Claim]:
+        """:meth:`claim_next`, awaitable."""
+        return await sync_to_async(self.claim_next)(owner, lease, tenant, limit, **options)
+
+    async def areclaim_expired(self, limit: int | None = None) -> int:
+        """:meth:`reclaim_expired`, awaitable."""
+        return await sync_to_async(self.reclaim_expired)(limit)
+
+
+class AttemptManager(models.Manager["Attempt"]):
+    """``Attempt.objects``: the audit trail, on the database that holds the task table.
+
+    Without it, code reading attempts (the audit command, the admin's timeline) would read the
+    router's default database while the tasks live in ``TASKCLAIM_DATABASE``.
+    """
+
+    def get_queryset(self) -> models.QuerySet[Attempt]:
+        return super().get_queryset().using(self._db or settings.DATABASE)
 
 
 class Task(models.Model):
     """One logical unit of work, identified by ``(tenant, key)``, claimed by one worker at a time."""
 
-    class Status(models.TextChoices):
-        PENDING = "pending", _("Pending")
-        RUNNING = "running", _("Running")
-        SUCCEEDED = "succeeded", _("Succeeded")
-        FAILED = "failed", _("Failed")
-        CANCELLED = "cancelled", _("Cancelled")
-
-    TERMINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+    Status = Status
+    TERMINAL = TERMINAL
 
     id = models.BigAutoField(primary_key=True)
     tenant = models.CharField(_("tenant"), max_length=255, blank=True, default="")
@@ -64,18 +176,18 @@ class Task(models.Model):
             models.UniqueConstraint(fields=["tenant", "key"], name="taskclaim_task_tenant_key_uniq"),
             check_constraint(
                 name="taskclaim_task_status_valid",
-                condition=Q(status__in=["pending", "running", "succeeded", "failed", "cancelled"]),
+                condition=Q(status__in=Status.values),
             ),
             check_constraint(name="taskclaim_task_token_nonnegative", condition=Q(fencing_token__gte=0)),
             check_constraint(
                 name="taskclaim_task_running_has_lease",
-                condition=~Q(status="running") | Q(lease_expires_at__isnull=False),
+                condition=~Q(status=Status.RUNNING) | Q(lease_expires_at__isnull=False),
             ),
         ]
         indexes = [
             # Match the claim queries: the oldest pending first, and expired running ones.
-            models.Index(fields=["id"], condition=Q(status="pending"), name="taskclaim_task_pending_idx"),
-            models.Index(fields=["id"], condition=Q(status="running"), name="taskclaim_task_running_idx"),
+            models.Index(fields=["id"], condition=Q(status=Status.PENDING), name="taskclaim_task_pending_idx"),
+            models.Index(fields=["id"], condition=Q(status=Status.RUNNING), name="taskclaim_task_running_idx"),
         ]
 
     def __str__(self) -> str:
@@ -95,16 +207,7 @@ class Task(models.Model):
 class Attempt(models.Model):
     """One claim of a task (or one delivery that found it taken): the audit trail."""
 
-    class Outcome(models.TextChoices):
-        RUNNING = "running", _("Running")
-        SUCCEEDED = "succeeded", _("Succeeded")
-        FAILED = "failed", _("Failed")
-        RETRY = "retry", _("Failed, will retry")
-        RELEASED = "released", _("Released")
-        EXPIRED = "expired", _("Lease expired (reclaimed)")
-        TAKEN_OVER = "taken_over", _("Lease expired (taken over)")
-        CANCELLED = "cancelled", _("Cancelled")
-        DUPLICATE = "duplicate", _("Duplicate delivery (not executed)")
+    Outcome = Outcome
 
     id = models.BigAutoField(primary_key=True)
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attempt_set", verbose_name=_("task"))

@@ -11,10 +11,12 @@ from typing import Any
 
 from django.db import transaction
 
-from .claims import Claim, claim, complete_or_fail, in_transaction
 from .conf import settings
 from .exceptions import StaleClaim, TaskBusy, TaskFailed
 from .keys import TaskKey
+from .lifecycle import Claim, claim, complete_or_fail, in_transaction
+from .models import Task
+from .status import Status
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -115,11 +117,9 @@ WAIT = object()
 def stored_answer(task: Any, on_busy: str) -> Any:
     """What a caller that did not claim ``task`` gets: its stored result, ``TaskFailed``,
     ``TaskBusy`` (``on_busy="raise"``), or ``WAIT`` to poll until the owner is done."""
-    from .models import Task
-
-    if task.status == Task.Status.SUCCEEDED:
+    if task.status == Status.SUCCEEDED:
         return task.result
-    if task.status in (Task.Status.FAILED, Task.Status.CANCELLED):
+    if task.status in (Status.FAILED, Status.CANCELLED):
         raise TaskFailed(task)
     if on_busy == "raise":
         raise TaskBusy(task)
@@ -128,13 +128,10 @@ def stored_answer(task: Any, on_busy: str) -> Any:
 
 def _wait_while_busy(task: Any) -> Any:
     """Poll until the task is no longer held under a live lease; its state then (``None`` if purged)."""
-    from .backends import DbNow
-    from .models import Task
-
     interval = settings.POLL_INTERVAL
     tasks = Task.objects.using(task._state.db)
     while True:
         time.sleep(interval)  # polling the database is the point here, not a synchronisation shortcut
-        live = tasks.filter(pk=task.pk, status=Task.Status.RUNNING, lease_expires_at__gte=DbNow()).exists()
+        live = tasks.filter(pk=task.pk).live().exists()
         if not live:
             return tasks.filter(pk=task.pk).first()

@@ -92,11 +92,11 @@ def spawn(worker_env):  # type: ignore[no-untyped-def]
 
 def db_now() -> dt.datetime:
     """The database clock, read in SQL (exactly the expression the app compares leases with)."""
-    from django_taskclaim.backends import get_backend
+    from django_taskclaim.store import get_store
 
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {get_backend('default').now}", [])  # params: the SQL has %% escapes
-        return get_backend("default").to_datetime(cursor.fetchone()[0])  # type: ignore[return-value]
+        cursor.execute(f"SELECT {get_store('default').now}", [])  # params: the SQL has %% escapes
+        return get_store("default").to_datetime(cursor.fetchone()[0])  # type: ignore[return-value]
 
 
 def lease_left(key: str) -> float:
@@ -105,13 +105,13 @@ def lease_left(key: str) -> float:
     Both values come back as datetimes and are subtracted exactly in Python (no float
     ``julianday`` arithmetic), so the result is exact to the microsecond.
     """
-    from django_taskclaim.backends import get_backend
+    from django_taskclaim.store import get_store
 
-    backend = get_backend("default")
+    store = get_store("default")
     with connection.cursor() as cursor:
-        cursor.execute(f'SELECT lease_expires_at, {backend.now} FROM django_taskclaim_task WHERE "key" = %s', [key])  # noqa: S608 (the clock expression)
+        cursor.execute(f'SELECT lease_expires_at, {store.now} FROM django_taskclaim_task WHERE "key" = %s', [key])  # noqa: S608 (the clock expression)
         expires, now = cursor.fetchone()
-    return (backend.to_datetime(expires) - backend.to_datetime(now)).total_seconds()  # type: ignore[operator]
+    return (store.to_datetime(expires) - store.to_datetime(now)).total_seconds()  # type: ignore[operator]
 
 
 def expire(task_or_pk) -> None:  # type: ignore[no-untyped-def]

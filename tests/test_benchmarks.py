@@ -42,7 +42,7 @@ def test_claim_and_complete_run_as_prepared_statements() -> None:
 
 @pytest.mark.django_db
 def test_prepared_statements_can_be_turned_off(settings) -> None:
-    from django_taskclaim.backends import postgresql
+    from django_taskclaim.store import prepared as postgresql
 
     # A session with nothing prepared, whatever tests ran on it before.
     with connection.cursor() as cursor:

@@ -30,9 +30,13 @@ def test_e001_unsupported_database(monkeypatch) -> None:  # type: ignore[no-unty
 def test_e002_old_sqlite(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     if connections["default"].vendor != "sqlite":
         pytest.skip("SQLite only")
-    monkeypatch.setattr(checks.sqlite3, "sqlite_version_info", (3, 31, 1))
-    monkeypatch.setattr(checks.sqlite3, "sqlite_version", "3.31.1")
-    assert ids(checks.check_database()) == ["django_taskclaim.E002"]
+    from django_taskclaim.store import sqlite
+
+    monkeypatch.setattr(sqlite.sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(sqlite.sqlite3, "sqlite_version", "3.31.1")
+    [error] = checks.check_database()
+    assert error.id == "django_taskclaim.E002"
+    assert "SQLite 3.31.1 is too old" in error.msg and "3.35" in error.msg
 
 
 @override_settings(USE_TZ=False)

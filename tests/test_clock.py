@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from django_taskclaim.backends import DbNow, DbNowPlus
 from django_taskclaim.models import Task
+from django_taskclaim.store import DbNow, DbNowPlus
 
 pytestmark = pytest.mark.django_db
 

@@ -76,7 +76,7 @@ def test_e010_silent_without_a_transaction_mode_pooler() -> None:
 
 def forget_prepared_statements() -> None:
     """Make the library believe this session prepared nothing, as a new client of a pooler does."""
-    from django_taskclaim.backends import postgresql
+    from django_taskclaim.store import prepared as postgresql
 
     postgresql._prepared_in(connection.connection).clear()
 

@@ -40,10 +40,10 @@ from django.db import connections
 from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 
-from ..claims import Claim, complete_or_fail
 from ..conf import settings
 from ..exceptions import InvalidTaskKey, StaleClaim, TaskClaimError
 from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
+from ..lifecycle import Claim, complete_or_fail
 from ..runner import ON_BUSY
 
 __all__ = ["claimed_node", "current_claim", "node_identity"]

@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 from django_taskclaim.exceptions import InvalidTaskKey
 from django_taskclaim.keys import validate_key, validate_tenant
-from django_taskclaim.querysets import TERMINAL
+from django_taskclaim.status import TERMINAL
 
 UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 _DURATION = re.compile(r"(\d+)([wdhms])")

@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
-from django_taskclaim.backends import get_backend
 from django_taskclaim.conf import settings
+from django_taskclaim.store import get_store
 
 USAGE_ERROR = 2
 
@@ -20,10 +20,10 @@ USAGE_ERROR = 2
 def database_now(using: str | None = None) -> datetime:
     """The database's clock (as the leases use it), never this process's clock."""
     alias = using or settings.DATABASE
-    backend = get_backend(alias)
+    store = get_store(alias)
     with connections[alias].cursor() as cursor:
-        cursor.execute(f"SELECT {backend.now}", [])
-        value = backend.to_datetime(cursor.fetchone()[0])
+        cursor.execute(f"SELECT {store.now}", [])
+        value = store.to_datetime(cursor.fetchone()[0])
     if value is None:  # pragma: no cover - a database without a clock
         raise RuntimeError(f"database {alias!r} returned no current time")
     return value

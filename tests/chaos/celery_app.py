@@ -80,7 +80,7 @@ signals.stale_write_refused.connect(_refused, weak=False, dispatch_uid="chaos-re
               default_retry_delay=0.2, retry_backoff=False)
 def step_task(self: Any, key: str) -> dict[str, Any]:
     """The worker program's task, as a Celery task: progress effects, then effect + completion."""
-    from django_taskclaim.backends import DbNow
+    from django_taskclaim.store import DbNow
     from tests.testapp.models import Effect
 
     claim = self.claim

@@ -133,8 +133,8 @@ class Worker:
 
     def execute_unsafe(self, claim: Any, info: dict[str, Any]) -> None:
         """The broken recipe, to show the checker catches it: the effect outside ``fenced()``."""
-        from django_taskclaim.backends import DbNow
         from django_taskclaim.exceptions import StaleClaim
+        from django_taskclaim.store import DbNow
         from tests.testapp.models import Effect
 
         self.work()
@@ -154,8 +154,8 @@ class Worker:
             return
         from django.db import Error
 
-        from django_taskclaim.backends import DbNow
         from django_taskclaim.exceptions import StaleClaim
+        from django_taskclaim.store import DbNow
         from tests.testapp.models import Effect
 
         for step in range(self.args.steps):

@@ -9,10 +9,12 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import close_old_connections
 
-from django_taskclaim.claims import reclaim_expired_rows
+from django_taskclaim.lifecycle import reclaim_expired_rows
 from django_taskclaim.management.arguments import positive_int, positive_seconds
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.models import Task
+from django_taskclaim.status import Status
+from django_taskclaim.store.rows import Moved
 
 
 class ReclaimLoop:
@@ -101,8 +103,8 @@ class Command(TaskClaimCommand):
     def dry_round(self, limit: int | None) -> None:
         expired = Task.objects.expired().order_by("id")
         tasks = list(expired[:limit] if limit else expired)
-        would = [(t.pk, t.key, t.tenant, t.fencing_token,
-                  "pending" if t.attempts < t.max_attempts else "failed") for t in tasks]
+        would = [Moved(t.pk, t.key, t.tenant, t.fencing_token,
+                       Status.PENDING if t.attempts < t.max_attempts else Status.FAILED) for t in tasks]
         resend = self.requeue_candidates(would) if self.requeue else None
         if self.as_json:
             self.write_json({"dry_run": True, **self.summary(would), "requeue": resend}, indent=None)
@@ -111,7 +113,7 @@ class Command(TaskClaimCommand):
             if self.verbosity >= 1:
                 self.stdout.write(
                     f"would reclaim {task.key!r} tenant={task.tenant!r} token={task.fencing_token} "
-                    f"owner={task.owner!r} attempts={task.attempts}/{task.max_attempts} -> {row[4]}"
+                    f"owner={task.owner!r} attempts={task.attempts}/{task.max_attempts} -> {row.status}"
                 )
         self.stdout.write(f"reclaim (dry run): {len(tasks)} expired task(s) found, nothing changed")
         if resend is not None:
@@ -121,7 +123,7 @@ class Command(TaskClaimCommand):
                                       f"(message {item['celery_task_id'] or '-'})")
             self.stdout.write(f"requeue (dry run): {len(resend)} lost message(s) would be re-sent")
 
-    def requeue_candidates(self, would: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    def requeue_candidates(self, would: list[Moved]) -> list[dict[str, Any]]:
         """What ``--requeue`` would re-send after this (dry) round, sending nothing."""
         from django_taskclaim.celery import requeue_lost
 
@@ -129,24 +131,23 @@ class Command(TaskClaimCommand):
         return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_task_id} for i in found]
 
     @staticmethod
-    def summary(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
-        pending = sum(1 for r in rows if r[4] == "pending")
+    def summary(rows: list[Moved]) -> dict[str, Any]:
+        pending = sum(1 for r in rows if r.status == Status.PENDING)
         return {
-            "reclaimed": [{"id": r[0], "key": r[1], "tenant": r[2], "token": r[3], "status": r[4]}
-                          for r in rows],
+            "reclaimed": [r._asdict() for r in rows],
             "pending": pending,
             "failed": len(rows) - pending,
         }
 
-    def reclaim_round(self, limit: int | None, batch_size: int) -> list[tuple[Any, ...]]:
-        moved: list[tuple[Any, ...]] = []
+    def reclaim_round(self, limit: int | None, batch_size: int) -> list[Moved]:
+        moved: list[Moved] = []
         while limit is None or len(moved) < limit:
             size = batch_size if limit is None else min(batch_size, limit - len(moved))
             rows = reclaim_expired_rows(size)
             moved.extend(rows)
             if self.verbosity >= 2 and not self.as_json:
-                for _id, key, tenant, token, status in rows:
-                    self.stdout.write(f"reclaimed {key!r} tenant={tenant!r} token={token} -> {status}")
+                for r in rows:
+                    self.stdout.write(f"reclaimed {r.key!r} tenant={r.tenant!r} token={r.token} -> {r.status}")
             if len(rows) < size:
                 break
         summary = self.summary(moved)
@@ -160,7 +161,7 @@ class Command(TaskClaimCommand):
             self.write_json({"dry_run": False, **summary, "requeue": sent}, indent=None)
         return moved
 
-    def after_round(self, moved: list[tuple[Any, ...]]) -> list[dict[str, Any]] | None:
+    def after_round(self, moved: list[Moved]) -> list[dict[str, Any]] | None:
         """Hook for work after a round: with ``--requeue``, the Celery bridge re-sends lost messages."""
         if not self.requeue:
             return None

@@ -19,10 +19,10 @@ from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, DateTimeField, Exists, F, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 
-from django_taskclaim.backends import DbNow
 from django_taskclaim.management.arguments import positive_int, since_value, tenant_name
 from django_taskclaim.management.base import TaskClaimCommand, database_now
 from django_taskclaim.models import Attempt
+from django_taskclaim.store import DbNow
 
 OVERLAP_FOUND = 1
 

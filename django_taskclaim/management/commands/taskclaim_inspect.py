@@ -7,10 +7,10 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_taskclaim.backends import DbNow
 from django_taskclaim.management.arguments import task_key, tenant_name
 from django_taskclaim.management.base import TaskClaimCommand
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.store import DbNow
 
 NOT_FOUND = 1
 

@@ -8,10 +8,10 @@ from typing import Any
 from django.core.management.base import CommandParser
 from django.db.models import Count
 
+from django_taskclaim.lifecycle import transitions
 from django_taskclaim.management.arguments import TERMINAL, duration, positive_int, terminal_status
 from django_taskclaim.management.base import TaskClaimCommand, database_now
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.querysets import write_transaction
 
 
 class Command(TaskClaimCommand):
@@ -52,7 +52,7 @@ class Command(TaskClaimCommand):
         progress = self.stdout.isatty() and self.verbosity >= 1 and not as_json
         deleted_tasks = deleted_attempts = 0
         while True:
-            deleted, attempts = self.delete_batch(candidates, batch_size)
+            deleted, attempts = self.delete_batch(tasks.db, statuses, cutoff, batch_size)
             deleted_tasks += deleted
             deleted_attempts += attempts
             if progress and total:
@@ -70,21 +70,9 @@ class Command(TaskClaimCommand):
             f"purge: deleted {deleted_tasks} task(s) and {deleted_attempts} attempt(s) "
             f"({', '.join(statuses)}; last updated before {cutoff.isoformat()})")
 
-    def delete_batch(self, candidates: Any, batch_size: int) -> tuple[int, int]:
+    def delete_batch(self, using: str, statuses: list[str], cutoff: datetime, batch_size: int) -> tuple[int, int]:
         """Delete one batch in its own transaction; returns (tasks, attempts) deleted."""
-        using = candidates.db
-        # SQLite: the transaction's first statement takes the write lock (a transaction that
-        # read first would fail at once beside busy writers). PostgreSQL: FOR UPDATE makes a
-        # concurrent reset wait, and a row it already moved out of the finished states no
-        # longer matches when the lock is taken.
-        with write_transaction(using):
-            ids = list(candidates.select_for_update().order_by("pk")
-                       .values_list("pk", flat=True)[:batch_size])
-            if not ids:
-                return 0, 0
-            attempts, _ = Attempt.objects.using(using).filter(task_id__in=ids).delete()
-            _, per_model = Task.objects.using(using).filter(pk__in=ids).delete()
-        return per_model.get(Task._meta.label, 0), attempts
+        return transitions.purge(using, statuses=statuses, before=cutoff, limit=batch_size)
 
     def dry_run(self, candidates: Any, cutoff: datetime, statuses: list[str], as_json: bool) -> None:
         counts = dict(candidates.order_by().values_list("status").annotate(n=Count("pk")))

@@ -1,159 +1,79 @@
 """PostgreSQL: the hot paths fused into one statement each with data-modifying CTEs.
 
-A claim (insert-or-take-over plus its audit rows), a completion (task plus attempt) and a
-queue claim (``FOR UPDATE SKIP LOCKED`` plus audit) are each one round trip.
+A claim (insert-or-take-over plus its audit rows), a completion (task plus attempt), a queue
+claim (``FOR UPDATE SKIP LOCKED`` plus audit) and each operator action are one round trip.
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import weakref
+from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError
-
-from ..conf import settings
-from .base import ATTEMPT, INSERT_COLUMNS, TASK, TASK_COLUMNS, Backend, Row, claimable, is_duplicate
+from ..status import Outcome
+from . import prepared
+from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved
+from .sql import (
+    CANCELLED,
+    FAILED,
+    INSERT_COLUMNS,
+    PENDING,
+    RELEASE_SET,
+    RUNNING,
+    SUCCEEDED,
+    SQLStore,
+    claimable,
+    is_duplicate,
+    owned,
+    word,
+)
 
 _OPEN_ATTEMPTS = (
     # Close the attempt that was taken over (token - 1 still running), open the new one, both
     # at c.claimed_at: the clock read once the row was claimed (see returning()).
-    f", closed AS (UPDATE {ATTEMPT} a SET outcome = 'taken_over', ended_at = c.claimed_at "
-    f"FROM claimed c WHERE a.task_id = c.id AND a.token = c.fencing_token - 1 AND a.outcome = 'running' "
+    f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = c.claimed_at "
+    f"FROM claimed c WHERE a.task_id = c.id AND a.token = c.fencing_token - 1 AND a.outcome = {RUNNING} "
     f"RETURNING a.task_id, a.owner), "
     f"opened AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
     f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, "
-    f"'running', 0 FROM claimed c) "
+    f"{RUNNING}, 0 FROM claimed c) "
 )
 # When the row was claimed, for the attempt's audit times. Not statement_timestamp(): that is
 # when the statement *arrived*, and a claim that arrived while the owner still held the row
 # (inside fenced()) and ran after its release committed would be stamped before the release
 # ended the previous attempt. clock_timestamp() in RETURNING is read after the row lock and
-# the re-check, so attempts of a task are stamped in the order they happened. Callers read
-# the task columns by position; this trailing column is ignored by them.
+# the re-check, so attempts of a task are stamped in the order they happened. decode() reads
+# the task columns by position and ignores this trailing column.
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
 _SELECT_WITH_PREVIOUS = (
     "SELECT c.*, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) FROM claimed c ORDER BY c.id"
 )
 _SELECT_PLAIN = "SELECT c.*, NULL FROM claimed c ORDER BY c.id"
+_MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
 
 
-# SQL text -> (statement name, PREPARE statement, EXECUTE statement with %s placeholders).
-_STATEMENTS: dict[str, tuple[str, str, str]] = {}
-
-# Names prepared in each server session, keyed by the driver's connection object (one object,
-# one session). Not by Django's connection wrapper: with Django's pool (OPTIONS "pool") a wrapper
-# is handed a different session at each checkout, and a session comes back to a wrapper after
-# another one prepared in it. Weak keys: a closed connection's entry goes with it.
-_PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-_PREPARED_LOCK = threading.Lock()
-
-
-def _prepared_in(raw: Any) -> set[str]:
-    """The statement names prepared in the session of driver connection ``raw``."""
-    with _PREPARED_LOCK:
-        names = _PREPARED.get(raw)
-        if names is None:
-            names = _PREPARED[raw] = set()
-        return names
-
-
-_UNDEFINED_STATEMENT = "26000"  # prepared statement "…" does not exist
-_DUPLICATE_STATEMENT = "42P05"  # prepared statement "…" already exists
-
-
-def _sqlstate(exc: DatabaseError) -> str | None:
-    cause = exc.__cause__
-    return getattr(cause, "sqlstate", getattr(cause, "pgcode", None))
-
-
-def _outside_transaction(db: Any) -> bool:
-    """Whether a failed statement on ``db`` aborted no transaction (autocommit, no atomic block)."""
-    return bool(db.get_autocommit()) and not db.in_atomic_block
-
-
-def _binds_on_server(db: Any) -> bool:
-    """Whether Django runs this connection's queries with server-side binding (Django 4.2+ option)."""
-    return db.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
-
-
-def _prepared_form(sql: str) -> tuple[str, str, str]:
-    name = "taskclaim_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:20]
-    parts = sql.split("%%")
-    count = 0
-    numbered = []
-    for part in parts:
-        pieces = part.split("%s")
-        out = pieces[0]
-        for piece in pieces[1:]:
-            count += 1
-            out += f"${count}{piece}"
-        numbered.append(out)
-    prepare_sql = f"PREPARE {name} AS {'%'.join(numbered)}"
-    execute_sql = f"EXECUTE {name}({', '.join(['%s'] * count)})" if count else f"EXECUTE {name}"
-    return name, prepare_sql, execute_sql
-
-
-class PostgreSQLBackend(Backend):
+class PostgreSQLStore(SQLStore):
     vendor = "postgresql"
     # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
     now = "statement_timestamp()"
     json_param = "%s::jsonb"
     needs_transaction = False
+    row_locks = True
+    for_update = " FOR UPDATE"
 
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
-    def execute(self, cursor: Any, sql: str, params: list[Any]) -> None:
-        # Django binds parameters on the client and never prepares (prepare_threshold=None, for
-        # connection poolers), so PostgreSQL would parse and plan each claim again: planning
-        # these fused CTE statements costs more than running them. The statements are few and
-        # fixed, so each is PREPAREd once per server session and then run with EXECUTE.
-        # TASKCLAIM_PREPARED_STATEMENTS = False turns this off (for transaction-mode poolers,
-        # which hand each transaction to any server session: check E010).
-        # With server-side binding (OPTIONS "server_side_binding") the statement runs as is:
-        # PostgreSQL cannot type the parameters of an EXECUTE sent with the extended protocol
-        # ("could not determine data type of parameter $1"), and psycopg prepares such queries
-        # itself when OPTIONS "prepare_threshold" asks it to.
-        db = getattr(cursor, "db", None)  # a Django CursorWrapper; plain DB-API cursors run as is
-        if db is None or not settings.PREPARED_STATEMENTS or _binds_on_server(db):
-            cursor.execute(sql, params)
-            return
-        entry = _STATEMENTS.get(sql)
-        if entry is None:
-            entry = _STATEMENTS[sql] = _prepared_form(sql)
-        name, prepare_sql, execute_sql = entry
-        self._prepare(db, name, prepare_sql)
-        try:
-            cursor.execute(execute_sql, params)
-        except DatabaseError as exc:
-            # Someone ran DISCARD ALL / DEALLOCATE on this session: prepare again, at once where
-            # the failed statement aborted no transaction of the caller's, else at the next call.
-            if _sqlstate(exc) != _UNDEFINED_STATEMENT:
-                raise
-            _prepared_in(db.connection).clear()
-            if not _outside_transaction(db):
-                raise
-            self._prepare(db, name, prepare_sql)
-            cursor.execute(execute_sql, params)
+    def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
+        return f"({self.lease_sql()})", [float(seconds)]
 
-    def _prepare(self, db: Any, name: str, prepare_sql: str) -> None:
-        raw = db.connection  # the driver's connection: with a pool, the session of this checkout
-        prepared = _prepared_in(raw)
-        if name not in prepared:
-            # On the DB-API cursor: an internal, once-per-session statement that query budgets
-            # (assertNumQueries) do not count.
-            try:
-                with db.wrap_database_errors, raw.cursor() as prep:
-                    prep.execute(prepare_sql)
-            except DatabaseError as exc:
-                # The session already has it: one a pooler handed over without DISCARD ALL (a
-                # session-mode PgBouncer with an empty server_reset_query). The name is a hash of
-                # the SQL, so it is this very statement. Inside a transaction the error aborted it.
-                if _sqlstate(exc) != _DUPLICATE_STATEMENT or not _outside_transaction(db):
-                    raise
-            prepared.add(name)
+    def execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        prepared.execute(cursor, sql, params)
+
+    def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
+        if seconds is None:
+            cursor.execute("RESET lock_timeout")
+        else:
+            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
 
     def columns(self, table: str = "") -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
@@ -167,7 +87,7 @@ class PostgreSQLBackend(Backend):
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
-    ) -> tuple[Row | None, str | None]:
+    ) -> Claimed | None:
         params: list[Any] = [
             owner, lease, payload, fingerprint, tenant, key, fingerprint, fingerprint,  # update
             tenant, key, owner, max_attempts, lease, payload, fingerprint,  # insert
@@ -178,8 +98,8 @@ class PostgreSQLBackend(Backend):
         else:
             sql = f"WITH {self.claim_key_sql()} {_SELECT_PLAIN}"
         self.execute(cursor, sql, params)
-        row = cursor.fetchone()
-        return (None, None) if row is None else (row[:-1], row[-1])
+        found = cursor.fetchone()
+        return None if found is None else Claimed(self.decode(found), found[-1])
 
     def claim_key_sql(self) -> str:
         """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
@@ -189,12 +109,12 @@ class PostgreSQLBackend(Backend):
         own commit (a WAL flush) and were decided one after another. An ``UPDATE`` whose WHERE
         fails on the row version it waited for (re-checked under READ COMMITTED) locks nothing,
         nor does ``ON CONFLICT DO NOTHING``: losers are decided together, without writing. A row
-        committed after this statement's snapshot makes it claim nothing; ``claim()`` reads the
-        row and tries again when it is claimable.
+        committed after this statement's snapshot makes it claim nothing; the lifecycle reads
+        the row and tries again when it is claimable.
         """
         t, now = TASK, self.now
         return (
-            f"upd AS (UPDATE {t} SET status = 'running', owner = %s, fencing_token = {t}.fencing_token + 1, "
+            f"upd AS (UPDATE {t} SET status = {RUNNING}, owner = %s, fencing_token = {t}.fencing_token + 1, "
             f"attempts = {t}.attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now}, "
             f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN %s::jsonb ELSE {t}.payload END, "
             f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' THEN %s "
@@ -202,7 +122,7 @@ class PostgreSQLBackend(Backend):
             f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, now)} '
             f"AND (%s::text = '' OR {t}.payload_fingerprint IN ('', %s::text)) "
             f"RETURNING {self.returning(t)}), "
-            f"ins AS (INSERT INTO {t} ({INSERT_COLUMNS}) SELECT %s::text, %s::text, 'running', %s::text, 1, 1, "
+            f"ins AS (INSERT INTO {t} ({INSERT_COLUMNS}) SELECT %s::text, %s::text, {RUNNING}, %s::text, 1, 1, "
             f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
             f'WHERE NOT EXISTS (SELECT 1 FROM upd) ON CONFLICT (tenant, "key") DO NOTHING '
             f"RETURNING {self.returning()}), "
@@ -212,19 +132,19 @@ class PostgreSQLBackend(Backend):
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
         delivery_id: str, audit: bool,
-    ) -> list[tuple[Row, str | None]]:
+    ) -> list[Claimed]:
         now, t = self.now, TASK
         tenant_sql, tparams = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
         # never queue behind each other. The UPDATE re-checks the claim predicate.
         sql = (
-            f"WITH expired AS MATERIALIZED (SELECT id FROM {t} WHERE status = 'running' "
+            f"WITH expired AS MATERIALIZED (SELECT id FROM {t} WHERE status = {RUNNING} "
             f"AND lease_expires_at < {now} AND attempts < max_attempts {tenant_sql} "
             f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
-            f"pending AS MATERIALIZED (SELECT id FROM {t} WHERE status = 'pending' {tenant_sql} "
+            f"pending AS MATERIALIZED (SELECT id FROM {t} WHERE status = {PENDING} {tenant_sql} "
             f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
             f"picked AS (SELECT id FROM (SELECT id FROM expired UNION ALL SELECT id FROM pending) u LIMIT %s), "
-            f"claimed AS (UPDATE {t} SET status = 'running', owner = %s, "
+            f"claimed AS (UPDATE {t} SET status = {RUNNING}, owner = %s, "
             f"fencing_token = {t}.fencing_token + 1, attempts = {t}.attempts + 1, "
             f"lease_expires_at = {self.lease_sql()}, updated_at = {now} FROM picked p "
             f"WHERE {t}.id = p.id AND {claimable(t, now)} RETURNING {self.returning(t)})"
@@ -236,12 +156,12 @@ class PostgreSQLBackend(Backend):
         else:
             sql += " " + _SELECT_PLAIN
         self.execute(cursor, sql, params)
-        return [(row[:-1], row[-1]) for row in cursor.fetchall()]
+        return [Claimed(self.decode(found), found[-1]) for found in cursor.fetchall()]
 
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
         audit: bool, in_transaction: bool,
-    ) -> tuple[Row | None, bool, bool]:
+    ) -> Found | None:
         # One round trip for the loser of a race: read the state and record the duplicate
         # delivery together. Outside a caller's transaction, the duplicate's audit row is
         # committed asynchronously (set_config(..., is_local) lasts to this statement's commit):
@@ -254,9 +174,9 @@ class PostgreSQLBackend(Backend):
         # purge that comes later waits for this row. Nothing inserted means the task vanished.
         dup_sql = (
             f", dup AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
-            f"outcome, stale_writes) SELECT t.id, NULL, %s, %s, {now}, {now}, 'duplicate', 0 FROM cur "
-            f"JOIN {TASK} t ON t.id = cur.id "
-            f"WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) "
+            f"outcome, stale_writes) SELECT t.id, NULL, %s, %s, {now}, {now}, {word(Outcome.DUPLICATE)}, 0 "
+            f"FROM cur JOIN {TASK} t ON t.id = cur.id "
+            f"WHERE (cur.status = {SUCCEEDED} OR (cur.status = {RUNNING} AND NOT cur.expired)) "
             f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
         )
         async_sql = ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))"
@@ -274,12 +194,13 @@ class PostgreSQLBackend(Backend):
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
         if found is None:
-            return None, False, False
-        row, expired = found[: len(TASK_COLUMNS)], bool(found[len(TASK_COLUMNS)])
+            return None
+        n = len(TASK_COLUMNS)
+        row, expired, recorded = self.decode(found), bool(found[n]), bool(found[n + 1])
         duplicate = is_duplicate(row, expired, fingerprint)
-        if duplicate and audit and not found[len(TASK_COLUMNS) + 1]:
-            return None, False, False  # purged since the snapshot: gone, as if never read
-        return row, expired, duplicate
+        if duplicate and audit and not recorded:
+            return None  # purged since the snapshot: gone, as if never read
+        return Found(row, expired, duplicate)
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
@@ -290,9 +211,8 @@ class PostgreSQLBackend(Backend):
         self.execute(
             cursor,
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
-            f"updated_at = statement_timestamp() WHERE id = %s AND status = 'running' "
-            f"AND fencing_token = %s RETURNING id, status), "
-            f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN t.status = 'pending' THEN %s ELSE %s END, "
+            f"updated_at = statement_timestamp() WHERE {owned()} RETURNING id, status), "
+            f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN t.status = {PENDING} THEN %s ELSE %s END, "
             f"ended_at = statement_timestamp() FROM t WHERE {ATTEMPT}.task_id = t.id AND {ATTEMPT}.token = %s) "
             f"SELECT status FROM t",
             [*set_params, task_id, token, *outcomes, token],
@@ -302,32 +222,70 @@ class PostgreSQLBackend(Backend):
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         # A row lock, not a write: NO KEY UPDATE does not block the attempt table's FK checks.
-        self.execute(
-            cursor,
-            f"SELECT 1 FROM {TASK} WHERE id = %s AND status = 'running' AND fencing_token = %s "
-            f"FOR NO KEY UPDATE",
-            [task_id, token],
-        )
+        self.execute(cursor, f"SELECT 1 FROM {TASK} WHERE {owned()} FOR NO KEY UPDATE", [task_id, token])
         return cursor.fetchone() is not None
 
-    def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Row]:
+    def row_free(self, cursor: Any, task_id: int) -> int | None:
+        # SKIP LOCKED answers "does a transaction hold the row?" without waiting for it.
+        cursor.execute(f"SELECT fencing_token FROM {TASK} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED", [task_id])
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+    def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
         now, t = self.now, TASK
         limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
-        audit_sql = (
-            f", closed AS (UPDATE {ATTEMPT} a SET outcome = 'expired', ended_at = {now} FROM moved m "
-            f"WHERE a.task_id = m.id AND a.token = m.fencing_token AND a.outcome = 'running') "
-            if audit else " "
-        )
         cursor.execute(
-            f"WITH victims AS (SELECT id FROM {t} WHERE status = 'running' AND lease_expires_at < {now} "
+            f"WITH victims AS (SELECT id FROM {t} WHERE status = {RUNNING} AND lease_expires_at < {now} "
             f"ORDER BY id {limit_sql} FOR UPDATE SKIP LOCKED), "
             f"moved AS (UPDATE {t} SET {self.reclaim_set_sql(t)} FROM victims v WHERE {t}.id = v.id "
-            f"AND {t}.status = 'running' AND {t}.lease_expires_at < {now} "
-            f'RETURNING {t}.id, {t}."key", {t}.tenant, {t}.fencing_token, {t}.status)'
-            f"{audit_sql}SELECT * FROM moved ORDER BY id",
+            f"AND {t}.status = {RUNNING} AND {t}.lease_expires_at < {now} {_MOVED})"
+            f"{_close_moved(Outcome.EXPIRED) if audit else ' '}SELECT * FROM moved ORDER BY id",
             params,
         )
-        return list(cursor.fetchall())
+        return [Moved(*r) for r in cursor.fetchall()]
+
+    def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
+        if not held:
+            return []
+        t = TASK
+        cursor.execute(
+            f"WITH held AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)), "
+            f"moved AS (UPDATE {t} SET {RELEASE_SET}, lease_expires_at = NULL, updated_at = {self.now} "
+            f"FROM held h WHERE {t}.id = h.id AND {t}.fencing_token = h.token AND {t}.status = {RUNNING} "
+            f"{_MOVED}){_close_moved(Outcome.RELEASED) if audit else ' '}SELECT * FROM moved ORDER BY id",
+            [[pk for pk, _ in held], [token for _, token in held]],
+        )
+        return [Moved(*r) for r in cursor.fetchall()]
+
+    def cancel(self, cursor: Any, ids: Sequence[int], audit: bool) -> int:
+        if not ids:
+            return 0
+        t = TASK
+        cursor.execute(
+            f"WITH moved AS (UPDATE {t} SET status = {CANCELLED}, lease_expires_at = NULL, updated_at = {self.now} "
+            f"WHERE {t}.id = ANY(%s::bigint[]) AND {t}.status IN ({PENDING}, {RUNNING}) {_MOVED})"
+            f"{_close_moved(Outcome.CANCELLED, token=False) if audit else ' '}SELECT count(*) FROM moved",
+            [list(ids)],
+        )
+        return int(cursor.fetchone()[0])
+
+    def reset(self, cursor: Any, ids: Sequence[int]) -> int:
+        cursor.execute(
+            f"UPDATE {TASK} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
+            f"lease_expires_at = NULL, updated_at = {self.now} "
+            f"WHERE id = ANY(%s::bigint[]) AND status IN ({FAILED}, {CANCELLED})",
+            [list(ids)],
+        )
+        return int(cursor.rowcount)
 
 
-backend = PostgreSQLBackend()
+def _close_moved(outcome: str, token: bool = True) -> str:
+    """A CTE closing the running attempts of the tasks in ``moved`` with ``outcome``."""
+    match = " AND a.token = m.fencing_token" if token else ""
+    return (
+        f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(outcome)}, ended_at = statement_timestamp() "
+        f"FROM moved m WHERE a.task_id = m.id{match} AND a.outcome = {RUNNING}) "
+    )
+
+
+store = PostgreSQLStore()

@@ -7,12 +7,16 @@ read first and wrote later could deadlock with another writer, or fail on a stal
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
-from .base import TASK, Backend
+from .rows import TASK
+from .sql import SQLStore
+
+MINIMUM_VERSION = (3, 35)  # UPDATE … RETURNING
 
 
-class SQLiteBackend(Backend):
+class SQLiteStore(SQLStore):
     vendor = "sqlite"
     # UTC in the text form Django stores datetimes in (six fraction digits), because SQLite
     # compares these columns as text. Its clock has millisecond resolution.
@@ -22,7 +26,13 @@ class SQLiteBackend(Backend):
         return "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')"
 
     def lease_param(self, seconds: float) -> str:
-        return f"+{seconds:.3f} seconds"
+        return f"{seconds:+.3f} seconds"
+
+    def unsupported(self, connection: Any) -> str | None:
+        if sqlite3.sqlite_version_info < MINIMUM_VERSION:
+            return (f"SQLite {sqlite3.sqlite_version} is too old: claims need SQLite "
+                    f"{'.'.join(map(str, MINIMUM_VERSION))} or newer (UPDATE … RETURNING)")
+        return None
 
     def begin_write(self, cursor: Any) -> None:
         # A deferred transaction that reads first holds a shared lock (or, in WAL mode, a
@@ -42,5 +52,10 @@ class SQLiteBackend(Backend):
             with db.wrap_database_errors:
                 db.connection.execute("BEGIN")
 
+    def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
+        # A keepalive thread's own connection, closed for good afterwards: nothing to restore.
+        if seconds is not None:
+            cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
-backend = SQLiteBackend()
+
+store = SQLiteStore()

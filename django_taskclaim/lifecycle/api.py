@@ -1,0 +1,203 @@
+"""The claim API: validate what the caller asks, run the transition, hand back claims and tasks.
+
+``Task.objects.claim(...)`` and friends call these; so do the runner and the integrations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import DataError
+
+from ..conf import settings
+from ..exceptions import InvalidResult, PayloadMismatch, StaleClaim, TaskClaimError
+from ..keys import (
+    MAX_OWNER_LENGTH,
+    TaskKey,
+    canonical_json,
+    fingerprint_of,
+    lease_seconds,
+    payload_json,
+    positive_int,
+    resolve_identity,
+    validate_text,
+)
+from ..status import Status
+from ..store.rows import Claimed, Moved
+from . import transitions
+from .handle import Claim
+from .transitions import in_transaction, to_task
+
+logger = logging.getLogger("django_taskclaim")
+
+
+def default_owner() -> str:
+    """A worker identity unique to this process and call: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass
+class ClaimOutcome:
+    """What a claim attempt found: ``claimed`` with a ``claim``, or the task's current state."""
+
+    claimed: bool
+    claim: Claim | None
+    task: Any  # a Task
+
+
+def _owner(owner: str | None) -> str:
+    return validate_text(owner, "owner", MAX_OWNER_LENGTH) if owner else default_owner()
+
+
+def _max_attempts(value: int | None) -> int:
+    return settings.MAX_ATTEMPTS if value is None else positive_int(value, "max_attempts")
+
+
+def _holding(claimed: Claimed, using: str, lease: float, delivery_id: str) -> Claim:
+    """The ``Claim`` for a row this call claimed, announced to logs and receivers."""
+    row = claimed.row
+    new = Claim(task_id=row.id, tenant=row.tenant, key=row.key, owner=row.owner, token=row.fencing_token,
+                attempt=row.attempts, lease=lease, lease_expires_at=row.lease_expires_at, using=using,
+                delivery_id=delivery_id)
+    transitions.announce_claim(new, claimed.previous_owner)
+    return new
+
+
+def ensure(
+    key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
+    dispatch: dict[str, Any] | None = None, using: str | None = None,
+) -> Any:
+    """Create the task PENDING if ``(tenant, key)`` is absent; return it either way.
+
+    A payload that differs from the stored one raises ``PayloadMismatch``; a payload given for
+    a task created without one is stored.
+    """
+    return ensure_task(key, tenant, payload, max_attempts, dispatch=dispatch, using=using)[0]
+
+
+def ensure_task(
+    key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
+    dispatch: dict[str, Any] | None = None, using: str | None = None,
+) -> tuple[Any, bool]:
+    """:func:`ensure`, also telling whether this call created the task."""
+    key, tenant = resolve_identity(key, tenant)
+    using = using or settings.DATABASE
+    stored = payload_json(payload)
+    fp = fingerprint_of(stored)
+    dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
+    limit = _max_attempts(max_attempts)
+    # The row that made the insert conflict can be purged before it is read: insert again.
+    for _ in range(3):
+        row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
+                                          max_attempts=limit, dispatch=dispatch_json)
+        if row is not None:
+            break
+    else:
+        raise TaskClaimError(f"task {key!r} (tenant {tenant!r}) kept vanishing under ensure(); try again")
+    if fp and row.payload_fingerprint != fp:
+        raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
+    return to_task(row, using), created
+
+
+def claim(
+    key: str | TaskKey, tenant: str = "", owner: str | None = None, lease: float | timedelta | None = None,
+    payload: Any = None, *, max_attempts: int | None = None, delivery_id: str = "", using: str | None = None,
+) -> ClaimOutcome:
+    """Claim ``(tenant, key)``, creating the task if absent; take it over if its lease expired."""
+    key, tenant = resolve_identity(key, tenant)
+    seconds = lease_seconds(lease)
+    owner = _owner(owner)
+    validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
+    using = using or settings.DATABASE
+    stored = payload_json(payload)
+    fp = fingerprint_of(stored)
+    limit = _max_attempts(max_attempts)
+    # A claim can lose to a change that makes the task claimable again (a release) between the
+    # statement and the read of the state; try again a few times before reporting what we saw.
+    # A task deleted by taskclaim_purge meanwhile (even between the read and the duplicate's
+    # audit row) reads as absent: the next round creates it afresh and claims it.
+    for _ in range(3):
+        result = transitions.claim_key(using, tenant=tenant, key=key, owner=owner, lease=seconds,
+                                       payload=stored, fingerprint=fp, max_attempts=limit,
+                                       delivery_id=delivery_id)
+        if result is None:
+            continue  # purged between the statements: gone, so claim it afresh
+        if isinstance(result, Claimed):
+            return ClaimOutcome(True, _holding(result, using, seconds, delivery_id), to_task(result.row, using))
+        row, expired = result.row, result.expired
+        if fp and row.payload_fingerprint not in ("", fp):
+            raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
+        running = row.status == Status.RUNNING
+        if running and expired and row.attempts >= row.max_attempts:
+            transitions.fail_exhausted(using, row)
+            task = to_task(row, using)
+            task.refresh_from_db(using=using)
+            return ClaimOutcome(False, None, task)
+        if row.status == Status.PENDING or (running and expired):
+            continue
+        return ClaimOutcome(False, None, to_task(row, using))
+    raise TaskClaimError(f"task {key!r} (tenant {tenant!r}) kept changing under the claim; try again")
+
+
+def claim_next(
+    owner: str | None = None, lease: float | timedelta | None = None, tenant: str | None = None,
+    limit: int = 1, *, delivery_id: str = "", using: str | None = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` tasks, queue style: expired leases first, then the oldest pending."""
+    seconds = lease_seconds(lease)
+    positive_int(limit, "limit")
+    if tenant is not None:
+        _, tenant = resolve_identity("-", tenant)
+    owner = _owner(owner)
+    validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
+    using = using or settings.DATABASE
+    claimed = transitions.claim_next(using, owner=owner, lease=seconds, tenant=tenant, limit=limit,
+                                     delivery_id=delivery_id)
+    return [_holding(c, using, seconds, delivery_id) for c in claimed]
+
+
+def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) -> list[Moved]:
+    """Move expired RUNNING tasks to PENDING (FAILED when attempts are spent); the tasks moved."""
+    if limit is not None:
+        positive_int(limit, "limit")
+    return transitions.reclaim(using or settings.DATABASE, limit)
+
+
+def reclaim_expired(limit: int | None = None, *, using: str | None = None) -> int:
+    """How many expired RUNNING tasks :func:`reclaim_expired_rows` moved."""
+    return len(reclaim_expired_rows(limit, using=using))
+
+
+def complete_or_fail(claim: Claim, result: Any = None, result_ref: str = "") -> None:
+    """Complete ``claim`` for work that already ran; a result that cannot be stored ends it FAILED.
+
+    ``complete()`` alone leaves the task RUNNING when it refuses a result, and the next claim
+    after the lease would run the work a second time. Here the refusal is recorded as the
+    final failure (the error names the problem) and ``InvalidResult`` propagates; a later call
+    finds the task FAILED. Used by ``run_once`` and the Celery bridge.
+    """
+    try:
+        claim.complete(result, result_ref)
+    except InvalidResult as exc:
+        _fail_quietly(claim, exc)
+        raise
+    except DataError as exc:
+        # Something the checks above did not foresee; inside a transaction the database has
+        # aborted it, and the caller's rollback decides.
+        if in_transaction(claim.using):
+            raise
+        _fail_quietly(claim, exc)
+        raise InvalidResult(f"the database refused the result: {exc}") from exc
+
+
+def _fail_quietly(claim: Claim, error: BaseException) -> None:
+    try:
+        claim.fail(error, retry=False)
+    except StaleClaim:
+        logger.warning("failure of a fenced-off claim not recorded", extra=claim._log_extra())

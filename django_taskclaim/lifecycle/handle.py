@@ -1,0 +1,178 @@
+"""The claim a worker holds: its token fences every write it makes to the task."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+
+from .. import signals
+from ..conf import settings
+from ..exceptions import InvalidResult, StaleClaim
+from ..keys import clean_text, lease_seconds, to_json, validate_text
+from . import transitions
+from .asynchronous import AsyncClaimMixin
+from .keepalive import KeepaliveMixin
+
+logger = logging.getLogger("django_taskclaim")
+
+MAX_ERROR_LENGTH = 10_000
+MAX_RESULT_REF_LENGTH = 1024
+
+
+def error_text(error: object) -> str:
+    """The text stored for a failure; never raises, whatever ``error`` holds or how it prints."""
+    try:
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    except Exception:  # an exception whose __str__ fails must still be recorded
+        text = f"{type(error).__name__}: <unprintable error>"
+    return clean_text(text, MAX_ERROR_LENGTH)
+
+
+class Claim(KeepaliveMixin, AsyncClaimMixin):
+    """Proof that this worker owns a task until its lease expires: the token fences every write.
+
+    Every method that writes has an awaitable twin (``acomplete``…, ``akeepalive``,
+    ``afenced``).
+    """
+
+    def __init__(
+        self, *, task_id: int, key: str, tenant: str, token: int, owner: str, lease: float,
+        lease_expires_at: datetime | None, attempt: int, using: str, delivery_id: str = "",
+    ) -> None:
+        self.task_id = task_id
+        self.key = key
+        self.tenant = tenant
+        self.token = token
+        self.owner = owner
+        self.lease = lease
+        self.lease_expires_at = lease_expires_at
+        self.attempt = attempt
+        self.using = using
+        self.delivery_id = delivery_id
+        # Set by keepalive() when a heartbeat is refused or the lease ran out locally.
+        self.lost = threading.Event()
+        self.lost_reason: BaseException | None = None
+        # complete/fail/release under way or done: a refused heartbeat then means nothing was lost.
+        self._finishing = False
+        # This thread's open transaction holds the task row (fenced(), a heartbeat inside it):
+        # nobody can take over until it ends, and a heartbeat from another connection would wait.
+        # (Consulted on SQLite only; PostgreSQL asks the row's lock itself.)
+        self._row_held = False
+
+    def __repr__(self) -> str:
+        return f"<Claim {self.key!r} tenant={self.tenant!r} token={self.token} owner={self.owner!r}>"
+
+    def _log_extra(self) -> dict[str, Any]:
+        return {"key": self.key, "tenant": self.tenant, "token": self.token, "owner": self.owner}
+
+    def _refuse(self, action: str) -> None:
+        """Count the fenced-off write in the audit trail, tell receivers, raise ``StaleClaim``."""
+        transitions.refuse(self, action)
+        raise StaleClaim(self.key, self.tenant, self.token, action)
+
+    def _finishing_write(self, action: str, write: Any, *args: Any) -> str:
+        """Run an ending transition (complete, fail, release); ``StaleClaim`` if fenced off."""
+        finishing, self._finishing = self._finishing, True
+        try:
+            status = write(self, *args)
+        except BaseException:
+            self._finishing = finishing  # nothing written: keepalive goes on heartbeating
+            raise
+        if status is None:
+            self._finishing = finishing  # fenced off: this claim did not finish the task
+            self._refuse(action)
+        return str(status)
+
+    def heartbeat(self, lease: float | timedelta | None = None) -> datetime | None:
+        """Extend the lease from the database's now; ``StaleClaim`` if another worker took over."""
+        seconds = lease_seconds(self.lease if lease is None else lease)
+        expires = transitions.heartbeat(self, seconds)
+        if expires is None:
+            if self._finishing:  # keepalive raced our own completion: nothing to count
+                raise StaleClaim(self.key, self.tenant, self.token, "heartbeat")
+            self._refuse("heartbeat")
+        if transitions.in_transaction(self.using):
+            self._row_held = True  # the row stays locked by this transaction until it ends
+        self.lease, self.lease_expires_at = seconds, expires
+        return expires
+
+    def complete(self, result: Any = None, result_ref: str = "") -> None:
+        """Store the result (JSON and/or an artifact reference) and mark the task SUCCEEDED.
+
+        The result is encoded with ``TASKCLAIM_JSON_ENCODER`` (``Decimal``, ``datetime``,
+        ``UUID`` read back as strings by default). A result that cannot be stored raises
+        ``InvalidResult`` and writes nothing: the claim is still held. Code that already ran the
+        work should use :func:`complete_or_fail`, which ends the task FAILED instead.
+        """
+        result_json = None
+        if result is not None:
+            result_json = to_json(result, "result", InvalidResult, limit=settings.MAX_RESULT_BYTES,
+                                  limit_setting="TASKCLAIM_MAX_RESULT_BYTES",
+                                  hint=". Store large outputs elsewhere and pass result_ref")
+        if not isinstance(result_ref, str):
+            raise InvalidResult(f"result_ref must be a string of at most {MAX_RESULT_REF_LENGTH} characters")
+        validate_text(result_ref, "result_ref", MAX_RESULT_REF_LENGTH, InvalidResult)
+        self._finishing_write("complete", transitions.complete, result_json, result_ref)
+        logger.info("task completed", extra=self._log_extra())
+        transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
+
+    def fail(self, error: BaseException | str, retry: bool = False) -> str:
+        """Record a failure: back to PENDING when ``retry`` and attempts remain, else FAILED.
+
+        Returns the new status. The error's text is stored made safe (NULs dropped, lone
+        surrogates escaped, cut at 10,000 characters), so recording a failure never fails on it.
+        """
+        text = error_text(error)
+        status = self._finishing_write("fail", transitions.fail, text, bool(retry))
+        retrying = status == "pending"
+        logger.info("task failed", extra={**self._log_extra(), "retry": retrying, "error": text[:200]})
+        transitions.send(self.using, signals.task_failed, claim=self, error=text, retry=retrying)
+        return status
+
+    def release(self) -> None:
+        """Give the task back untouched: PENDING again, and this attempt does not count."""
+        self._finishing_write("release", transitions.release)
+        logger.info("task released", extra=self._log_extra())
+        transitions.send(self.using, signals.task_released, claim=self, key=self.key, tenant=self.tenant)
+
+    def check(self) -> None:
+        """Raise ``StaleClaim`` unless this claim still owns the task. Call it before an external effect."""
+        if not transitions.check(self):
+            self._refuse("check")
+
+    @contextmanager
+    def fenced(self) -> Iterator[Claim]:
+        """A transaction whose writes commit only if this claim still owns the task.
+
+        The task row is locked (the write lock on SQLite) *before* the token is checked, so no
+        takeover can happen between the check and the commit. Complete inside the block to
+        commit the effect and the completion together.
+        """
+        refused = False
+        nested = transitions.in_transaction(self.using)
+        db = connections[self.using]
+        if not db.get_autocommit() and not db.in_atomic_block:
+            # The caller turned autocommit off: the block joins its transaction, and the writes
+            # commit (or roll back) with the caller's commit() (or rollback()).
+            transitions.join_callers_transaction(self.using)
+        with transaction.atomic(using=self.using):
+            if transitions.lock(self):
+                held = self._row_held
+                # Inside an outer transaction the lock outlives this block: keepalive may rest.
+                self._row_held = held or nested
+                try:
+                    yield self
+                except BaseException:
+                    self._row_held = held  # the savepoint rolled back, and its lock with it
+                    raise
+            else:
+                refused = True
+        # Recorded after the (empty) transaction ended, so the count is not rolled back with it.
+        if refused:
+            self._refuse("fenced write")

@@ -1,0 +1,265 @@
+"""Every change of a task's state, owner and operator alike: one named operation each.
+
+Each operation opens the scope its store needs (one write transaction on SQLite), runs the
+store's guarded statement(s), and announces what changed (logs, and signals after commit).
+Owner writes return ``None``/``False`` when the token no longer owns the task: the caller
+(the :class:`~django_taskclaim.lifecycle.handle.Claim`) decides what a refusal means.
+Callers pass intent (a token, a result, a lease), never SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.apps import apps
+from django.db import connections, transaction
+
+from .. import signals
+from ..conf import settings
+from ..status import Status
+from ..store import get_store
+from ..store.rows import Claimed, Found, Moved, TaskRow
+
+logger = logging.getLogger("django_taskclaim")
+
+
+class Holder(Protocol):
+    """What a transition needs to know of a claim (``Claim`` is one)."""
+
+    task_id: int
+    key: str
+    tenant: str
+    token: int
+    owner: str
+    using: str
+
+
+def task_model() -> Any:
+    """The ``Task`` model, from Django's app registry: the lifecycle sits below the models,
+    which call it, so it never imports them."""
+    return apps.get_model("django_taskclaim", "Task")
+
+
+def to_task(row: TaskRow, using: str) -> Any:
+    """A store row as a ``Task`` instance loaded from ``using``."""
+    return task_model().from_db(using, list(TaskRow._fields), list(row))
+
+
+def in_transaction(using: str) -> bool:
+    """Whether the connection is inside a transaction: an ``atomic()`` block, or autocommit off."""
+    conn = connections[using]
+    return bool(conn.in_atomic_block or not conn.get_autocommit())
+
+
+def send(using: str, signal: Any, **kwargs: Any) -> None:
+    """Send ``signal`` once the current transaction commits (at once outside one)."""
+    if not signal.receivers:
+        return
+    sender = task_model()
+
+    def deliver() -> None:
+        for receiver, response in signal.send_robust(sender=sender, **kwargs):
+            if isinstance(response, Exception):
+                logger.error("signal receiver %r failed", receiver, exc_info=response)
+
+    conn = connections[using]
+    if not conn.in_atomic_block and not conn.get_autocommit():
+        # Autocommit off with no atomic(): Django has no commit hook to wait for (on_commit
+        # raises there), so receivers hear of the change now.
+        deliver()
+        return
+    transaction.on_commit(deliver, using=using)
+
+
+@contextmanager
+def _writing(using: str) -> Iterator[Any]:
+    """A cursor for one operation, inside one transaction where the store needs it (SQLite)."""
+    if get_store(using).needs_transaction:
+        with transaction.atomic(using=using, savepoint=False), connections[using].cursor() as cursor:
+            yield cursor
+    else:
+        with connections[using].cursor() as cursor:
+            yield cursor
+
+
+@contextmanager
+def _operator_writing(using: str) -> Iterator[Any]:
+    """One transaction for an operator's change, whose first statement takes the write lock.
+
+    On SQLite a transaction that read first fails at once with "database is locked" beside
+    busy workers instead of waiting for the busy timeout.
+    """
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        get_store(using).begin_write(cursor)
+        yield cursor
+
+
+def _log(holder: Holder, **extra: Any) -> dict[str, Any]:
+    return {"key": holder.key, "tenant": holder.tenant, "token": holder.token, "owner": holder.owner, **extra}
+
+
+# -- claims --------------------------------------------------------------------------------
+def claim_key(
+    using: str, *, tenant: str, key: str, owner: str, lease: float, payload: str | None, fingerprint: str,
+    max_attempts: int, delivery_id: str,
+) -> Claimed | Found | None:
+    """Claim (or take over) ``(tenant, key)``; else the task as found (``None``: it vanished)."""
+    store, audit = get_store(using), settings.AUDIT
+    with _writing(using) as cursor:
+        claimed = store.claim_key(cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload,
+                                  fingerprint=fingerprint, max_attempts=max_attempts,
+                                  delivery_id=delivery_id, audit=audit)
+    if claimed is not None:
+        return claimed
+    with connections[using].cursor() as cursor:
+        found = store.read_state(cursor, tenant=tenant, key=key, owner=owner, fingerprint=fingerprint,
+                                 delivery_id=delivery_id, audit=audit, in_transaction=in_transaction(using))
+    if found is not None and found.duplicate:
+        logger.info("duplicate delivery", extra={"key": key, "tenant": tenant,
+                                                 "token": found.row.fencing_token, "owner": owner})
+        send(using, signals.duplicate_delivery, task=to_task(found.row, using), owner=owner,
+             delivery_id=delivery_id)
+    return found
+
+
+def claim_next(
+    using: str, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str,
+) -> list[Claimed]:
+    """Queue style: up to ``limit`` tasks, expired leases first, then the oldest pending."""
+    with _writing(using) as cursor:
+        return get_store(using).claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
+                                           delivery_id=delivery_id, audit=settings.AUDIT)
+
+
+def announce_claim(holder: Holder, previous_owner: str | None) -> None:
+    """Tell logs and receivers of a claim (a takeover when ``previous_owner`` is set)."""
+    takeover = previous_owner is not None
+    logger.info("task %s", "taken over" if takeover else "claimed",
+                extra=_log(holder, previous_owner=previous_owner))
+    send(holder.using, signals.task_claimed, claim=holder, takeover=takeover)
+    if takeover:
+        send(holder.using, signals.task_taken_over, claim=holder, previous_owner=previous_owner,
+             previous_token=holder.token - 1)
+
+
+def ensure(
+    using: str, *, tenant: str, key: str, payload: str | None, fingerprint: str, max_attempts: int,
+    dispatch: str | None,
+) -> tuple[TaskRow | None, bool]:
+    """Create the task PENDING unless it exists; ``(row, created)``, row ``None`` if it vanished."""
+    store = get_store(using)
+    with connections[using].cursor() as cursor:
+        row = store.ensure(cursor, tenant=tenant, key=key, payload=payload, fingerprint=fingerprint,
+                           max_attempts=max_attempts, dispatch=dispatch)
+        if row is not None:
+            return row, True
+        row = store.read_task(cursor, tenant=tenant, key=key)
+        if row is not None and fingerprint and not row.payload_fingerprint:
+            # The encoded form (what the encoder made of Decimal, datetime...), as a claim stores it.
+            store.adopt_payload(cursor, row.id, payload, fingerprint)
+            row = store.read_task(cursor, tenant=tenant, key=key)
+    return row, False
+
+
+# -- an owner's writes -----------------------------------------------------------------------
+def heartbeat(holder: Holder, lease: float) -> datetime | None:
+    """Extend the lease from the database clock; ``None`` if fenced off."""
+    with connections[holder.using].cursor() as cursor:
+        return get_store(holder.using).heartbeat(cursor, holder.task_id, holder.token, lease)
+
+
+def complete(holder: Holder, result: str | None, result_ref: str) -> str | None:
+    """RUNNING -> SUCCEEDED with the encoded result; ``None`` if fenced off."""
+    with _writing(holder.using) as cursor:
+        return get_store(holder.using).complete(cursor, holder.task_id, holder.token, result, result_ref,
+                                                settings.AUDIT)
+
+
+def fail(holder: Holder, error: str, retry: bool) -> str | None:
+    """RUNNING -> PENDING (retry, attempts left) or FAILED; ``None`` if fenced off."""
+    with _writing(holder.using) as cursor:
+        return get_store(holder.using).fail(cursor, holder.task_id, holder.token, error, retry, settings.AUDIT)
+
+
+def release(holder: Holder) -> str | None:
+    """RUNNING -> PENDING, the attempt not counted; ``None`` if fenced off."""
+    with _writing(holder.using) as cursor:
+        return get_store(holder.using).release(cursor, holder.task_id, holder.token, settings.AUDIT)
+
+
+def check(holder: Holder) -> bool:
+    """Whether the holder's token still owns the task."""
+    with connections[holder.using].cursor() as cursor:
+        return get_store(holder.using).check(cursor, holder.task_id, holder.token)
+
+
+def lock(holder: Holder) -> bool:
+    """Inside the caller's transaction: lock the task row if the token still owns it."""
+    with connections[holder.using].cursor() as cursor:
+        return get_store(holder.using).lock(cursor, holder.task_id, holder.token)
+
+
+def refuse(holder: Holder, action: str) -> None:
+    """Record a fenced-off write (audit count, log, signal); the caller raises ``StaleClaim``."""
+    if settings.AUDIT:
+        with connections[holder.using].cursor() as cursor:
+            get_store(holder.using).record_stale(cursor, holder.task_id, holder.token)
+    logger.warning("fenced-off %s refused", action, extra=_log(holder, action=action))
+    send(holder.using, signals.stale_write_refused, key=holder.key, tenant=holder.tenant,
+         token=holder.token, owner=holder.owner, action=action)
+
+
+# -- the sweeper and operators -----------------------------------------------------------------
+def reclaim(using: str, limit: int | None) -> list[Moved]:
+    """Expired RUNNING tasks to PENDING (FAILED when attempts are spent)."""
+    with _writing(using) as cursor:
+        moved = get_store(using).reclaim(cursor, limit, settings.AUDIT)
+    if moved:
+        logger.info("reclaimed %d expired task(s)", len(moved))
+        send(using, signals.tasks_reclaimed, tasks=[(m.key, m.tenant, m.token, m.status) for m in moved])
+    return moved
+
+
+def fail_exhausted(using: str, row: TaskRow) -> bool:
+    """A task whose lease expired on its last attempt to FAILED, never claimed again."""
+    with _writing(using) as cursor:
+        moved = get_store(using).fail_exhausted(cursor, row.id, row.fencing_token, settings.AUDIT)
+    if moved:
+        send(using, signals.tasks_reclaimed, tasks=[(row.key, row.tenant, row.fencing_token, Status.FAILED.value)])
+    return moved
+
+
+def force_release(using: str, held: Sequence[tuple[int, int]]) -> list[Moved]:
+    """RUNNING tasks ``(id, token)`` back to PENDING now, as their owner's release would."""
+    with _operator_writing(using) as cursor:
+        moved = get_store(using).force_release(cursor, held, settings.AUDIT)
+    for m in moved:
+        send(using, signals.task_released, claim=None, key=m.key, tenant=m.tenant)
+    return moved
+
+
+def cancel(using: str, ids: Sequence[int]) -> int:
+    """Unfinished tasks to CANCELLED; a running owner is fenced off."""
+    with _operator_writing(using) as cursor:
+        return get_store(using).cancel(cursor, ids, settings.AUDIT)
+
+
+def reset(using: str, ids: Sequence[int]) -> int:
+    """FAILED or CANCELLED tasks back to PENDING with no attempts spent."""
+    with _operator_writing(using) as cursor:
+        return get_store(using).reset(cursor, ids)
+
+
+def purge(using: str, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
+    """Delete up to ``limit`` finished tasks last updated before ``before``; (tasks, attempts)."""
+    with _operator_writing(using) as cursor:
+        return get_store(using).purge(cursor, statuses=statuses, before=before, limit=limit)
+
+
+def join_callers_transaction(using: str) -> None:
+    """Autocommit off and no transaction open yet: open the caller's transaction now (SQLite)."""
+    get_store(using).join_callers_transaction(connections[using])

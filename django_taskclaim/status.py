@@ -1,0 +1,38 @@
+"""The one vocabulary of task statuses and attempt outcomes, for models, SQL and commands alike."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class Status(models.TextChoices):
+    """Where a task stands: ``Task.Status``."""
+
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+class Outcome(models.TextChoices):
+    """How one attempt ended: ``Attempt.Outcome``."""
+
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
+    RETRY = "retry", _("Failed, will retry")
+    RELEASED = "released", _("Released")
+    EXPIRED = "expired", _("Lease expired (reclaimed)")
+    TAKEN_OVER = "taken_over", _("Lease expired (taken over)")
+    CANCELLED = "cancelled", _("Cancelled")
+    DUPLICATE = "duplicate", _("Duplicate delivery (not executed)")
+
+
+#: Statuses a task never leaves on its own (an operator may reset FAILED and CANCELLED).
+TERMINAL: tuple[str, ...] = (Status.SUCCEEDED.value, Status.FAILED.value, Status.CANCELLED.value)
+#: Statuses an operator's reset returns to PENDING.
+RESETTABLE: tuple[str, ...] = (Status.FAILED.value, Status.CANCELLED.value)
+#: Statuses a cancel moves to CANCELLED.
+UNFINISHED: tuple[str, ...] = (Status.PENDING.value, Status.RUNNING.value)

@@ -1,0 +1,61 @@
+"""The store: all SQL of the app, one module per database, behind one Protocol.
+
+``VENDORS`` is the registry: Django's ``connection.vendor`` -> the store for it. The lifecycle
+asks ``get_store(alias)``; the system check reads ``VENDORS`` (and each store's
+``unsupported()``); ``DbNow``/``DbNowPlus`` put the database clock into ORM queries.
+Adding a database is one store module and one line here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.db.models import DateTimeField, Func
+
+from .postgresql import store as postgresql
+from .protocol import Store
+from .sqlite import store as sqlite
+
+VENDORS: dict[str, Store] = {
+    "postgresql": postgresql,
+    "sqlite": sqlite,
+}
+
+
+def get_store(alias: str) -> Store:
+    """The store for database ``alias``; ``ImproperlyConfigured`` for an unsupported vendor."""
+    vendor = connections[alias].vendor
+    try:
+        return VENDORS[vendor]
+    except KeyError:
+        raise ImproperlyConfigured(
+            f"django-taskclaim supports {', '.join(sorted(VENDORS))}; database {alias!r} is {vendor!r}"
+        ) from None
+
+
+class DbNow(Func):
+    """The database clock as an ORM expression: leases are compared with this, never ``timezone.now()``."""
+
+    output_field = DateTimeField()
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:  # type: ignore[override]
+        return VENDORS[connection.vendor].now, ()
+
+
+class DbNowPlus(Func):
+    """The database clock shifted by ``seconds`` (negative for the past), e.g. an age cutoff."""
+
+    output_field = DateTimeField()
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = float(seconds)
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:  # type: ignore[override]
+        sql, params = VENDORS[connection.vendor].shifted_now(self.seconds)
+        return sql, tuple(params)
+
+
+__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store"]

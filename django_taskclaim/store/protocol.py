@@ -1,0 +1,122 @@
+"""What the lifecycle asks of a database: every task transition as one named, guarded operation.
+
+The lifecycle passes intent (a token, a result, a lease in seconds), never SQL; a store turns
+it into its vendor's statements. Every owner write is guarded by ``status = 'running' AND
+fencing_token = <token>`` and reports a refusal as ``None``/``False``, never as an exception.
+Methods take a DB-API cursor of the task database (Django's ``CursorWrapper``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from .rows import Claimed, Found, Moved, TaskRow
+
+
+class Store(Protocol):
+    #: Django's ``connection.vendor`` this store serves.
+    vendor: str
+    #: SQL for the database clock (``statement_timestamp()``, ``UTC_TIMESTAMP(6)``…).
+    now: str
+    #: Whether a multi-statement operation must run inside one transaction the caller opens.
+    needs_transaction: bool
+    #: Whether the database locks rows (so ``row_free`` can tell a held row from a free one).
+    row_locks: bool
+
+    # -- set-up ----------------------------------------------------------------------------
+    def unsupported(self, connection: Any) -> str | None:
+        """Why this server cannot hold the task table (too old…), or ``None``: for the system check."""
+
+    def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
+        """SQL and parameters for the database clock plus ``seconds`` (negative: the past)."""
+
+    def to_datetime(self, value: Any) -> datetime | None:
+        """A datetime column's value as an aware datetime."""
+
+    def begin_write(self, cursor: Any) -> None:
+        """First statement of a transaction that reads before it writes: take the write lock."""
+
+    def join_callers_transaction(self, db: Any) -> None:
+        """Autocommit off and no transaction open yet: open the caller's transaction now."""
+
+    def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
+        """Wait at most ``seconds`` for a row lock on this session; ``None`` restores the default."""
+
+    # -- claims ----------------------------------------------------------------------------
+    def claim_key(
+        self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
+        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
+    ) -> Claimed | None:
+        """Claim ``(tenant, key)``: create it RUNNING, take a pending one, or take over an expired lease."""
+
+    def read_state(
+        self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
+        audit: bool, in_transaction: bool,
+    ) -> Found | None:
+        """After a claim took nothing: the task as it is, recording a duplicate delivery."""
+
+    def claim_next(
+        self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
+        delivery_id: str, audit: bool,
+    ) -> list[Claimed]:
+        """Queue style: up to ``limit`` tasks, expired leases first, then the oldest pending."""
+
+    def ensure(
+        self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
+        max_attempts: int, dispatch: str | None,
+    ) -> TaskRow | None:
+        """Insert a PENDING task unless ``(tenant, key)`` exists; the new row, or ``None``."""
+
+    def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
+        """The task ``(tenant, key)``, or ``None``."""
+
+    def adopt_payload(self, cursor: Any, task_id: int, payload: str | None, fingerprint: str) -> None:
+        """Store a payload on a task created without one (and only then)."""
+
+    # -- an owner's writes, fenced by its token ---------------------------------------------
+    def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
+        """Extend the lease from the database clock; the new expiry, or ``None`` if fenced off."""
+
+    def complete(
+        self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, audit: bool,
+    ) -> str | None:
+        """RUNNING -> SUCCEEDED with the (JSON-encoded) result; the new status or ``None``."""
+
+    def fail(self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool) -> str | None:
+        """RUNNING -> PENDING (``retry`` and attempts left) or FAILED; the new status or ``None``."""
+
+    def release(self, cursor: Any, task_id: int, token: int, audit: bool) -> str | None:
+        """RUNNING -> PENDING, the attempt not counted; ``"pending"`` or ``None``."""
+
+    def lock(self, cursor: Any, task_id: int, token: int) -> bool:
+        """Inside a transaction: lock the task row if ``token`` still owns it."""
+
+    def check(self, cursor: Any, task_id: int, token: int) -> bool:
+        """Whether ``token`` still owns the task."""
+
+    def row_free(self, cursor: Any, task_id: int) -> int | None:
+        """The task's token if no transaction holds its row now; ``None`` if one does (or it is gone)."""
+
+    def record_stale(self, cursor: Any, task_id: int, token: int) -> None:
+        """Count a fenced-off write on the attempt that made it."""
+
+    # -- the sweeper and operators ---------------------------------------------------------
+    def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
+        """Expired RUNNING tasks to PENDING (FAILED with no attempts left)."""
+
+    def fail_exhausted(self, cursor: Any, task_id: int, token: int, audit: bool) -> bool:
+        """A task whose lease expired on its last attempt to FAILED; whether it moved."""
+
+    def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
+        """RUNNING tasks ``(id, token)`` back to PENDING as a release would; its owner is fenced off."""
+
+    def cancel(self, cursor: Any, ids: Sequence[int], audit: bool) -> int:
+        """Unfinished tasks to CANCELLED (a running owner is fenced off); how many moved."""
+
+    def reset(self, cursor: Any, ids: Sequence[int]) -> int:
+        """FAILED or CANCELLED tasks to PENDING with no attempts spent; how many moved."""
+
+    def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
+        """Delete up to ``limit`` finished tasks last updated before ``before``, with their attempts."""

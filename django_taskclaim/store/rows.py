@@ -1,0 +1,65 @@
+"""The rows the store hands out: named tuples whose fields are the columns they come from.
+
+``TaskRow``'s fields are the task table's columns in the order every statement selects them
+(``TASK_COLUMNS``), so a row reads by name (``row.fencing_token``) and turns into a model
+with ``Task.from_db``. Values arrive decoded: JSON parsed, datetimes timezone-aware.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, NamedTuple
+
+TASK = "django_taskclaim_task"
+ATTEMPT = "django_taskclaim_attempt"
+
+
+class TaskRow(NamedTuple):
+    id: int
+    tenant: str
+    key: str
+    status: str
+    owner: str
+    fencing_token: int
+    attempts: int
+    max_attempts: int
+    lease_expires_at: datetime | None
+    payload: Any
+    payload_fingerprint: str
+    result: Any
+    result_ref: str
+    error: str
+    dispatch: Any
+    created_at: datetime
+    updated_at: datetime
+
+
+TASK_COLUMNS: tuple[str, ...] = TaskRow._fields
+JSON_COLUMNS = frozenset({"payload", "result", "dispatch"})
+DATETIME_COLUMNS = frozenset({"lease_expires_at", "created_at", "updated_at"})
+
+
+class Claimed(NamedTuple):
+    """A task this call claimed, and the owner it was taken over from (``None``: it was free)."""
+
+    row: TaskRow
+    previous_owner: str | None
+
+
+class Found(NamedTuple):
+    """A task a claim could not take: its row, whether its lease has expired by the database
+    clock, and whether this delivery was recorded as a duplicate."""
+
+    row: TaskRow
+    expired: bool
+    duplicate: bool
+
+
+class Moved(NamedTuple):
+    """A task an operator or the sweeper moved, with the token it held and its new status."""
+
+    id: int
+    key: str
+    tenant: str
+    token: int
+    status: str

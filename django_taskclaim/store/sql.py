@@ -1,0 +1,449 @@
+"""The portable store: standard SQL one statement at a time, with vendor differences as hooks.
+
+SQLite uses it as it is (inside one write transaction opened by the lifecycle); other stores
+override the clock, fuse statements (PostgreSQL) or replace what their dialect lacks (MySQL
+has no ``UPDATE … RETURNING``). Every value is a parameter; the only text put together here
+is fixed SQL: table and column names, the clock, and the status words of ``status.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from ..status import Outcome, Status
+from .rows import ATTEMPT, DATETIME_COLUMNS, JSON_COLUMNS, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
+
+
+def word(choice: str) -> str:
+    """A status or outcome as a SQL literal (a fixed word of ``status.py``, never user input)."""
+    return f"'{choice}'"
+
+
+PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (word(s) for s in Status.values)
+INSERT_COLUMNS = ", ".join(f'"{c}"' for c in TASK_COLUMNS[1:])
+EXHAUSTED_ERROR = "lease expired with no attempts left"
+# A release gives the task back untouched: this attempt does not count. Owners and operators
+# (force-release) release alike.
+RELEASE_SET = f"status = {PENDING}, owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
+
+
+def claimable(table: str, now: str) -> str:
+    """A task can be claimed when pending, or running with an expired lease and attempts left.
+
+    This predicate sits in the WHERE of the statement that writes the row, so the database
+    re-checks it on the row version it locks: exactly one of several racing claims matches.
+    """
+    return (
+        f"({table}.status = {PENDING} OR ({table}.status = {RUNNING} "
+        f"AND {table}.lease_expires_at < {now} AND {table}.attempts < {table}.max_attempts))"
+    )
+
+
+def owned(table: str = TASK) -> str:
+    """The guard of every owner write (two parameters: id, token)."""
+    return f"{table}.id = %s AND {table}.status = {RUNNING} AND {table}.fencing_token = %s"
+
+
+def is_duplicate(row: TaskRow, expired: bool, fingerprint: str) -> bool:
+    """A delivery that found the task held under a live lease, or done, with a compatible payload.
+
+    (A different payload is a ``PayloadMismatch``, never a duplicate.)
+    """
+    live_or_done = row.status == Status.SUCCEEDED or (row.status == Status.RUNNING and not expired)
+    return live_or_done and (not fingerprint or row.payload_fingerprint in ("", fingerprint))
+
+
+def placeholders(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+class SQLStore:
+    """Portable implementation of :class:`~django_taskclaim.store.protocol.Store`."""
+
+    vendor = ""
+    now = ""
+    json_param = "%s"
+    needs_transaction = True
+    row_locks = False
+    #: Appended to the SELECT of rows an operator then changes (row locks where the database has them).
+    for_update = ""
+
+    # -- vendor hooks ---------------------------------------------------------------------
+    def lease_sql(self) -> str:
+        """SQL for ``db clock + %s seconds``; the parameter comes from :meth:`lease_param`."""
+        raise NotImplementedError
+
+    def lease_param(self, seconds: float) -> Any:
+        return seconds
+
+    def unsupported(self, connection: Any) -> str | None:
+        return None
+
+    def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
+        return self.lease_sql(), [self.lease_param(seconds)]
+
+    def columns(self, table: str = "") -> str:
+        """The task columns in ``TASK_COLUMNS`` order (qualified by ``table`` if given)."""
+        prefix = f"{table}." if table else ""
+        return ", ".join(f'{prefix}"{c}"' for c in TASK_COLUMNS)
+
+    def returning(self, table: str = "") -> str:
+        """What a statement that writes a task row returns: its columns, in order."""
+        return self.columns(table)
+
+    def begin_write(self, cursor: Any) -> None:
+        """Nothing to do where row locks serialise writers; SQLite overrides it."""
+
+    def join_callers_transaction(self, db: Any) -> None:
+        """Only SQLite needs it (see there); the other drivers open one before any statement."""
+
+    def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
+        raise NotImplementedError
+
+    def execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        """Run one of this app's statements; PostgreSQL runs the hot ones as prepared statements."""
+        cursor.execute(sql, params)
+
+    # -- conversion -----------------------------------------------------------------------
+    def to_datetime(self, value: Any) -> datetime | None:
+        if value is None or isinstance(value, datetime) and timezone.is_aware(value):
+            return value
+        parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+        if parsed is not None and settings.USE_TZ and timezone.is_naive(parsed):
+            parsed = timezone.make_aware(parsed, dt.UTC)
+        return parsed
+
+    def decode(self, values: Sequence[Any]) -> TaskRow:
+        """A task row as selected (``TASK_COLUMNS`` first) into a :class:`TaskRow`."""
+        decoded = []
+        for column, value in zip(TASK_COLUMNS, values, strict=False):
+            if column in JSON_COLUMNS and isinstance(value, str | bytes):
+                value = json.loads(value)
+            elif column in DATETIME_COLUMNS:
+                value = self.to_datetime(value)
+            decoded.append(value)
+        return TaskRow(*decoded)
+
+    # -- claims ---------------------------------------------------------------------------
+    def claim_key(
+        self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
+        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
+    ) -> Claimed | None:
+        now, t = self.now, TASK
+        cursor.execute(
+            f"INSERT INTO {t} ({INSERT_COLUMNS}) VALUES (%s, %s, {RUNNING}, %s, 1, 1, %s, "
+            f"{self.lease_sql()}, {self.json_param}, %s, NULL, '', '', NULL, {now}, {now}) "
+            f'ON CONFLICT (tenant, "key") DO UPDATE SET status = {RUNNING}, owner = excluded.owner, '
+            f"fencing_token = {t}.fencing_token + 1, attempts = {t}.attempts + 1, "
+            f"lease_expires_at = excluded.lease_expires_at, updated_at = excluded.updated_at, "
+            f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN excluded.payload ELSE {t}.payload END, "
+            f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' "
+            f"THEN excluded.payload_fingerprint ELSE {t}.payload_fingerprint END "
+            f"WHERE {claimable(t, now)} AND (excluded.payload_fingerprint = '' "
+            f"OR {t}.payload_fingerprint IN ('', excluded.payload_fingerprint)) "
+            f"RETURNING {self.returning()}",
+            [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint],
+        )
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        row = self.decode(found)
+        previous = self.open_attempt(cursor, row, delivery_id) if audit else None
+        return Claimed(row, previous)
+
+    def open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str) -> str | None:
+        """Record a claim; close the attempt it took over, returning that attempt's owner."""
+        cursor.execute(
+            f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {self.now} "
+            f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING} RETURNING owner",
+            [row.id, row.fencing_token - 1],
+        )
+        previous = cursor.fetchone()
+        cursor.execute(
+            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
+            f"stale_writes) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0)",
+            [row.id, row.fencing_token, row.owner, delivery_id],
+        )
+        return previous[0] if previous else None
+
+    def read_state(
+        self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
+        audit: bool, in_transaction: bool,
+    ) -> Found | None:
+        self.execute(
+            cursor,
+            f'SELECT {self.columns()}, (lease_expires_at < {self.now}) FROM {TASK} WHERE tenant = %s AND "key" = %s',
+            [tenant, key],
+        )
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        row, expired = self.decode(found), bool(found[len(TASK_COLUMNS)])
+        duplicate = is_duplicate(row, expired, fingerprint)
+        if duplicate and audit and not self.record_duplicate(cursor, row.id, owner, delivery_id):
+            return None  # purged between the read and the audit row
+        return Found(row, expired, duplicate)
+
+    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
+        """Record a duplicate delivery; ``False`` when the task no longer exists (purged).
+
+        One statement that inserts only while the task row exists: a purge that deleted the
+        task since it was read makes this insert nothing instead of violating the foreign key.
+        """
+        self.execute(
+            cursor,
+            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
+            f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
+            f"FROM {TASK} WHERE id = %s",
+            [owner, delivery_id, task_id],
+        )
+        return bool(cursor.rowcount == 1)
+
+    def claim_next(
+        self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
+        delivery_id: str, audit: bool,
+    ) -> list[Claimed]:
+        now, t = self.now, TASK
+        tenant_sql, params = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
+        # Expired leases first (older work), then the oldest pending tasks.
+        cursor.execute(
+            f"UPDATE {t} SET status = {RUNNING}, owner = %s, fencing_token = fencing_token + 1, "
+            f"attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now} "
+            f"WHERE id IN (SELECT id FROM {t} WHERE {claimable(t, now)} {tenant_sql} "
+            f"ORDER BY status = {PENDING}, id LIMIT %s) AND {claimable(t, now)} "
+            f"RETURNING {self.returning()}",
+            [owner, self.lease_param(lease), *params, limit],
+        )
+        rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)
+        return [Claimed(row, self.open_attempt(cursor, row, delivery_id) if audit else None) for row in rows]
+
+    def ensure(
+        self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
+        max_attempts: int, dispatch: str | None,
+    ) -> TaskRow | None:
+        self.execute(
+            cursor,
+            f"INSERT INTO {TASK} ({INSERT_COLUMNS}) VALUES (%s, %s, {PENDING}, '', 0, 0, %s, NULL, "
+            f"{self.json_param}, %s, NULL, '', '', {self.json_param}, {self.now}, {self.now}) "
+            f'ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}',
+            [tenant, key, max_attempts, payload, fingerprint, dispatch],
+        )
+        found = cursor.fetchone()
+        return None if found is None else self.decode(found)
+
+    def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
+        self.execute(cursor, f'SELECT {self.columns()} FROM {TASK} WHERE tenant = %s AND "key" = %s', [tenant, key])
+        found = cursor.fetchone()
+        return None if found is None else self.decode(found)
+
+    def adopt_payload(self, cursor: Any, task_id: int, payload: str | None, fingerprint: str) -> None:
+        cursor.execute(
+            f"UPDATE {TASK} SET payload = {self.json_param}, payload_fingerprint = %s "
+            f"WHERE id = %s AND payload_fingerprint = ''",
+            [payload, fingerprint, task_id],
+        )
+
+    # -- an owner's writes ----------------------------------------------------------------
+    def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
+        self.execute(
+            cursor,
+            f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
+            f"WHERE {owned()} RETURNING lease_expires_at",
+            [self.lease_param(lease), task_id, token],
+        )
+        row = cursor.fetchone()
+        return None if row is None else self.to_datetime(row[0])
+
+    def complete(
+        self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, audit: bool,
+    ) -> str | None:
+        return self.finish(
+            cursor, task_id, token,
+            f"status = {SUCCEEDED}, result = {self.json_param}, result_ref = %s, error = ''",
+            [result, result_ref], (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit,
+        )
+
+    def fail(self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool) -> str | None:
+        again = "%s AND attempts < max_attempts"
+        return self.finish(
+            cursor, task_id, token,
+            f"status = CASE WHEN {again} THEN {PENDING} ELSE {FAILED} END, "
+            f"owner = CASE WHEN {again} THEN '' ELSE owner END, error = %s",
+            [bool(retry), bool(retry), error], (Outcome.RETRY, Outcome.FAILED), audit,
+        )
+
+    def release(self, cursor: Any, task_id: int, token: int, audit: bool) -> str | None:
+        return self.finish(cursor, task_id, token, RELEASE_SET, [], (Outcome.RELEASED, Outcome.RELEASED), audit)
+
+    def finish(
+        self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
+        outcomes: tuple[str, str], audit: bool,
+    ) -> str | None:
+        """Move a running task on, guarded by its token; the new status, or ``None`` if fenced off.
+
+        ``outcomes``: the attempt's outcome when the task went back to pending, and otherwise.
+        """
+        self.execute(
+            cursor,
+            f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} "
+            f"WHERE {owned()} RETURNING status",
+            [*set_params, task_id, token],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        if audit:
+            self.close_attempt(cursor, task_id, token, outcomes[0] if row[0] == Status.PENDING else outcomes[1])
+        return str(row[0])
+
+    def close_attempt(self, cursor: Any, task_id: int, token: int, outcome: str) -> None:
+        cursor.execute(
+            f"UPDATE {ATTEMPT} SET outcome = %s, ended_at = {self.now} WHERE task_id = %s AND token = %s",
+            [outcome, task_id, token],
+        )
+
+    def lock(self, cursor: Any, task_id: int, token: int) -> bool:
+        # One writer: a no-op UPDATE as the transaction's first statement takes the write lock
+        # now (waiting for busy_timeout), so no one can take over before we commit.
+        cursor.execute(f"UPDATE {TASK} SET fencing_token = fencing_token WHERE {owned()}", [task_id, token])
+        return bool(cursor.rowcount == 1)
+
+    def check(self, cursor: Any, task_id: int, token: int) -> bool:
+        self.execute(cursor, f"SELECT 1 FROM {TASK} WHERE {owned()}", [task_id, token])
+        return cursor.fetchone() is not None
+
+    def row_free(self, cursor: Any, task_id: int) -> int | None:
+        # No row locks to ask: the lifecycle consults the claim's own record of holding the row.
+        cursor.execute(f"SELECT fencing_token FROM {TASK} WHERE id = %s", [task_id])
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+    def record_stale(self, cursor: Any, task_id: int, token: int) -> None:
+        self.execute(
+            cursor,
+            f"UPDATE {ATTEMPT} SET stale_writes = stale_writes + 1 WHERE task_id = %s AND token = %s",
+            [task_id, token],
+        )
+
+    # -- the sweeper and operators ---------------------------------------------------------
+    def reclaim_set_sql(self, table: str = TASK) -> str:
+        # The owner is cleared with the lease; the attempt log keeps who held it.
+        left = f"{table}.attempts < {table}.max_attempts"
+        return (
+            f"status = CASE WHEN {left} THEN {PENDING} ELSE {FAILED} END, "
+            f"owner = CASE WHEN {left} THEN '' ELSE {table}.owner END, "
+            f"error = CASE WHEN {left} THEN {table}.error ELSE '{EXHAUSTED_ERROR}' END, "
+            f"lease_expires_at = NULL, updated_at = {self.now}"
+        )
+
+    def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
+        now, t = self.now, TASK
+        limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
+        cursor.execute(
+            f"UPDATE {t} SET {self.reclaim_set_sql()} WHERE id IN (SELECT id FROM {t} "
+            f"WHERE status = {RUNNING} AND lease_expires_at < {now} ORDER BY id {limit_sql}) "
+            f"AND status = {RUNNING} AND lease_expires_at < {now} "
+            f'RETURNING id, "key", tenant, fencing_token, status',
+            params,
+        )
+        moved = sorted((Moved(*r) for r in cursor.fetchall()), key=lambda m: m.id)
+        if audit:
+            self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
+        return moved
+
+    def close_running_attempts(self, cursor: Any, moved: Sequence[Moved], outcome: str) -> None:
+        if moved:
+            cursor.executemany(
+                f"UPDATE {ATTEMPT} SET outcome = %s, ended_at = {self.now} "
+                f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING}",
+                [[outcome, m.id, m.token] for m in moved],
+            )
+
+    def fail_exhausted(self, cursor: Any, task_id: int, token: int, audit: bool) -> bool:
+        cursor.execute(
+            f"UPDATE {TASK} SET status = {FAILED}, error = %s, lease_expires_at = NULL, updated_at = {self.now} "
+            f"WHERE {owned()} AND lease_expires_at < {self.now} AND attempts >= max_attempts",
+            [EXHAUSTED_ERROR, task_id, token],
+        )
+        moved = cursor.rowcount == 1
+        if moved and audit:
+            cursor.execute(
+                f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.EXPIRED)}, ended_at = {self.now} "
+                f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING}",
+                [task_id, token],
+            )
+        return moved
+
+    def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
+        moved: list[Moved] = []
+        for start in range(0, len(held), 400):  # well under every database's parameter limit
+            chunk = held[start:start + 400]
+            pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
+            cursor.execute(
+                f"UPDATE {TASK} SET {RELEASE_SET}, lease_expires_at = NULL, updated_at = {self.now} "
+                f"WHERE status = {RUNNING} AND ({pairs}) "
+                f'RETURNING id, "key", tenant, fencing_token, status',
+                [v for pair in chunk for v in pair],
+            )
+            moved += (Moved(*r) for r in cursor.fetchall())
+        moved.sort(key=lambda m: m.id)
+        if audit:
+            self.close_running_attempts(cursor, moved, Outcome.RELEASED)
+        return moved
+
+    def cancel(self, cursor: Any, ids: Sequence[int], audit: bool) -> int:
+        count = 0
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            cursor.execute(
+                f"UPDATE {TASK} SET status = {CANCELLED}, lease_expires_at = NULL, updated_at = {self.now} "
+                f"WHERE id IN ({placeholders(len(chunk))}) AND status IN ({PENDING}, {RUNNING})",
+                chunk,
+            )
+            count += cursor.rowcount
+            if audit:
+                cursor.execute(
+                    f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.CANCELLED)}, ended_at = {self.now} "
+                    f"WHERE task_id IN ({placeholders(len(chunk))}) AND outcome = {RUNNING} "
+                    f"AND task_id IN (SELECT id FROM {TASK} WHERE status = {CANCELLED})",
+                    chunk,
+                )
+        return count
+
+    def reset(self, cursor: Any, ids: Sequence[int]) -> int:
+        count = 0
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            cursor.execute(
+                f"UPDATE {TASK} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
+                f"lease_expires_at = NULL, updated_at = {self.now} "
+                f"WHERE id IN ({placeholders(len(chunk))}) AND status IN ({FAILED}, {CANCELLED})",
+                chunk,
+            )
+            count += cursor.rowcount
+        return count
+
+    def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
+        # Row locks (FOR UPDATE, where there are any) make a concurrent reset wait, and a row
+        # it already moved out of the finished states no longer matches once locked.
+        cursor.execute(
+            f"SELECT id FROM {TASK} WHERE status IN ({placeholders(len(statuses))}) AND updated_at < %s "
+            f"ORDER BY id LIMIT %s{self.for_update}",
+            [*statuses, cursor.db.ops.adapt_datetimefield_value(before), limit],
+        )
+        ids = [r[0] for r in cursor.fetchall()]
+        if not ids:
+            return 0, 0
+        marks = placeholders(len(ids))
+        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE task_id IN ({marks})", ids)
+        attempts = cursor.rowcount
+        cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
+        return cursor.rowcount, attempts
