@@ -14,13 +14,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models import DateTimeField, Func
 
-from .postgresql import store as postgresql
+from . import postgresql, sqlite
 from .protocol import Store
-from .sqlite import store as sqlite
 
 VENDORS: dict[str, Store] = {
-    "postgresql": postgresql,
-    "sqlite": sqlite,
+    "postgresql": postgresql.store,
+    "sqlite": sqlite.store,
 }
 
 

@@ -27,16 +27,33 @@ from .sql import (
     word,
 )
 
-_OPEN_ATTEMPTS = (
-    # Close the attempt that was taken over (token - 1 still running), open the new one, both
-    # at c.claimed_at: the clock read once the row was claimed (see returning()).
-    f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = c.claimed_at "
-    f"FROM claimed c WHERE a.task_id = c.id AND a.token = c.fencing_token - 1 AND a.outcome = {RUNNING} "
-    f"RETURNING a.task_id, a.owner), "
-    f"opened AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
-    f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, "
-    f"{RUNNING}, 0 FROM claimed c) "
-)
+
+def _open_attempts(single: bool) -> str:
+    """CTEs that close the attempt a claim took over (token - 1 still running) and open the new
+    one, both at ``claimed_at``: the clock read once the row was claimed (see ``_CLAIMED_AT``).
+
+    The attempt to close is looked up by its unique ``(task_id, token)``: for one claimed row
+    (``single``) as values of scalar subqueries, which the planner turns into an index lookup
+    whatever it believes of the table's size. A join against ``claimed`` instead was planned
+    as a sequential scan of the attempt table while its statistics still said "small" (a
+    prepared statement keeps that plan): 3.5 ms per claim at 6,600 attempts, growing with them.
+    """
+    if single:
+        match = ("a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed) "
+                 "AND (SELECT fencing_token FROM claimed) > 1")
+        stamp = "(SELECT claimed_at FROM claimed)"
+    else:
+        match = "(a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)"
+        stamp = "(SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)"
+    return (
+        f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {stamp} "
+        f"WHERE {match} AND a.outcome = {RUNNING} RETURNING a.task_id, a.owner), "
+        f"opened AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
+        f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, "
+        f"{RUNNING}, 0 FROM claimed c) "
+    )
+
+
 # When the row was claimed, for the attempt's audit times. Not statement_timestamp(): that is
 # when the statement *arrived*, and a claim that arrived while the owner still held the row
 # (inside fenced()) and ran after its release committed would be stamped before the release
@@ -93,7 +110,7 @@ class PostgreSQLStore(SQLStore):
             tenant, key, owner, max_attempts, lease, payload, fingerprint,  # insert
         ]
         if audit:
-            sql = f"WITH {self.claim_key_sql()}{_OPEN_ATTEMPTS}{_SELECT_WITH_PREVIOUS}"
+            sql = f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}{_SELECT_WITH_PREVIOUS}"
             params.append(delivery_id)
         else:
             sql = f"WITH {self.claim_key_sql()} {_SELECT_PLAIN}"
@@ -151,7 +168,7 @@ class PostgreSQLStore(SQLStore):
         )
         params: list[Any] = [*tparams, limit, *tparams, limit, limit, owner, lease]
         if audit:
-            sql += _OPEN_ATTEMPTS + _SELECT_WITH_PREVIOUS
+            sql += _open_attempts(single=False) + _SELECT_WITH_PREVIOUS
             params.append(delivery_id)
         else:
             sql += " " + _SELECT_PLAIN
@@ -208,14 +225,16 @@ class PostgreSQLStore(SQLStore):
     ) -> str | None:
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
+        # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
+        # against t was planned as a sequential scan of the attempt table, see _open_attempts).
         self.execute(
             cursor,
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
-            f"updated_at = statement_timestamp() WHERE {owned()} RETURNING id, status), "
-            f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN t.status = {PENDING} THEN %s ELSE %s END, "
-            f"ended_at = statement_timestamp() FROM t WHERE {ATTEMPT}.task_id = t.id AND {ATTEMPT}.token = %s) "
+            f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status), "
+            f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN (SELECT status FROM t) = {PENDING} THEN %s ELSE %s END, "
+            f"ended_at = statement_timestamp() WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)) "
             f"SELECT status FROM t",
-            [*set_params, task_id, token, *outcomes, token],
+            [*set_params, task_id, token, *outcomes, task_id, token],
         )
         row = cursor.fetchone()
         return None if row is None else str(row[0])
