@@ -59,16 +59,6 @@ def _max_attempts(value: int | None) -> int:
     return settings.MAX_ATTEMPTS if value is None else positive_int(value, "max_attempts")
 
 
-def _holding(claimed: Claimed, using: str, lease: float, delivery_id: str) -> Claim:
-    """The ``Claim`` for a row this call claimed, announced to logs and receivers."""
-    row = claimed.row
-    new = Claim(task_id=row.id, tenant=row.tenant, key=row.key, owner=row.owner, token=row.fencing_token,
-                attempt=row.attempts, lease=lease, lease_expires_at=row.lease_expires_at, using=using,
-                delivery_id=delivery_id)
-    transitions.announce_claim(new, claimed.previous_owner)
-    return new
-
-
 def ensure(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
     dispatch: dict[str, Any] | None = None, using: str | None = None,
@@ -129,7 +119,7 @@ def claim(
         if result is None:
             continue  # purged between the statements: gone, so claim it afresh
         if isinstance(result, Claimed):
-            return ClaimOutcome(True, _holding(result, using, seconds, delivery_id), to_task(result.row, using))
+            return ClaimOutcome(True, Claim.taken(result, using, seconds, delivery_id), to_task(result.row, using))
         row, expired = result.row, result.expired
         if fp and row.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
@@ -159,7 +149,7 @@ def claim_next(
     using = using or settings.DATABASE
     claimed = transitions.claim_next(using, owner=owner, lease=seconds, tenant=tenant, limit=limit,
                                      delivery_id=delivery_id)
-    return [_holding(c, using, seconds, delivery_id) for c in claimed]
+    return [Claim.taken(c, using, seconds, delivery_id) for c in claimed]
 
 
 def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) -> list[Moved]:

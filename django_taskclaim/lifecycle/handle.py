@@ -14,7 +14,8 @@ from django.db import connections, transaction
 from .. import signals
 from ..conf import settings
 from ..exceptions import InvalidResult, StaleClaim
-from ..keys import clean_text, lease_seconds, to_json, validate_text
+from ..keys import clean_text, lease_seconds, positive_int, resolve_identity, to_json, validate_text
+from ..store.rows import Claimed
 from . import transitions
 from .asynchronous import AsyncClaimMixin
 from .keepalive import KeepaliveMixin
@@ -55,6 +56,8 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         self.attempt = attempt
         self.using = using
         self.delivery_id = delivery_id
+        #: The task's payload as it was claimed (``None`` when the claim was built by hand).
+        self.payload: Any = None
         # Set by keepalive() when a heartbeat is refused or the lease ran out locally.
         self.lost = threading.Event()
         self.lost_reason: BaseException | None = None
@@ -64,6 +67,17 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         # nobody can take over until it ends, and a heartbeat from another connection would wait.
         # (Consulted on SQLite only; PostgreSQL asks the row's lock itself.)
         self._row_held = False
+
+    @classmethod
+    def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "") -> Claim:
+        """The claim for a row this worker just claimed, announced to logs and receivers."""
+        row = claimed.row
+        new = cls(task_id=row.id, tenant=row.tenant, key=row.key, owner=row.owner, token=row.fencing_token,
+                  attempt=row.attempts, lease=lease, lease_expires_at=row.lease_expires_at, using=using,
+                  delivery_id=delivery_id)
+        new.payload = row.payload
+        transitions.announce_claim(new, claimed.previous_owner)
+        return new
 
     def __repr__(self) -> str:
         return f"<Claim {self.key!r} tenant={self.tenant!r} token={self.token} owner={self.owner!r}>"
@@ -89,6 +103,18 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
             self._refuse(action)
         return str(status)
 
+    @staticmethod
+    def _result_json(result: Any, result_ref: str) -> str | None:
+        """The result as stored JSON; ``InvalidResult`` for what cannot be stored."""
+        if not isinstance(result_ref, str):
+            raise InvalidResult(f"result_ref must be a string of at most {MAX_RESULT_REF_LENGTH} characters")
+        validate_text(result_ref, "result_ref", MAX_RESULT_REF_LENGTH, InvalidResult)
+        if result is None:
+            return None
+        return to_json(result, "result", InvalidResult, limit=settings.MAX_RESULT_BYTES,
+                       limit_setting="TASKCLAIM_MAX_RESULT_BYTES",
+                       hint=". Store large outputs elsewhere and pass result_ref")
+
     def heartbeat(self, lease: float | timedelta | None = None) -> datetime | None:
         """Extend the lease from the database's now; ``StaleClaim`` if another worker took over."""
         seconds = lease_seconds(self.lease if lease is None else lease)
@@ -110,17 +136,42 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         ``InvalidResult`` and writes nothing: the claim is still held. Code that already ran the
         work should use :func:`complete_or_fail`, which ends the task FAILED instead.
         """
-        result_json = None
-        if result is not None:
-            result_json = to_json(result, "result", InvalidResult, limit=settings.MAX_RESULT_BYTES,
-                                  limit_setting="TASKCLAIM_MAX_RESULT_BYTES",
-                                  hint=". Store large outputs elsewhere and pass result_ref")
-        if not isinstance(result_ref, str):
-            raise InvalidResult(f"result_ref must be a string of at most {MAX_RESULT_REF_LENGTH} characters")
-        validate_text(result_ref, "result_ref", MAX_RESULT_REF_LENGTH, InvalidResult)
+        result_json = self._result_json(result, result_ref)
         self._finishing_write("complete", transitions.complete, result_json, result_ref)
         logger.info("task completed", extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
+
+    def complete_and_claim_next(
+        self, result: Any = None, result_ref: str = "", *, limit: int = 1, tenant: str | None = None,
+        lease: float | timedelta | None = None,
+    ) -> list[Claim]:
+        """Complete this task and claim the next ones (queue style, as ``claim_next``) in one commit.
+
+        The loop of a queue worker: one statement and one commit per task on PostgreSQL, where
+        ``complete()`` then ``claim_next()`` cost two. The claims are made for this claim's owner,
+        with its lease unless ``lease`` is given, only if the completion is accepted: a fenced-off
+        claim raises ``StaleClaim`` and claims nothing. A result that cannot be stored raises
+        ``InvalidResult`` and writes nothing, as ``complete()`` does.
+        """
+        result_json = self._result_json(result, result_ref)
+        seconds = self.lease if lease is None else lease_seconds(lease)
+        positive_int(limit, "limit")
+        if tenant is not None:
+            _, tenant = resolve_identity("-", tenant)
+        finishing, self._finishing = self._finishing, True
+        try:
+            status, claimed = transitions.complete_and_claim_next(
+                self, result_json, result_ref, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
+                delivery_id=self.delivery_id)
+        except BaseException:
+            self._finishing = finishing
+            raise
+        if status is None:
+            self._finishing = finishing
+            self._refuse("complete")
+        logger.info("task completed", extra=self._log_extra())
+        transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
+        return [Claim.taken(c, self.using, seconds, self.delivery_id) for c in claimed]
 
     def fail(self, error: BaseException | str, retry: bool = False) -> str:
         """Record a failure: back to PENDING when ``retry`` and attempts remain, else FAILED.

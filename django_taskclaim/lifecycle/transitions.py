@@ -179,6 +179,17 @@ def complete(holder: Holder, result: str | None, result_ref: str) -> str | None:
                                                 settings.AUDIT)
 
 
+def complete_and_claim_next(
+    holder: Holder, result: str | None, result_ref: str, *, owner: str, lease: float, tenant: str | None,
+    limit: int, delivery_id: str,
+) -> tuple[str | None, list[Claimed]]:
+    """Complete the holder's task and claim the next ones in one commit; ``(None, [])`` if fenced off."""
+    with _writing(holder.using) as cursor:
+        return get_store(holder.using).complete_and_claim_next(
+            cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
+            limit=limit, delivery_id=delivery_id, audit=settings.AUDIT)
+
+
 def fail(holder: Holder, error: str, retry: bool) -> str | None:
     """RUNNING -> PENDING (retry, attempts left) or FAILED; ``None`` if fenced off."""
     with _writing(holder.using) as cursor:

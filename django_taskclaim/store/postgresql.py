@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..status import Outcome
+from ..status import Outcome, Status
 from . import prepared
 from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved
 from .sql import (
@@ -62,9 +62,9 @@ def _open_attempts(single: bool) -> str:
 # the task columns by position and ignores this trailing column.
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
 _SELECT_WITH_PREVIOUS = (
-    "SELECT c.*, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) FROM claimed c ORDER BY c.id"
+    " SELECT c.*, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) FROM claimed c ORDER BY c.id"
 )
-_SELECT_PLAIN = "SELECT c.*, NULL FROM claimed c ORDER BY c.id"
+_SELECT_PLAIN = " SELECT c.*, NULL FROM claimed c ORDER BY c.id"
 _MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
 
 
@@ -113,7 +113,7 @@ class PostgreSQLStore(SQLStore):
             sql = f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}{_SELECT_WITH_PREVIOUS}"
             params.append(delivery_id)
         else:
-            sql = f"WITH {self.claim_key_sql()} {_SELECT_PLAIN}"
+            sql = f"WITH {self.claim_key_sql()}{_SELECT_PLAIN}"
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
         return None if found is None else Claimed(self.decode(found), found[-1])
@@ -150,13 +150,31 @@ class PostgreSQLStore(SQLStore):
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
         delivery_id: str, audit: bool,
     ) -> list[Claimed]:
+        sql, params = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit,
+                                        delivery_id=delivery_id, audit=audit)
+        sql += _SELECT_WITH_PREVIOUS if audit else _SELECT_PLAIN
+        self.execute(cursor, sql, params)
+        return [Claimed(self.decode(found), found[-1]) for found in cursor.fetchall()]
+
+    def _queue_claim(
+        self, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
+        prefix: str = "", only_if: str = "", exclude: int | None = None,
+    ) -> tuple[str, list[Any]]:
+        """CTEs ending in ``claimed`` (and the audit's ``closed``/``opened``) for a queue claim.
+
+        ``prefix`` CTEs come first; ``only_if`` (SQL without parameters) must hold for any task
+        to be picked; task ``exclude`` is never picked.
+        """
         now, t = self.now, TASK
         tenant_sql, tparams = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
+        if only_if:
+            tenant_sql += f" AND {only_if}"
+        expired_sql, eparams = (f"{tenant_sql} AND id <> %s", [*tparams, exclude]) if exclude else (tenant_sql, tparams)
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
         # never queue behind each other. The UPDATE re-checks the claim predicate.
         sql = (
-            f"WITH expired AS MATERIALIZED (SELECT id FROM {t} WHERE status = {RUNNING} "
-            f"AND lease_expires_at < {now} AND attempts < max_attempts {tenant_sql} "
+            f"WITH {prefix}expired AS MATERIALIZED (SELECT id FROM {t} WHERE status = {RUNNING} "
+            f"AND lease_expires_at < {now} AND attempts < max_attempts {expired_sql} "
             f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
             f"pending AS MATERIALIZED (SELECT id FROM {t} WHERE status = {PENDING} {tenant_sql} "
             f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
@@ -166,14 +184,41 @@ class PostgreSQLStore(SQLStore):
             f"lease_expires_at = {self.lease_sql()}, updated_at = {now} FROM picked p "
             f"WHERE {t}.id = p.id AND {claimable(t, now)} RETURNING {self.returning(t)})"
         )
-        params: list[Any] = [*tparams, limit, *tparams, limit, limit, owner, lease]
+        params: list[Any] = [*eparams, limit, *tparams, limit, limit, owner, lease]
         if audit:
-            sql += _open_attempts(single=False) + _SELECT_WITH_PREVIOUS
+            sql += _open_attempts(single=False)
             params.append(delivery_id)
-        else:
-            sql += " " + _SELECT_PLAIN
-        self.execute(cursor, sql, params)
-        return [Claimed(self.decode(found), found[-1]) for found in cursor.fetchall()]
+        return sql, params
+
+    def complete_and_claim_next(
+        self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
+        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
+    ) -> tuple[str | None, list[Claimed]]:
+        # One statement, one commit: the completion (fenced by its token), then the next claims,
+        # made only if the completion matched (EXISTS done). The expired candidates exclude the
+        # task being completed: one statement may not update a row twice.
+        done = (
+            f"done AS (UPDATE {TASK} SET status = {SUCCEEDED}, result = %s::jsonb, result_ref = %s, error = '', "
+            f"lease_expires_at = NULL, updated_at = {self.now} WHERE {owned()} RETURNING id), "
+        )
+        params: list[Any] = [result, result_ref, task_id, token]
+        if audit:
+            done += (
+                f"done_attempt AS (UPDATE {ATTEMPT} SET outcome = {word(Outcome.SUCCEEDED)}, "
+                f"ended_at = {self.now} WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM done)), "
+            )
+            params += [task_id, token]
+        sql, more = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
+                                      audit=audit, prefix=done, only_if="EXISTS (SELECT 1 FROM done)",
+                                      exclude=task_id)
+        previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL"
+        sql += (f" SELECT c.*, {previous}, (SELECT count(*) FROM done) "
+                f"FROM (SELECT 1) one LEFT JOIN claimed c ON true ORDER BY c.id")
+        self.execute(cursor, sql, params + more)
+        found = cursor.fetchall()
+        if not found or not found[0][-1]:
+            return None, []
+        return str(Status.SUCCEEDED), [Claimed(self.decode(f), f[-2]) for f in found if f[0] is not None]
 
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,

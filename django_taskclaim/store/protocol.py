@@ -84,6 +84,13 @@ class Store(Protocol):
     ) -> str | None:
         """RUNNING -> SUCCEEDED with the (JSON-encoded) result; the new status or ``None``."""
 
+    def complete_and_claim_next(
+        self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
+        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
+    ) -> tuple[str | None, list[Claimed]]:
+        """:meth:`complete`, then (only if it matched) :meth:`claim_next`, in one commit: a queue
+        worker's loop costs one commit per task. ``(None, [])`` if fenced off."""
+
     def fail(self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool) -> str | None:
         """RUNNING -> PENDING (``retry`` and attempts left) or FAILED; the new status or ``None``."""
 

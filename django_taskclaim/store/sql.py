@@ -225,6 +225,17 @@ class SQLStore:
         rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)
         return [Claimed(row, self.open_attempt(cursor, row, delivery_id) if audit else None) for row in rows]
 
+    def complete_and_claim_next(
+        self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
+        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
+    ) -> tuple[str | None, list[Claimed]]:
+        # Inside the lifecycle's one transaction: one commit for both.
+        status = self.complete(cursor, task_id, token, result, result_ref, audit)
+        if status is None:
+            return None, []
+        return status, self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
+                                       delivery_id=delivery_id, audit=audit)
+
     def ensure(
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
         max_attempts: int, dispatch: str | None,
