@@ -1,10 +1,11 @@
 """The test command: ``python3 -m tests`` from a clone.
 
 It creates ``.venv`` (first run, or when ``pyproject.toml`` changed) with the app and its test
-dependencies, then runs pytest on SQLite and on PostgreSQL. Without ``PGHOST`` in the
-environment it starts a throwaway PostgreSQL server on 127.0.0.1 for the run.
+dependencies, then runs pytest on SQLite, PostgreSQL and MariaDB. Without ``PGHOST`` (or
+``MYSQL_TCP_PORT``) in the environment it starts a throwaway PostgreSQL (MariaDB) server on
+127.0.0.1 for the run.
 
-    python3 -m tests                      # both databases
+    python3 -m tests                      # SQLite, PostgreSQL and MariaDB
     python3 -m tests --db sqlite -k claim # one database, pytest options after
     python3 -m tests --config pool        # the core concurrency tests in one configuration
     python3 -m tests --config all         # ... in every configuration (tests/configurations.py)
@@ -50,17 +51,22 @@ def ensure_venv(extras: str = "dev") -> None:
 
 
 def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
-    from tests.servers import PgBouncerServer, PostgresServer
+    from tests.servers import MariaDBServer, PgBouncerServer, PostgresServer
 
     env = dict(os.environ, TASKCLAIM_TEST_DB=db, TASKCLAIM_TEST_CONFIG=config, PYTHONPATH=str(ROOT))
     # A file of its own per run, so that two runs on one machine never share a database.
     sqlite_file = os.path.join(tempfile.gettempdir(), f"taskclaim-tests-{os.getpid()}-{config}.sqlite3")
     env.setdefault("TASKCLAIM_TEST_SQLITE", sqlite_file)
-    server = bouncer = None
+    server: PostgresServer | MariaDBServer | None = None
+    bouncer = None
     if db == "postgresql" and "PGHOST" not in os.environ:
         server = PostgresServer().start()
         env.update(server.env)
         print(f"started PostgreSQL on 127.0.0.1:{server.port}", flush=True)
+    if db == "mariadb" and "MYSQL_TCP_PORT" not in os.environ:
+        server = MariaDBServer().start()
+        env.update(server.env)
+        print(f"started MariaDB on 127.0.0.1:{server.port}", flush=True)
     if config == "pgbouncer" and db == "postgresql":
         bouncer = PgBouncerServer(int(env.get("PGPORT", "5432"))).start()
         env["TASKCLAIM_TEST_PGBOUNCER_PORT"] = str(bouncer.port)
@@ -91,14 +97,14 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(prog="python3 -m tests", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--db", choices=("sqlite", "postgresql", "all"), default="all",
+    parser.add_argument("--db", choices=("sqlite", "postgresql", "mariadb", "all"), default="all",
                         help="database(s) to run the suite on (default: %(default)s)")
     parser.add_argument("--config", choices=(*CONFIGS, "all"), default="default",
                         help="a configuration of tests/configurations.py (docs/configurations.md), or "
                              "'all' for every one but the default (default: %(default)s)")
     args, pytest_args = parser.parse_known_args()
     configs = [c for c in CONFIGS if c != "default"] if args.config == "all" else [args.config]
-    dbs = ["sqlite", "postgresql"] if args.db == "all" else [args.db]
+    dbs = ["sqlite", "postgresql", "mariadb"] if args.db == "all" else [args.db]
     runs = [(config, db) for config in configs for db in dbs if db in CONFIGS[config][0]]
     if not runs:
         parser.error(f"configuration {args.config!r} does not apply to {args.db}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # name -> (databases it applies to, what it is)
 CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
-    "default": (("sqlite", "postgresql"), "the plain settings of tests/settings.py"),
+    "default": (("sqlite", "postgresql", "mariadb"), "the plain settings of tests/settings.py"),
     "pool": (("postgresql",), "Django's connection pool (OPTIONS 'pool', psycopg-pool)"),
     "server_side_binding": (("postgresql",), "OPTIONS 'server_side_binding': True"),
     "pgbouncer": (("postgresql",), "a real PgBouncer in transaction pool mode, TASKCLAIM_PREPARED_STATEMENTS False"),

@@ -109,7 +109,8 @@ def lease_left(key: str) -> float:
 
     store = get_store("default")
     with connection.cursor() as cursor:
-        cursor.execute(f'SELECT lease_expires_at, {store.now} FROM django_taskclaim_task WHERE "key" = %s', [key])  # noqa: S608 (the clock expression)
+        cursor.execute(f"SELECT lease_expires_at, {store.now} FROM django_taskclaim_task "  # noqa: S608 (the clock)
+                       f"WHERE {connection.ops.quote_name('key')} = %s", [key])
         expires, now = cursor.fetchone()
     return (store.to_datetime(expires) - store.to_datetime(now)).total_seconds()  # type: ignore[operator]
 

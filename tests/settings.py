@@ -1,6 +1,6 @@
 """Settings for the test suite.
 
-The database is chosen by ``TASKCLAIM_TEST_DB`` (``sqlite`` by default, or ``postgresql``),
+The database is chosen by ``TASKCLAIM_TEST_DB`` (``sqlite`` by default, ``postgresql`` or ``mariadb``),
 never by whichever driver happens to import. PostgreSQL is reached through the libpq
 variables ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGPASSWORD``, ``PGDATABASE``. Worker
 processes started by the tests set ``TASKCLAIM_TEST_DB_NAME`` to the test database's name.
@@ -46,8 +46,22 @@ elif DB_VENDOR == "postgresql":
             "TEST": {"NAME": os.environ.get("TASKCLAIM_TEST_PG_NAME", "test_taskclaim")},
         }
     }
+elif DB_VENDOR == "mariadb":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": _NAME_OVERRIDE or os.environ.get("MYSQL_DATABASE", "taskclaim"),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_TCP_PORT", "3306"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PWD", ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"NAME": os.environ.get("TASKCLAIM_TEST_MYSQL_NAME", "test_taskclaim"),
+                     "CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+        }
+    }
 else:
-    raise RuntimeError(f"TASKCLAIM_TEST_DB must be 'sqlite' or 'postgresql', not {DB_VENDOR!r}")
+    raise RuntimeError(f"TASKCLAIM_TEST_DB must be 'sqlite', 'postgresql' or 'mariadb', not {DB_VENDOR!r}")
 
 # ---- The configuration matrix (tests/configurations.py; docs/configurations.md) -------------
 # TASKCLAIM_TEST_CONFIG names one supported Django setup; worker processes inherit it.

@@ -14,12 +14,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models import DateTimeField, Func
 
-from . import postgresql, sqlite
+from . import mysql, postgresql, sqlite
 from .protocol import Store
 
 VENDORS: dict[str, Store] = {
     "postgresql": postgresql.store,
     "sqlite": sqlite.store,
+    "mysql": mysql.store,  # MySQL 8 and MariaDB 10.6+ (Django's vendor "mysql" for both)
 }
 
 

@@ -93,7 +93,11 @@ class SQLStore:
     def columns(self, table: str = "") -> str:
         """The task columns in ``TASK_COLUMNS`` order (qualified by ``table`` if given)."""
         prefix = f"{table}." if table else ""
-        return ", ".join(f'{prefix}"{c}"' for c in TASK_COLUMNS)
+        return ", ".join(f"{prefix}{self.quote(c)}" for c in TASK_COLUMNS)
+
+    def quote(self, name: str) -> str:
+        """A column name quoted for this database (``key`` is a reserved word in some)."""
+        return f'"{name}"'
 
     def returning(self, table: str = "") -> str:
         """What a statement that writes a task row returns: its columns, in order."""
@@ -180,7 +184,8 @@ class SQLStore:
     ) -> Found | None:
         self.execute(
             cursor,
-            f'SELECT {self.columns()}, (lease_expires_at < {self.now}) FROM {TASK} WHERE tenant = %s AND "key" = %s',
+            f"SELECT {self.columns()}, (lease_expires_at < {self.now}) FROM {TASK} "
+            f"WHERE tenant = %s AND {self.quote('key')} = %s",
             [tenant, key],
         )
         found = cursor.fetchone()
@@ -251,7 +256,8 @@ class SQLStore:
         return None if found is None else self.decode(found)
 
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
-        self.execute(cursor, f'SELECT {self.columns()} FROM {TASK} WHERE tenant = %s AND "key" = %s', [tenant, key])
+        self.execute(cursor, f"SELECT {self.columns()} FROM {TASK} WHERE tenant = %s AND {self.quote('key')} = %s",
+                     [tenant, key])
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
 
