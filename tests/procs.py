@@ -153,14 +153,13 @@ def fenced_owner(args: argparse.Namespace) -> None:
 
 
 def _lock_wait(seconds: float) -> None:
-    """How long this connection waits for a lock held by another (PostgreSQL row lock, SQLite write lock)."""
+    """How long this connection waits for a lock held by another (a row lock, SQLite's write lock)."""
     from django.db import connection
 
+    from django_taskclaim.store import get_store
+
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
-        else:
-            cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+        get_store("default").limit_lock_waits(cursor, seconds)
 
 
 def taker(args: argparse.Namespace) -> None:

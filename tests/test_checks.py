@@ -22,9 +22,34 @@ def test_clean_configuration_passes() -> None:
 
 
 def test_e001_unsupported_database(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(type(connections["default"]), "vendor", "mysql")
+    monkeypatch.setattr(type(connections["default"]), "vendor", "oracle")
     (error,) = checks.check_database()
-    assert error.id == "django_taskclaim.E001" and "mysql" in error.msg and error.hint
+    assert error.id == "django_taskclaim.E001" and "oracle" in error.msg and error.hint
+
+
+@pytest.mark.parametrize(("mariadb", "version", "refused"), [
+    (True, (10, 5, 22), True), (True, (10, 6, 0), False), (True, (10, 11, 8), False),
+    (False, (5, 7, 44), True), (False, (8, 0, 0), True), (False, (8, 0, 1), False), (False, (8, 4, 2), False),
+])
+def test_e002_mysql_and_mariadb_without_skip_locked(monkeypatch, mariadb: bool, version: tuple[int, ...],
+                                                    refused: bool) -> None:
+    from django_taskclaim.store import mysql
+
+    class Server:
+        mysql_is_mariadb = mariadb
+        mysql_version = version
+
+    problem = mysql.store.unsupported(Server())
+    name = "MariaDB" if mariadb else "MySQL"
+    if refused:
+        assert problem is not None and problem.startswith(f"{name} {'.'.join(map(str, version))} is too old")
+        assert "SKIP LOCKED" in problem
+    else:
+        assert problem is None
+    if connections["default"].vendor == "mysql":  # the check itself, on the server under test
+        monkeypatch.setattr(connections["default"], "mysql_is_mariadb", mariadb)
+        monkeypatch.setattr(connections["default"], "mysql_version", version)
+        assert ids(checks.check_database()) == (["django_taskclaim.E002"] if refused else [])
 
 
 def test_e002_old_sqlite(monkeypatch) -> None:  # type: ignore[no-untyped-def]

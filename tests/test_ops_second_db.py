@@ -29,13 +29,15 @@ def tasks_db(tmp_path: Path) -> Iterator[str]:
         yield str(tmp_path / "tasks.sqlite3")
         return
     name = f"test_taskclaim_tasks_{uuid.uuid4().hex[:8]}"
+    quoted = connection.ops.quote_name(name)
     with connection.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
+        cursor.execute(f"CREATE DATABASE {quoted}")
     try:
         yield name
     finally:
+        force = " WITH (FORCE)" if connection.vendor == "postgresql" else ""
         with connection.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            cursor.execute(f"DROP DATABASE IF EXISTS {quoted}{force}")
 
 
 def test_every_operator_surface_reads_the_configured_database(worker_env, tasks_db) -> None:  # type: ignore[no-untyped-def]

@@ -10,13 +10,12 @@ Callers pass intent (a token, a result, a lease), never SQL.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from django.apps import apps
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 
 from .. import signals
 from ..conf import settings
@@ -25,6 +24,8 @@ from ..store import get_store
 from ..store.rows import Claimed, Found, Moved, TaskRow
 
 logger = logging.getLogger("django_taskclaim")
+
+T = TypeVar("T")
 
 
 class Holder(Protocol):
@@ -75,27 +76,43 @@ def send(using: str, signal: Any, **kwargs: Any) -> None:
     transaction.on_commit(deliver, using=using)
 
 
-@contextmanager
-def _writing(using: str) -> Iterator[Any]:
-    """A cursor for one operation, inside one transaction where the store needs it (SQLite)."""
-    if get_store(using).needs_transaction:
-        with transaction.atomic(using=using, savepoint=False), connections[using].cursor() as cursor:
-            yield cursor
-    else:
-        with connections[using].cursor() as cursor:
-            yield cursor
+def _retried(using: str, operation: Callable[[], T]) -> T:
+    """Run ``operation``, again when the database chose it as a deadlock's victim.
 
-
-@contextmanager
-def _operator_writing(using: str) -> Iterator[Any]:
-    """One transaction for an operator's change, whose first statement takes the write lock.
-
-    On SQLite a transaction that read first fails at once with "database is locked" beside
-    busy workers instead of waiting for the busy timeout.
+    InnoDB resolves a deadlock by rolling back one transaction (racing inserts of one key,
+    a purge deleting a row that claims wait for). Only a transaction of our own is repeated:
+    one of the caller's was rolled back as a whole, and the error is theirs to handle.
     """
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        get_store(using).begin_write(cursor)
-        yield cursor
+    own = not in_transaction(using)
+    for attempt in range(1, 6):
+        try:
+            return operation()
+        except OperationalError as exc:
+            if not own or attempt == 5 or not get_store(using).retryable(exc):
+                raise
+            logger.info("deadlock victim, trying again (%d)", attempt)
+    raise AssertionError("unreachable")
+
+
+def _write(using: str, operation: Callable[[Any], T], *, operator: bool = False) -> T:
+    """Run ``operation(cursor)`` as one unit of work, repeated if chosen as a deadlock victim.
+
+    Inside one transaction where the store needs it (SQLite, MySQL: several statements). An
+    operator's change always gets one, whose first statement takes the write lock: on SQLite
+    a transaction that read first fails at once with "database is locked" beside busy
+    workers instead of waiting for the busy timeout.
+    """
+    store = get_store(using)
+
+    def once() -> T:
+        if operator or store.needs_transaction:
+            with transaction.atomic(using=using, savepoint=operator), connections[using].cursor() as cursor:
+                if operator:
+                    store.begin_write(cursor)
+                return operation(cursor)
+        return _plain(using, operation)
+
+    return _retried(using, once)
 
 
 def _log(holder: Holder, **extra: Any) -> dict[str, Any]:
@@ -109,10 +126,9 @@ def claim_key(
 ) -> Claimed | Found | None:
     """Claim (or take over) ``(tenant, key)``; else the task as found (``None``: it vanished)."""
     store, audit = get_store(using), settings.AUDIT
-    with _writing(using) as cursor:
-        claimed = store.claim_key(cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload,
-                                  fingerprint=fingerprint, max_attempts=max_attempts,
-                                  delivery_id=delivery_id, audit=audit)
+    claimed = _write(using, lambda cursor: store.claim_key(
+        cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload, fingerprint=fingerprint,
+        max_attempts=max_attempts, delivery_id=delivery_id, audit=audit))
     if claimed is not None:
         return claimed
     with connections[using].cursor() as cursor:
@@ -130,9 +146,9 @@ def claim_next(
     using: str, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str,
 ) -> list[Claimed]:
     """Queue style: up to ``limit`` tasks, expired leases first, then the oldest pending."""
-    with _writing(using) as cursor:
-        return get_store(using).claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                           delivery_id=delivery_id, audit=settings.AUDIT)
+    store = get_store(using)
+    return _write(using, lambda cursor: store.claim_next(
+        cursor, owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id, audit=settings.AUDIT))
 
 
 def announce_claim(holder: Holder, previous_owner: str | None) -> None:
@@ -152,11 +168,16 @@ def ensure(
 ) -> tuple[TaskRow | None, bool]:
     """Create the task PENDING unless it exists; ``(row, created)``, row ``None`` if it vanished."""
     store = get_store(using)
+
+    def create(cursor: Any) -> TaskRow | None:
+        return store.ensure(cursor, tenant=tenant, key=key, payload=payload, fingerprint=fingerprint,
+                            max_attempts=max_attempts, dispatch=dispatch)
+
+    # Racing inserts of one key can deadlock on MySQL: _retried runs the insert again.
+    row = _retried(using, lambda: _plain(using, create))
+    if row is not None:
+        return row, True
     with connections[using].cursor() as cursor:
-        row = store.ensure(cursor, tenant=tenant, key=key, payload=payload, fingerprint=fingerprint,
-                           max_attempts=max_attempts, dispatch=dispatch)
-        if row is not None:
-            return row, True
         row = store.read_task(cursor, tenant=tenant, key=key)
         if row is not None and fingerprint and not row.payload_fingerprint:
             # The encoded form (what the encoder made of Decimal, datetime...), as a claim stores it.
@@ -174,9 +195,9 @@ def heartbeat(holder: Holder, lease: float) -> datetime | None:
 
 def complete(holder: Holder, result: str | None, result_ref: str) -> str | None:
     """RUNNING -> SUCCEEDED with the encoded result; ``None`` if fenced off."""
-    with _writing(holder.using) as cursor:
-        return get_store(holder.using).complete(cursor, holder.task_id, holder.token, result, result_ref,
-                                                settings.AUDIT)
+    store = get_store(holder.using)
+    return _write(holder.using, lambda cursor: store.complete(
+        cursor, holder.task_id, holder.token, result, result_ref, settings.AUDIT))
 
 
 def complete_and_claim_next(
@@ -184,22 +205,23 @@ def complete_and_claim_next(
     limit: int, delivery_id: str,
 ) -> tuple[str | None, list[Claimed]]:
     """Complete the holder's task and claim the next ones in one commit; ``(None, [])`` if fenced off."""
-    with _writing(holder.using) as cursor:
-        return get_store(holder.using).complete_and_claim_next(
-            cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
-            limit=limit, delivery_id=delivery_id, audit=settings.AUDIT)
+    store = get_store(holder.using)
+    return _write(holder.using, lambda cursor: store.complete_and_claim_next(
+        cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
+        limit=limit, delivery_id=delivery_id, audit=settings.AUDIT))
 
 
 def fail(holder: Holder, error: str, retry: bool) -> str | None:
     """RUNNING -> PENDING (retry, attempts left) or FAILED; ``None`` if fenced off."""
-    with _writing(holder.using) as cursor:
-        return get_store(holder.using).fail(cursor, holder.task_id, holder.token, error, retry, settings.AUDIT)
+    store = get_store(holder.using)
+    return _write(holder.using, lambda cursor: store.fail(
+        cursor, holder.task_id, holder.token, error, retry, settings.AUDIT))
 
 
 def release(holder: Holder) -> str | None:
     """RUNNING -> PENDING, the attempt not counted; ``None`` if fenced off."""
-    with _writing(holder.using) as cursor:
-        return get_store(holder.using).release(cursor, holder.task_id, holder.token, settings.AUDIT)
+    store = get_store(holder.using)
+    return _write(holder.using, lambda cursor: store.release(cursor, holder.task_id, holder.token, settings.AUDIT))
 
 
 def check(holder: Holder) -> bool:
@@ -227,8 +249,7 @@ def refuse(holder: Holder, action: str) -> None:
 # -- the sweeper and operators -----------------------------------------------------------------
 def reclaim(using: str, limit: int | None) -> list[Moved]:
     """Expired RUNNING tasks to PENDING (FAILED when attempts are spent)."""
-    with _writing(using) as cursor:
-        moved = get_store(using).reclaim(cursor, limit, settings.AUDIT)
+    moved = _write(using, lambda cursor: get_store(using).reclaim(cursor, limit, settings.AUDIT))
     if moved:
         logger.info("reclaimed %d expired task(s)", len(moved))
         send(using, signals.tasks_reclaimed, tasks=[(m.key, m.tenant, m.token, m.status) for m in moved])
@@ -237,8 +258,8 @@ def reclaim(using: str, limit: int | None) -> list[Moved]:
 
 def fail_exhausted(using: str, row: TaskRow) -> bool:
     """A task whose lease expired on its last attempt to FAILED, never claimed again."""
-    with _writing(using) as cursor:
-        moved = get_store(using).fail_exhausted(cursor, row.id, row.fencing_token, settings.AUDIT)
+    store = get_store(using)
+    moved = _write(using, lambda cursor: store.fail_exhausted(cursor, row.id, row.fencing_token, settings.AUDIT))
     if moved:
         send(using, signals.tasks_reclaimed, tasks=[(row.key, row.tenant, row.fencing_token, Status.FAILED.value)])
     return moved
@@ -246,8 +267,8 @@ def fail_exhausted(using: str, row: TaskRow) -> bool:
 
 def force_release(using: str, held: Sequence[tuple[int, int]]) -> list[Moved]:
     """RUNNING tasks ``(id, token)`` back to PENDING now, as their owner's release would."""
-    with _operator_writing(using) as cursor:
-        moved = get_store(using).force_release(cursor, held, settings.AUDIT)
+    store = get_store(using)
+    moved = _write(using, lambda cursor: store.force_release(cursor, held, settings.AUDIT), operator=True)
     for m in moved:
         send(using, signals.task_released, claim=None, key=m.key, tenant=m.tenant)
     return moved
@@ -255,20 +276,25 @@ def force_release(using: str, held: Sequence[tuple[int, int]]) -> list[Moved]:
 
 def cancel(using: str, ids: Sequence[int]) -> int:
     """Unfinished tasks to CANCELLED; a running owner is fenced off."""
-    with _operator_writing(using) as cursor:
-        return get_store(using).cancel(cursor, ids, settings.AUDIT)
+    return _write(using, lambda cursor: get_store(using).cancel(cursor, ids, settings.AUDIT), operator=True)
 
 
 def reset(using: str, ids: Sequence[int]) -> int:
     """FAILED or CANCELLED tasks back to PENDING with no attempts spent."""
-    with _operator_writing(using) as cursor:
-        return get_store(using).reset(cursor, ids)
+    return _write(using, lambda cursor: get_store(using).reset(cursor, ids), operator=True)
 
 
 def purge(using: str, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
     """Delete up to ``limit`` finished tasks last updated before ``before``; (tasks, attempts)."""
-    with _operator_writing(using) as cursor:
-        return get_store(using).purge(cursor, statuses=statuses, before=before, limit=limit)
+    store = get_store(using)
+    return _write(using, lambda cursor: store.purge(cursor, statuses=statuses, before=before, limit=limit),
+                  operator=True)
+
+
+def _plain(using: str, operation: Callable[[Any], T]) -> T:
+    """``operation(cursor)`` on a plain cursor: one statement, committed on its own (or the caller's)."""
+    with connections[using].cursor() as cursor:
+        return operation(cursor)
 
 
 def join_callers_transaction(using: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, OperationalError
+from django.db import IntegrityError
 
 from ..status import Outcome, Status
 from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Moved, TaskRow
@@ -65,6 +65,9 @@ class MySQLStore(SQLStore):
         else:  # whole seconds, at least 1: the variable's unit
             cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, round(seconds))])
 
+    def retryable(self, error: Exception) -> bool:
+        return _code(error) == _DEADLOCK
+
     def insert_columns(self) -> str:
         return ", ".join(self.quote(c) for c in TASK_COLUMNS[1:])
 
@@ -106,19 +109,13 @@ class MySQLStore(SQLStore):
         if cursor.rowcount == 1:
             row = self.read_task(cursor, tenant=tenant, key=key)
         else:
-            try:
-                new_id = self._insert(
-                    cursor,
-                    f"%s, %s, {RUNNING}, %s, 1, 1, %s, {self.lease_sql()}, %s, %s, NULL, '', '', NULL, {now}, {now}",
-                    [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint],
-                )
-            except OperationalError as exc:
-                # Racing inserts of one key can deadlock on the unique index's locks; InnoDB
-                # rolled this transaction back. Ours alone (autocommit): report "nothing
-                # claimed", and the lifecycle reads the row and tries again.
-                if _code(exc) != _DEADLOCK or not cursor.db.get_autocommit():
-                    raise
-                return None
+            # Racing inserts of one key may deadlock on the unique index (a purge deleted the
+            # row they waited for): InnoDB rolls one back, and the lifecycle runs it again.
+            new_id = self._insert(
+                cursor,
+                f"%s, %s, {RUNNING}, %s, 1, 1, %s, {self.lease_sql()}, %s, %s, NULL, '', '', NULL, {now}, {now}",
+                [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint],
+            )
             if new_id is None:
                 return None
             [row] = self._rows_by_id(cursor, [new_id])
@@ -148,6 +145,17 @@ class MySQLStore(SQLStore):
             [row.id, row.fencing_token, row.owner, delivery_id],
         )
         return previous
+
+    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
+        # A locking read of the task (READ COMMITTED reads without locks otherwise): a purge
+        # deleting it is waited for, and then nothing is inserted instead of failing the key.
+        cursor.execute(
+            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
+            f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
+            f"FROM {TASK} WHERE id = %s LOCK IN SHARE MODE",
+            [owner, delivery_id, task_id],
+        )
+        return bool(cursor.rowcount == 1)
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
@@ -221,7 +229,7 @@ class MySQLStore(SQLStore):
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool,
+        outcomes: tuple[str, str], audit: bool, known: str | None = None,
     ) -> str | None:
         cursor.execute(
             f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} WHERE {owned()}",
@@ -229,9 +237,11 @@ class MySQLStore(SQLStore):
         )
         if cursor.rowcount != 1:
             return None
-        # The row is ours until this transaction commits: read what the update made of it.
-        cursor.execute(f"SELECT status FROM {TASK} WHERE id = %s", [task_id])
-        status = str(cursor.fetchone()[0])
+        status = known
+        if status is None:
+            # fail(): the row is ours until this transaction commits; read which status it chose.
+            cursor.execute(f"SELECT status FROM {TASK} WHERE id = %s", [task_id])
+            status = str(cursor.fetchone()[0])
         if audit:
             self.close_attempt(cursor, task_id, token, outcomes[0] if status == Status.PENDING else outcomes[1])
         return status

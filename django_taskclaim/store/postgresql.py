@@ -266,7 +266,7 @@ class PostgreSQLStore(SQLStore):
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool,
+        outcomes: tuple[str, str], audit: bool, known: str | None = None,
     ) -> str | None:
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)

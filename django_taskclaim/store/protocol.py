@@ -41,6 +41,9 @@ class Store(Protocol):
     def join_callers_transaction(self, db: Any) -> None:
         """Autocommit off and no transaction open yet: open the caller's transaction now."""
 
+    def retryable(self, error: Exception) -> bool:
+        """Whether ``error`` rolled back the whole transaction and it may simply run again (a deadlock)."""
+
     def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
         """Wait at most ``seconds`` for a row lock on this session; ``None`` restores the default."""
 

@@ -112,6 +112,9 @@ class SQLStore:
     def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
         raise NotImplementedError
 
+    def retryable(self, error: Exception) -> bool:
+        return False
+
     def execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
         """Run one of this app's statements; PostgreSQL runs the hot ones as prepared statements."""
         cursor.execute(sql, params)
@@ -285,7 +288,7 @@ class SQLStore:
         return self.finish(
             cursor, task_id, token,
             f"status = {SUCCEEDED}, result = {self.json_param}, result_ref = %s, error = ''",
-            [result, result_ref], (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit,
+            [result, result_ref], (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit, Status.SUCCEEDED,
         )
 
     def fail(self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool) -> str | None:
@@ -298,15 +301,17 @@ class SQLStore:
         )
 
     def release(self, cursor: Any, task_id: int, token: int, audit: bool) -> str | None:
-        return self.finish(cursor, task_id, token, RELEASE_SET, [], (Outcome.RELEASED, Outcome.RELEASED), audit)
+        return self.finish(cursor, task_id, token, RELEASE_SET, [], (Outcome.RELEASED, Outcome.RELEASED), audit,
+                           Status.PENDING)
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool,
+        outcomes: tuple[str, str], audit: bool, known: str | None = None,
     ) -> str | None:
         """Move a running task on, guarded by its token; the new status, or ``None`` if fenced off.
 
         ``outcomes``: the attempt's outcome when the task went back to pending, and otherwise.
+        ``known``: the status the SET clause always sets (for databases that cannot return it).
         """
         self.execute(
             cursor,
