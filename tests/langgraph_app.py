@@ -11,6 +11,7 @@ import json
 import operator
 import os
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, TypedDict
@@ -105,6 +106,15 @@ def _conninfo() -> str:
                          dbname=settings["NAME"], password=settings["PASSWORD"] or None)
 
 
+def _sqlite_checkpoints() -> str:
+    """The SqliteSaver file beside the SQLite test database; elsewhere (MariaDB, which LangGraph
+    has no saver for) in the temporary folder, named after the test database."""
+    name = str(connection.settings_dict["NAME"])
+    if connection.vendor == "sqlite":
+        return name + ".langgraph"
+    return os.path.join(tempfile.gettempdir(), f"taskclaim-{os.getuid()}-{name}.langgraph")
+
+
 @asynccontextmanager
 async def acheckpointer() -> AsyncIterator[Any]:
     """The async flavour of :func:`checkpointer` (AsyncPostgresSaver / AsyncSqliteSaver)."""
@@ -117,7 +127,7 @@ async def acheckpointer() -> AsyncIterator[Any]:
     else:
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-        async with AsyncSqliteSaver.from_conn_string(str(connection.settings_dict["NAME"]) + ".langgraph") as saver:
+        async with AsyncSqliteSaver.from_conn_string(_sqlite_checkpoints()) as saver:
             await saver.setup()
             yield saver
 
@@ -125,7 +135,6 @@ async def acheckpointer() -> AsyncIterator[Any]:
 @contextmanager
 def checkpointer() -> Iterator[Any]:
     """The real checkpointer for the database under test, its tables created."""
-    settings = connection.settings_dict
     if connection.vendor == "postgresql":
         from langgraph.checkpoint.postgres import PostgresSaver
 
@@ -135,6 +144,6 @@ def checkpointer() -> Iterator[Any]:
     else:
         from langgraph.checkpoint.sqlite import SqliteSaver
 
-        with SqliteSaver.from_conn_string(str(settings["NAME"]) + ".langgraph") as saver:
+        with SqliteSaver.from_conn_string(_sqlite_checkpoints()) as saver:
             saver.setup()
             yield saver
