@@ -34,6 +34,9 @@ TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
 
 
+RAW_DRAIN = "commit limit (the same statements, psycopg)"
+
+
 @dataclass
 class Sizes:
     bykey_workers: tuple[int, ...] = (1, 2, 4, 8)
@@ -61,12 +64,14 @@ class Results:
     env: dict[str, str] = field(default_factory=dict)
     bykey: dict[str, dict[int, float]] = field(default_factory=lambda: {"app": {}, "raw": {}})
     drain: dict[str, dict[int, float]] = field(default_factory=dict)
+    drain_runs: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     duplicates: dict[str, dict[int, int]] = field(default_factory=dict)
     sizes: dict[int, dict[str, float]] = field(default_factory=dict)
     fill_seconds: dict[int, float] = field(default_factory=dict)
     race: dict[str, float] = field(default_factory=dict)
     audit: dict[str, float] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def log(message: str) -> None:
@@ -153,7 +158,8 @@ class Bench:
     def drain(self) -> None:
         """For each W, every system in turn (so that load from elsewhere hits them alike)."""
         s = self.sizes
-        systems: list[tuple[str, Any]] = [("django-taskclaim", self._drain_taskclaim)]
+        systems: list[tuple[str, Any]] = [("django-taskclaim", self._drain_taskclaim),
+                                          (RAW_DRAIN, lambda w: self._drain_taskclaim(w, raw=True))]
         if self.run_peers:
             from . import peers
 
@@ -171,15 +177,20 @@ class Bench:
                 log("  django-tasks-db is not installed: skipped (pip install django-taskclaim[bench])")
         for name, _ in systems:
             self.results.drain[name], self.results.duplicates[name] = {}, {}
+            self.results.drain_runs[name] = {}
         for w in s.drain_workers:
-            for name, drain in systems:
-                executed, value = drain(w)
-                self._check(name, w, executed, s.drain_tasks)
-                self.results.drain[name][w] = value
-                log(f"  drain {name} W={w}: {value:,.0f} tasks/s")
+            # Rounds interleaved across systems, so that load from elsewhere hits them alike; the
+            # best round is each system's figure, and every round is kept for the spread.
+            for n in range(s.rounds):
+                for name, drain in systems:
+                    executed, value = drain(w)
+                    self._check(name, w, executed, s.drain_tasks)
+                    self.results.drain_runs[name].setdefault(w, []).append(value)
+                    self.results.drain[name][w] = max(value, self.results.drain[name].get(w, 0.0))
+                    log(f"  drain {name} W={w} round {n + 1}/{s.rounds}: {value:,.0f} tasks/s")
 
-    def _drain_taskclaim(self, w: int) -> tuple[list[Any], float]:
-        from .workers import drain_app, run_workers
+    def _drain_taskclaim(self, w: int, raw: bool = False) -> tuple[list[Any], float]:
+        from .workers import drain_app, drain_raw, run_workers
 
         n = self.sizes.drain_tasks
         self.clear()
@@ -191,7 +202,10 @@ class Bench:
             [n],
         )
         self.sql(f"VACUUM ANALYZE {TASK}")
-        out = run_workers(drain_app, w, (True,), progress=self.pending_progress(f"taskclaim W={w}", n))
+        if raw:
+            out = run_workers(drain_raw, w, (True, self.url), progress=self.pending_progress(f"raw W={w}", n))
+        else:
+            out = run_workers(drain_app, w, (True,), progress=self.pending_progress(f"taskclaim W={w}", n))
         done = self.sql(f"SELECT count(*) FROM {TASK} WHERE status = 'succeeded'")[0][0]
         if done != n:
             raise RuntimeError(f"taskclaim drain W={w}: {done} tasks succeeded, expected {n}")
@@ -324,6 +338,36 @@ class Bench:
                 value = rate(out, sum(r["count"] for r in out))
                 self.results.audit[key] = max(value, self.results.audit.get(key, 0.0))
                 log(f"  audit {key} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s (W={s.audit_workers})")
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def _busy_elsewhere(window: float = 1.0) -> str | None:
+    """Why this machine looks too busy to conclude, or ``None``.
+
+    Sampled between phases, while this script and its workers do nothing: whatever keeps the
+    CPUs busy then is other work that will compete with the measured processes. More than a
+    quarter of the machine busy for the ``window`` makes the run's figures inconclusive.
+    """
+    before = _cpu_times()
+    time.sleep(window)  # a measurement window, not a synchronisation
+    after = _cpu_times()
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    busy = (after[0] - before[0]) / (after[1] - before[1])
+    if busy > 0.25:
+        return (f"{busy:.0%} of the CPUs were busy with other work while the benchmark was idle: "
+                f"the figures of this run are not conclusive")
+    return None
 
 
 def _loadavg() -> str:
@@ -467,6 +511,10 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         if name not in phases:
             continue
         log(f"phase: {title}")
+        busy = _busy_elsewhere()
+        if busy:
+            bench.results.warnings.append(f"before phase {name}: {busy}")
+            log(f"  WARNING: {busy}")
         started = time.perf_counter()
         method()
         bench.results.phase_seconds[name] = time.perf_counter() - started

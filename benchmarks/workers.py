@@ -208,13 +208,36 @@ def drain_app(index: int, barrier: Any, audit: bool) -> dict[str, Any]:
     barrier.wait(BARRIER_TIMEOUT)
     start = time.perf_counter()
     executed: list[int] = []
-    while True:
-        claims = Task.objects.claim_next(owner=owner, lease=LEASE)
-        if not claims:
-            break
-        for claim in claims:
-            executed.append(claim.task_id)  # the no-op "execution"
-            claim.complete()
+    # The queue worker's loop: the completion of a task claims the next (one commit per task).
+    claims = Task.objects.claim_next(owner=owner, lease=LEASE)
+    while claims:
+        claim = claims[0]
+        executed.append(claim.task_id)  # the no-op "execution"
+        claims = claim.complete_and_claim_next()
+    return {"executed": executed, "start": start, "end": time.perf_counter()}
+
+
+def drain_raw(index: int, barrier: Any, audit: bool, url: str) -> dict[str, Any]:
+    """The commit limit: the very statement of the app's loop, sent by psycopg in autocommit
+    (one commit per task), with none of the app's Python around it."""
+    import psycopg
+
+    from django_taskclaim.store.postgresql import store as pg
+
+    owner = f"bench-drain-raw-{index}"
+    executed: list[int] = []
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        barrier.wait(BARRIER_TIMEOUT)
+        start = time.perf_counter()
+        claimed = pg.claim_next(cursor, owner=owner, lease=LEASE, tenant=None, limit=1, delivery_id="", audit=audit)
+        while claimed:
+            row = claimed[0].row
+            executed.append(row.id)
+            status, claimed = pg.complete_and_claim_next(
+                cursor, row.id, row.fencing_token, None, "", owner=owner, lease=LEASE, tenant=None, limit=1,
+                delivery_id="", audit=audit)
+            assert status == "succeeded", row
     return {"executed": executed, "start": start, "end": time.perf_counter()}
 
 
