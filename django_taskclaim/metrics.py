@@ -54,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from . import signals
 from .models import Task
+from .status import Outcome
 
 NAMESPACE = "taskclaim"
 
@@ -112,20 +113,20 @@ class TaskClaimMetrics:
         self.takeovers.inc()
 
     def on_duplicate(self, sender: Any, **kwargs: Any) -> None:
-        self.claims.labels(outcome="duplicate").inc()
+        self.claims.labels(outcome=Outcome.DUPLICATE.value).inc()
         self.duplicates.inc()
 
     def on_stale_write(self, sender: Any, action: str = "", **kwargs: Any) -> None:
         self.fenced_writes.labels(action=action).inc()
 
     def on_completed(self, sender: Any, **kwargs: Any) -> None:
-        self.finished.labels(outcome="succeeded").inc()
+        self.finished.labels(outcome=Outcome.SUCCEEDED.value).inc()
 
     def on_failed(self, sender: Any, retry: bool = False, **kwargs: Any) -> None:
-        self.finished.labels(outcome="retry" if retry else "failed").inc()
+        self.finished.labels(outcome=(Outcome.RETRY if retry else Outcome.FAILED).value).inc()
 
     def on_released(self, sender: Any, claim: Any = None, **kwargs: Any) -> None:
-        self.finished.labels(outcome="released" if claim is not None else "force_released").inc()
+        self.finished.labels(outcome=Outcome.RELEASED.value if claim is not None else "force_released").inc()
 
     def on_heartbeat_lost(self, sender: Any, **kwargs: Any) -> None:
         self.heartbeats_lost.inc()

@@ -15,6 +15,7 @@ from .. import signals
 from ..conf import settings
 from ..exceptions import InvalidResult, StaleClaim
 from ..keys import clean_text, lease_seconds, positive_int, resolve_identity, to_json, validate_text
+from ..status import Status
 from ..store.rows import Claimed
 from . import transitions
 from .asynchronous import AsyncClaimMixin
@@ -181,7 +182,7 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         """
         text = error_text(error)
         status = self._finishing_write("fail", transitions.fail, text, bool(retry))
-        retrying = status == "pending"
+        retrying = status == Status.PENDING
         logger.info("task failed", extra={**self._log_extra(), "retry": retrying, "error": text[:200]})
         transitions.send(self.using, signals.task_failed, claim=self, error=text, retry=retrying)
         return status
