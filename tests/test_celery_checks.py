@@ -19,6 +19,7 @@ from django_taskclaim import checks
 
 try:
     from django_taskclaim import celery as bridge
+    from django_taskclaim.contrib.celery import options as registry
     from tests.celery_app import app_conf
 except ImportError:  # in CI a missing Celery is a failure, not a skip
     if os.environ.get("CI"):
@@ -102,7 +103,7 @@ def test_e101_app_cannot_be_loaded(path: str) -> None:
 
 
 def test_silent_when_the_bridge_is_not_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bridge, "_registry", {})
+    monkeypatch.setattr(registry, "_registry", {})
     with override_settings(TASKCLAIM_CELERY_APP=None), app_conf(task_acks_late=False):
         assert checks.check_celery() == []
 

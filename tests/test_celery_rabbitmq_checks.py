@@ -16,6 +16,7 @@ try:
     from kombu import Queue
 
     from django_taskclaim import celery as bridge
+    from django_taskclaim.contrib.celery import options as registry
     from tests.celery_app import app, app_conf, work
     from tests.procs_celery import always_fails
 except ImportError as exc:  # in CI a missing Celery is a failure, not a skip
@@ -68,7 +69,7 @@ def test_w105_reads_x_consumer_timeout_of_the_queue() -> None:
 def test_w105_not_for_early_acks_nor_other_brokers(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only the tasks that take acks_late from the app (another test module defines one with
     # its own acks_late=True).
-    monkeypatch.setattr(bridge, "_registry", {label: spec for label, spec in bridge._registry.items()
+    monkeypatch.setattr(registry, "_registry", {label: spec for label, spec in registry._registry.items()
                                               if "acks_late" not in spec.celery_options})
     with app_conf(task_time_limit=7200, task_acks_late=False):
         assert "django_taskclaim.W105" not in [m.id for m in checks.check_celery()]
