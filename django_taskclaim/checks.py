@@ -6,7 +6,7 @@ ID                     Problem
 ``django_taskclaim.E001``  The task database's vendor has no store (``store.VENDORS``).
 ``django_taskclaim.E002``  The database server is too old (SQLite before 3.35, MySQL before
                            8.0.1, MariaDB before 10.6: see each store's ``unsupported()``).
-``django_taskclaim.E003``  SQLite with ``USE_TZ = False`` (leases are compared in UTC).
+``django_taskclaim.E003``  SQLite or MySQL with ``USE_TZ = False`` (leases are compared in UTC).
 ``django_taskclaim.E004``  ``TASKCLAIM_DATABASE`` names no configured database.
 ``django_taskclaim.E005``  A ``TASKCLAIM_*`` setting has the wrong type or range.
 ``django_taskclaim.E006``  ``TASKCLAIM_JSON_ENCODER`` is not an importable ``JSONEncoder``.
@@ -15,6 +15,8 @@ ID                     Problem
                            ``TASKCLAIM_PREPARED_STATEMENTS`` on.
 ``django_taskclaim.W020``  SQLite's busy timeout (``OPTIONS["timeout"]``, 5 s by default) is
                            shorter than the recommended 30 s for concurrent workers.
+``django_taskclaim.W021``  MySQL/MariaDB with a transaction isolation level other than
+                           ``read committed`` (Django's default for MySQL).
 ``django_taskclaim.E101``  ``TASKCLAIM_CELERY_APP`` cannot be loaded.
 ``django_taskclaim.W101``  Celery: a claimed task runs with ``acks_late`` off.
 ``django_taskclaim.W102``  Celery: ``worker_prefetch_multiplier`` is above 1.
@@ -50,13 +52,14 @@ from .keys import LEASE_CEILING, MAX_INT, json_encoder, lease_seconds
 from .store import VENDORS
 
 E001 = ("django_taskclaim.E001", "Database {alias!r} ({vendor}) is not supported by django-taskclaim.",
-        "Use PostgreSQL (production) or SQLite (development) for the task table; set "
-        "TASKCLAIM_DATABASE to an alias of one of them.")
+        "Use PostgreSQL or MySQL/MariaDB (production) or SQLite (development) for the task "
+        "table; set TASKCLAIM_DATABASE to an alias of one of them.")
 E002 = ("django_taskclaim.E002", "Database {alias!r} cannot hold the task table: {problem}.",
         "Upgrade the database server (or the SQLite library) to a supported version; see "
         "docs/databases.md.")
-E003 = ("django_taskclaim.E003", "USE_TZ is False with SQLite.",
-        "Leases are compared with SQLite's UTC clock; set USE_TZ = True.")
+E003 = ("django_taskclaim.E003", "USE_TZ is False with {vendor}.",
+        "Leases are compared with the database's UTC clock, and {vendor} stores datetimes without "
+        "a time zone: set USE_TZ = True, so that Django stores them in UTC too.")
 E004 = ("django_taskclaim.E004", "TASKCLAIM_DATABASE = {alias!r} is not in DATABASES.",
         "Set TASKCLAIM_DATABASE to one of: {aliases}.")
 E005 = ("django_taskclaim.E005", "{name} = {value!r} is invalid: {problem}.",
@@ -71,6 +74,12 @@ W020 = ("django_taskclaim.W020", "SQLite database {alias!r} waits {timeout} for 
         "Set DATABASES[{alias!r}]['OPTIONS']['timeout'] = 30 (seconds) or more: SQLite has one "
         "writer, and with several workers (claim_next, fenced(), run_once) a writer can wait "
         "longer than the default 5 s for its turn.")
+W021 = ("django_taskclaim.W021", "MySQL database {alias!r} runs transactions at isolation level "
+        "{level!r}.",
+        "Remove OPTIONS['isolation_level'] (Django's default for MySQL is 'read committed') or set it "
+        "to 'read committed': under 'repeatable read' a claim that lost a race can read an old "
+        "snapshot of the task inside the caller's transaction, and InnoDB's gap locks make racing "
+        "claims deadlock more often.")
 E006 = ("django_taskclaim.E006", "{problem}",
         "Set TASKCLAIM_JSON_ENCODER to the dotted path of a json.JSONEncoder subclass, e.g. "
         "'django.core.serializers.json.DjangoJSONEncoder' (the default).")
@@ -143,7 +152,10 @@ def _sqlite_timeout_warning(alias: str) -> checks.CheckMessage | None:
 
 
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The task database must be PostgreSQL or a recent SQLite (no query is made)."""
+    """The task database must have a store and a server it supports.
+
+No query is made, except that MySQL's version is read from the server (once per process).
+"""
     alias = settings.DATABASE
     if alias not in django_settings.DATABASES:
         return [_error(E004, alias=alias, aliases=", ".join(django_settings.DATABASES))]
@@ -154,11 +166,15 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     errors: list[checks.CheckMessage] = []
     if (problem := store.unsupported(connections[alias])) is not None:
         errors.append(_error(E002, alias=alias, problem=problem))
-    if vendor == "sqlite":
-        if not django_settings.USE_TZ:
-            errors.append(_error(E003))
-        if (warning := _sqlite_timeout_warning(alias)) is not None:
-            errors.append(warning)
+    if vendor in ("sqlite", "mysql") and not django_settings.USE_TZ:
+        errors.append(_error(E003, vendor="SQLite" if vendor == "sqlite" else "MySQL/MariaDB"))
+    if vendor == "mysql":
+        options: dict[str, Any] = connections[alias].settings_dict.get("OPTIONS") or {}
+        level = options.get("isolation_level", "read committed")
+        if str(level or "").lower() != "read committed":
+            errors.append(_warning(W021, alias=alias, level=level))
+    if vendor == "sqlite" and (warning := _sqlite_timeout_warning(alias)) is not None:
+        errors.append(warning)
     return errors
 
 

@@ -104,7 +104,7 @@ def main() -> int:
                              "'all' for every one but the default (default: %(default)s)")
     args, pytest_args = parser.parse_known_args()
     configs = [c for c in CONFIGS if c != "default"] if args.config == "all" else [args.config]
-    dbs = ["sqlite", "postgresql"] if args.db == "all" else [args.db]  # MariaDB joins once CI installs it
+    dbs = ["sqlite", "postgresql", "mariadb"] if args.db == "all" else [args.db]
     runs = [(config, db) for config in configs for db in dbs if db in CONFIGS[config][0]]
     if not runs:
         parser.error(f"configuration {args.config!r} does not apply to {args.db}")

@@ -121,3 +121,9 @@ def expire(task_or_pk) -> None:  # type: ignore[no-untyped-def]
 
     pk = getattr(task_or_pk, "pk", getattr(task_or_pk, "task_id", task_or_pk))
     Task.objects.filter(pk=pk).update(lease_expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+
+
+# MySQL/MariaDB: how many other sessions have a statement on the task table waiting ("updating":
+# InnoDB's information_schema.innodb_trx did not list the waiting transaction from inside ours).
+MYSQL_LOCK_WAITS = ("SELECT count(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() "
+                    "AND LOWER(state) = 'updating' AND info LIKE '%%django_taskclaim_task%%'")

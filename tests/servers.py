@@ -189,14 +189,24 @@ class MariaDBServer(ManagedServer):
         )
         _wait_for_port(self.port, time.monotonic() + 60, "MariaDB", self.proc)
         # The root account made by install-db is root@localhost: allow it from 127.0.0.1 by TCP.
-        client = shutil.which("mariadb") or shutil.which("mysql") or "mariadb"
-        subprocess.run(
-            [client, f"--socket={self.socket}", "-uroot", "-e",
-             "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; "
-             "GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; FLUSH PRIVILEGES;"],
-            check=True, capture_output=True,
-        )
+        self.sql("CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; "
+                 "GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; FLUSH PRIVILEGES;")
         return self
+
+    def sql(self, statements: str) -> None:
+        """Run SQL as root through this server's socket with the command-line client.
+
+        Over the socket, and with the client's MYSQL_* environment variables removed: given
+        MYSQL_HOST and MYSQL_TCP_PORT (those of another server, in a test run), it would go there.
+        """
+        client = shutil.which("mariadb") or shutil.which("mysql") or "mariadb"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MYSQL_")}
+        subprocess.run([client, "--protocol=SOCKET", f"--socket={self.socket}", "-uroot", "-e", statements],
+                       check=True, capture_output=True, env=env)
+
+    def create_database(self, name: str) -> None:
+        """An empty utf8mb4 database (for processes that connect to it by name, as the harness's)."""
+        self.sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -128,6 +128,7 @@ def test_checker_counts_refused_writes() -> None:
 
 def test_fault_kinds_by_database() -> None:
     assert applicable_faults("sqlite", None) == ["pause", "kill"]
+    assert applicable_faults("mariadb", None) == ["pause", "kill"]
     assert applicable_faults("postgresql", None) == list(FAULTS)
     with pytest.raises(ValueError, match="do not apply to sqlite"):
         applicable_faults("sqlite", ("restart",))
@@ -154,7 +155,7 @@ def require_binaries() -> None:
 
     if DB == "postgresql" and postgres_bindir() is None:
         requirement_missing("PostgreSQL server binaries")
-    if DB == "postgresql" and not os.path.exists(FAKETIME_LIB):
+    if DB in ("postgresql", "mariadb") and not os.path.exists(FAKETIME_LIB):
         requirement_missing("libfaketime")
 
 
@@ -173,7 +174,7 @@ def test_short_run_injects_every_fault_and_passes(tmp_path: Path) -> None:
         # Caught in the act only when a worker is inside its completing transaction: tried.
         name = "terminate_in_commit_tried" if kind == "terminate_in_commit" else kind
         assert faults.get(name, 0) > 0, f"{kind} never injected\n{out}"
-    if DB == "postgresql":
+    if DB in ("postgresql", "mariadb"):
         assert faults.get("skewed_worker", 0) > 0, out
     figures = report["figures"]
     assert figures["effects_accepted"] == figures["tasks_enqueued"] > 0, out

@@ -66,8 +66,21 @@ def test_e002_old_sqlite(monkeypatch) -> None:  # type: ignore[no-untyped-def]
 
 @override_settings(USE_TZ=False)
 def test_e003_sqlite_without_use_tz() -> None:
-    expected = ["django_taskclaim.E003"] if connections["default"].vendor == "sqlite" else []
+    expected = ["django_taskclaim.E003"] if connections["default"].vendor in ("sqlite", "mysql") else []
     assert ids(checks.check_database()) == expected
+
+
+@pytest.mark.parametrize("level", ["repeatable read", None])
+def test_w021_mysql_isolation_level(monkeypatch, level: str | None) -> None:  # type: ignore[no-untyped-def]
+    db = connections["default"]
+    if db.vendor != "mysql":
+        pytest.skip("MySQL/MariaDB only")
+    monkeypatch.setitem(db.settings_dict, "OPTIONS", {**db.settings_dict["OPTIONS"], "isolation_level": level})
+    [warning] = checks.check_database()
+    assert warning.id == "django_taskclaim.W021" and repr(level) in warning.msg and "read committed" in warning.hint
+    options = {**db.settings_dict["OPTIONS"], "isolation_level": "READ COMMITTED"}
+    monkeypatch.setitem(db.settings_dict, "OPTIONS", options)
+    assert checks.check_database() == []
 
 
 @override_settings(TASKCLAIM_DATABASE="tasks")

@@ -13,6 +13,7 @@ from django_taskclaim import run_once, signals
 from django_taskclaim.exceptions import TaskBusy
 from django_taskclaim.models import Attempt, Task
 from django_taskclaim.runner import run_once_with
+from tests.conftest import MYSQL_LOCK_WAITS
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -125,10 +126,10 @@ def test_signals_with_autocommit_off() -> None:
     assert heard == ["second"]
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.skipif("connection.vendor == 'sqlite'")
 def test_inside_a_request_transaction_a_duplicate_waits_then_gets_the_result() -> None:
-    """What docs/recipes.md says of ATOMIC_REQUESTS on PostgreSQL: the duplicate blocks until the
-    first transaction commits, then returns the stored result without running anything."""
+    """What docs/recipes.md says of ATOMIC_REQUESTS on PostgreSQL (and MySQL): the duplicate blocks
+    until the first transaction commits, then returns the stored result without running anything."""
     seen: list[object] = []
 
     def duplicate() -> None:
@@ -144,6 +145,9 @@ def test_inside_a_request_transaction_a_duplicate_waits_then_gets_the_result() -
 
         def blocked() -> bool:
             with connection.cursor() as cursor:
+                if connection.vendor == "mysql":
+                    cursor.execute(MYSQL_LOCK_WAITS)
+                    return bool(cursor.fetchone()[0])
                 cursor.execute("SELECT pg_stat_clear_snapshot()")  # activity is snapshotted per transaction
                 cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                "AND datname = current_database()")

@@ -14,11 +14,22 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError
+from django.db import DatabaseError, IntegrityError
 
 from ..status import Outcome, Status
 from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Moved, TaskRow
-from .sql import PENDING, RELEASE_SET, RUNNING, SQLStore, claimable, owned, placeholders, word
+from .sql import (
+    CANCELLED,
+    FAILED,
+    PENDING,
+    RELEASE_SET,
+    RUNNING,
+    SQLStore,
+    claimable,
+    owned,
+    placeholders,
+    word,
+)
 
 MINIMUM_MYSQL = (8, 0, 1)  # FOR UPDATE SKIP LOCKED
 MINIMUM_MARIADB = (10, 6)  # FOR UPDATE SKIP LOCKED
@@ -30,6 +41,13 @@ def _code(exc: Exception) -> int | None:
     cause = exc.__cause__
     args = getattr(cause, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+# Operators lock task rows through the primary key, as owners do (by id). Through the (status, id)
+# index (the optimizer's pick for "status IN (...) AND id IN (...)") an operator held a row's
+# index entry while waiting for the row, and an owner completing that row (which moves its
+# (status, id) entry) waited for the entry: a deadlock.
+BY_ROW = "FORCE INDEX (PRIMARY)"
 
 
 class MySQLStore(SQLStore):
@@ -49,8 +67,13 @@ class MySQLStore(SQLStore):
         return round(seconds * 1_000_000)
 
     def unsupported(self, connection: Any) -> str | None:
-        version = tuple(connection.mysql_version)
-        if connection.mysql_is_mariadb:
+        # The version comes from the server (one query per process, cached by Django). A server
+        # that cannot be reached now is no reason to stop `manage.py check`: the first query says so.
+        try:
+            version, mariadb = tuple(connection.mysql_version), connection.mysql_is_mariadb
+        except DatabaseError:
+            return None
+        if mariadb:
             if version < MINIMUM_MARIADB:
                 return (f"MariaDB {'.'.join(map(str, version))} is too old: claims need MariaDB "
                         f"{'.'.join(map(str, MINIMUM_MARIADB))} or newer (FOR UPDATE SKIP LOCKED)")
@@ -59,24 +82,30 @@ class MySQLStore(SQLStore):
                     f"{'.'.join(map(str, MINIMUM_MYSQL))} or newer (FOR UPDATE SKIP LOCKED)")
         return None
 
+    def retryable(self, error: Exception) -> bool:
+        return _code(error) == _DEADLOCK
+
     def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
         if seconds is None:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
         else:  # whole seconds, at least 1: the variable's unit
             cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, round(seconds))])
 
-    def retryable(self, error: Exception) -> bool:
-        return _code(error) == _DEADLOCK
-
     def insert_columns(self) -> str:
         return ", ".join(self.quote(c) for c in TASK_COLUMNS[1:])
 
     def _rows_by_id(self, cursor: Any, ids: Sequence[int]) -> list[TaskRow]:
-        if not ids:
+        return [row for row, _ in self._claimed_rows(cursor, f"id IN ({placeholders(len(ids))})", ids, False)]
+
+    def _claimed_rows(self, cursor: Any, where: str, params: Sequence[Any], audit: bool) -> list[tuple[TaskRow, Any]]:
+        """Task rows this transaction just claimed, each with the owner of the attempt it took
+        over when ``audit`` (read in the same statement: one round trip less per takeover)."""
+        if not params:
             return []
-        cursor.execute(f"SELECT {self.columns()} FROM {TASK} WHERE id IN ({placeholders(len(ids))}) ORDER BY id",
-                       list(ids))
-        return [self.decode(found) for found in cursor.fetchall()]
+        previous = (f", (SELECT a.owner FROM {ATTEMPT} a WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 "
+                    f"AND a.outcome = {RUNNING})") if audit else ", NULL"
+        cursor.execute(f"SELECT {self.columns('t')}{previous} FROM {TASK} t WHERE {where} ORDER BY t.id", list(params))
+        return [(self.decode(found), found[-1]) for found in cursor.fetchall()]
 
     def _insert(self, cursor: Any, values_sql: str, params: list[Any]) -> int | None:
         """Insert one task; its id, or ``None`` when ``(tenant, key)`` exists (a committed or
@@ -106,11 +135,11 @@ class MySQLStore(SQLStore):
             f"AND (%s = '' OR payload_fingerprint IN ('', %s))",
             [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
         )
+        previous = None
         if cursor.rowcount == 1:
-            row = self.read_task(cursor, tenant=tenant, key=key)
+            # The row is ours (locked) until this transaction commits.
+            [(row, previous)] = self._claimed_rows(cursor, f"t.tenant = %s AND t.{k} = %s", [tenant, key], audit)
         else:
-            # Racing inserts of one key may deadlock on the unique index (a purge deleted the
-            # row they waited for): InnoDB rolls one back, and the lifecycle runs it again.
             new_id = self._insert(
                 cursor,
                 f"%s, %s, {RUNNING}, %s, 1, 1, %s, {self.lease_sql()}, %s, %s, NULL, '', '', NULL, {now}, {now}",
@@ -119,36 +148,28 @@ class MySQLStore(SQLStore):
             if new_id is None:
                 return None
             [row] = self._rows_by_id(cursor, [new_id])
-        if row is None or row.owner != owner:
-            return None
-        previous = self.open_attempt(cursor, row, delivery_id) if audit else None
+        if audit:
+            self._open_attempt(cursor, row, delivery_id, previous)
         return Claimed(row, previous)
 
-    def open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str) -> str | None:
-        previous = None
-        if row.fencing_token > 1:
+    def _open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, previous: str | None) -> None:
+        """Record a claim; close the attempt it took over (``previous``: that attempt's owner)."""
+        if previous is not None:
             cursor.execute(
-                f"SELECT owner FROM {ATTEMPT} WHERE task_id = %s AND token = %s AND outcome = {RUNNING}",
+                f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {self.now} "
+                f"WHERE task_id = %s AND token = %s",
                 [row.id, row.fencing_token - 1],
             )
-            found = cursor.fetchone()
-            if found is not None:
-                previous = found[0]
-                cursor.execute(
-                    f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {self.now} "
-                    f"WHERE task_id = %s AND token = %s",
-                    [row.id, row.fencing_token - 1],
-                )
         cursor.execute(
             f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
             f"stale_writes) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0)",
             [row.id, row.fencing_token, row.owner, delivery_id],
         )
-        return previous
 
     def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
-        # A locking read of the task (READ COMMITTED reads without locks otherwise): a purge
-        # deleting it is waited for, and then nothing is inserted instead of failing the key.
+        # The task row first, share-locked by the SELECT, then the attempt row: the order a purge
+        # takes them in (task rows FOR UPDATE, then their attempts). The foreign key check alone
+        # would lock the task row after the new attempt row, and deadlock with such a purge.
         cursor.execute(
             f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
             f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
@@ -188,8 +209,13 @@ class MySQLStore(SQLStore):
             f"WHERE id IN ({placeholders(len(ids))}) AND {claimable(t, now)}",
             [owner, self.lease_param(lease), *ids],
         )
-        rows = [r for r in self._rows_by_id(cursor, ids) if r.status == Status.RUNNING and r.owner == owner]
-        return [Claimed(row, self.open_attempt(cursor, row, delivery_id) if audit else None) for row in rows]
+        claimed = [Claimed(row, previous) for row, previous in
+                   self._claimed_rows(cursor, f"t.id IN ({placeholders(len(ids))})", ids, audit)
+                   if row.status == Status.RUNNING and row.owner == owner]
+        if audit:
+            for row, previous in claimed:
+                self._open_attempt(cursor, row, delivery_id, previous)
+        return claimed
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
@@ -231,15 +257,18 @@ class MySQLStore(SQLStore):
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
         outcomes: tuple[str, str], audit: bool, known: str | None = None,
     ) -> str | None:
+        """As the portable ``finish``; ``known``: the status the update sets, when it sets one
+        status whatever the row held (a completion, a release), which spares reading it back."""
         cursor.execute(
             f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} WHERE {owned()}",
             [*set_params, task_id, token],
         )
         if cursor.rowcount != 1:
             return None
-        status = known
-        if status is None:
-            # fail(): the row is ours until this transaction commits; read which status it chose.
+        if known is not None:
+            status = known
+        else:
+            # The row is ours until this transaction commits: read what the update made of it.
             cursor.execute(f"SELECT status FROM {TASK} WHERE id = %s", [task_id])
             status = str(cursor.fetchone()[0])
         if audit:
@@ -280,18 +309,88 @@ class MySQLStore(SQLStore):
             self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
         return moved
 
+    def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
+        # Lock the victims through the unique (tenant, key) index, then their rows: the order a
+        # claim by key takes them in. Locked through the primary key first (the portable
+        # SELECT … FOR UPDATE), a purge deadlocked with every claim of a key it was deleting:
+        # the claim held the key's index entry and waited for the row, the DELETE the reverse.
+        k, marks = self.quote("key"), placeholders(len(statuses))
+        cutoff = cursor.db.ops.adapt_datetimefield_value(before)
+        cursor.execute(  # candidates, read without locks
+            f"SELECT tenant, {k} FROM {TASK} WHERE status IN ({marks}) AND updated_at < %s ORDER BY id LIMIT %s",
+            [*statuses, cutoff, limit],
+        )
+        found = cursor.fetchall()
+        if not found:
+            return 0, 0
+        pairs = " OR ".join([f"(tenant = %s AND {k} = %s)"] * len(found))
+        cursor.execute(  # locked, and checked again under the lock
+            f"SELECT id FROM {TASK} FORCE INDEX (taskclaim_task_tenant_key_uniq) WHERE ({pairs}) "
+            f"AND status IN ({marks}) AND updated_at < %s FOR UPDATE",
+            [*(v for pair in found for v in pair), *statuses, cutoff],
+        )
+        ids = sorted(r[0] for r in cursor.fetchall())
+        if not ids:
+            return 0, 0
+        marks = placeholders(len(ids))
+        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE task_id IN ({marks})", ids)
+        attempts = cursor.rowcount
+        cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
+        return cursor.rowcount, attempts
+
+    def _lock_rows(self, cursor: Any, ids: Sequence[int], statuses: str) -> list[int]:
+        """Lock the tasks ``ids`` whose status is in ``statuses`` (SQL), by primary key, in id order."""
+        cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE id IN ({placeholders(len(ids))}) "
+                       f"AND status IN ({statuses}) ORDER BY id FOR UPDATE", list(ids))
+        return [r[0] for r in cursor.fetchall()]
+
+    def cancel(self, cursor: Any, ids: Sequence[int], audit: bool) -> int:
+        count = 0
+        for start in range(0, len(ids), 500):
+            locked = self._lock_rows(cursor, ids[start:start + 500], f"{PENDING}, {RUNNING}")
+            if not locked:
+                continue
+            marks = placeholders(len(locked))
+            cursor.execute(
+                f"UPDATE {TASK} {BY_ROW} SET status = {CANCELLED}, lease_expires_at = NULL, "
+                f"updated_at = {self.now} WHERE id IN ({marks})",
+                locked,
+            )
+            count += cursor.rowcount
+            if audit:
+                cursor.execute(
+                    f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.CANCELLED)}, ended_at = {self.now} "
+                    f"WHERE task_id IN ({marks}) AND outcome = {RUNNING}",
+                    locked,
+                )
+        return count
+
+    def reset(self, cursor: Any, ids: Sequence[int]) -> int:
+        count = 0
+        for start in range(0, len(ids), 500):
+            locked = self._lock_rows(cursor, ids[start:start + 500], f"{FAILED}, {CANCELLED}")
+            if locked:
+                cursor.execute(
+                    f"UPDATE {TASK} {BY_ROW} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
+                    f"lease_expires_at = NULL, updated_at = {self.now} WHERE id IN ({placeholders(len(locked))})",
+                    locked,
+                )
+                count += cursor.rowcount
+        return count
+
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
         moved: list[Moved] = []
         for start in range(0, len(held), 400):
             chunk = held[start:start + 400]
             pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
             flat = [v for pair in chunk for v in pair]
-            cursor.execute(f"SELECT id FROM {TASK} WHERE status = {RUNNING} AND ({pairs}) FOR UPDATE", flat)
+            cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE status = {RUNNING} AND ({pairs}) "
+                           f"ORDER BY id FOR UPDATE", flat)
             ids = [r[0] for r in cursor.fetchall()]
             if not ids:
                 continue
             cursor.execute(
-                f"UPDATE {TASK} SET {RELEASE_SET}, lease_expires_at = NULL, updated_at = {self.now} "
+                f"UPDATE {TASK} {BY_ROW} SET {RELEASE_SET}, lease_expires_at = NULL, updated_at = {self.now} "
                 f"WHERE id IN ({placeholders(len(ids))}) AND status = {RUNNING}",
                 ids,
             )

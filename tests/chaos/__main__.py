@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
                    help="worker processes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the nemesis (default: random, printed)")
-    p.add_argument("--db", choices=("sqlite", "postgresql"), default="postgresql",
+    p.add_argument("--db", choices=("sqlite", "postgresql", "mariadb"), default="postgresql",
                    help="database (default: %(default)s)")
     p.add_argument("--lease", type=positive(float), default=2.0,
                    help="lease in seconds (default: %(default)s)")

@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.servers import PostgresServer
+from tests.servers import MariaDBServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -37,8 +37,9 @@ T = TypeVar("T")
 
 # Fault kinds the nemesis draws from, with their weights, and the databases they apply to.
 FAULTS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "pause": (3, ("sqlite", "postgresql")),
-    "kill": (2, ("sqlite", "postgresql")),
+    "pause": (3, ("sqlite", "postgresql", "mariadb")),
+    "kill": (2, ("sqlite", "postgresql", "mariadb")),
+    # PostgreSQL only: the nemesis finds a worker's session by application_name, which MySQL lacks.
     "terminate": (2, ("postgresql",)),
     "terminate_in_commit": (2, ("postgresql",)),
     "timeout": (2, ("postgresql",)),
@@ -128,13 +129,13 @@ class RunLog:
 
 class Harness:
     def __init__(self, opts: Options) -> None:
-        if opts.db not in ("sqlite", "postgresql"):
-            raise ValueError(f"--db must be sqlite or postgresql, not {opts.db!r}")
+        if opts.db not in ("sqlite", "postgresql", "mariadb"):
+            raise ValueError(f"--db must be sqlite, postgresql or mariadb, not {opts.db!r}")
         self.opts = opts
         self.rng = random.Random(opts.seed)
         self.log = RunLog()
         self.rundir = tempfile.mkdtemp(prefix="taskclaim-chaos-")
-        self.server: PostgresServer | None = None
+        self.server: PostgresServer | MariaDBServer | None = None
         self.env: dict[str, str] = {}
         self.workers: list[WorkerProc] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -144,7 +145,9 @@ class Harness:
         # The first faults go through every kind once (in a seeded order), so that even a
         # short run injects each; after that the kinds are drawn by weight.
         self.first = self.rng.sample(self.kinds, len(self.kinds))
-        self.skew_available = opts.db == "postgresql" and opts.skew > 0
+        # A skewed worker's clock must not matter: the database's clock decides (not SQLite's,
+        # which is the worker's own).
+        self.skew_available = opts.db in ("postgresql", "mariadb") and opts.skew > 0
         if self.skew_available and not os.path.exists(FAKETIME_LIB):
             raise RuntimeError(f"libfaketime not found at {FAKETIME_LIB}: "
                                "apt-get install libfaketime, or pass --skew 0")
@@ -162,6 +165,11 @@ class Harness:
             self.server = PostgresServer().start()
             env.update(self.server.env)
             env["TASKCLAIM_TEST_DB_NAME"] = "postgres"
+        elif self.opts.db == "mariadb":
+            self.server = MariaDBServer().start()
+            self.server.create_database("chaos")
+            env.update(self.server.env)
+            env["TASKCLAIM_TEST_DB_NAME"] = "chaos"
         else:
             env["TASKCLAIM_TEST_DB_NAME"] = os.path.join(self.rundir, "chaos.sqlite3")
         self.env = env
