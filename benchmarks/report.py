@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .__main__ import Results, Sizes
+    from .results import Results, Sizes
 
 APP = "django-taskclaim"
 

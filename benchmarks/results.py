@@ -1,0 +1,44 @@
+"""What a benchmark run measures (its sizes) and what it found (its results)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RAW_DRAIN = "commit limit (the same statements, psycopg)"
+
+
+@dataclass
+class Sizes:
+    bykey_workers: tuple[int, ...] = (1, 2, 4, 8)
+    bykey_seconds: float = 3.0
+    rounds: int = 3
+    drain_tasks: int = 20_000
+    drain_workers: tuple[int, ...] = (1, 2, 4)
+    procrastinate_concurrency: tuple[int, ...] = (1, 4)
+    table_rows: tuple[int, ...] = (10_000, 1_000_000, 10_000_000)
+    latency_samples: int = 2_000
+    racers: int = 32
+    race_keys: int = 500
+    audit_workers: int = 4
+    audit_seconds: float = 3.0
+    peers: bool = True
+
+
+SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
+              table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
+              audit_workers=2, audit_seconds=0.3, peers=False)
+
+
+@dataclass
+class Results:
+    env: dict[str, str] = field(default_factory=dict)
+    bykey: dict[str, dict[int, float]] = field(default_factory=lambda: {"app": {}, "raw": {}})
+    drain: dict[str, dict[int, float]] = field(default_factory=dict)
+    drain_runs: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    duplicates: dict[str, dict[int, int]] = field(default_factory=dict)
+    sizes: dict[int, dict[str, float]] = field(default_factory=dict)
+    fill_seconds: dict[int, float] = field(default_factory=dict)
+    race: dict[str, float] = field(default_factory=dict)
+    audit: dict[str, float] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
