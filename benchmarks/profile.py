@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     server = None
     if args.start_server:
-        from tests.servers import PostgresServer
+        from django_taskclaim.testing.servers import PostgresServer
 
         server = PostgresServer(settings={"fsync": "on", "full_page_writes": "on",
                                           "shared_preload_libraries": "pg_stat_statements"}).start()

@@ -17,7 +17,7 @@ def main() -> int:
     from example_project.demo import parse_args
 
     args = parse_args(sys.argv[1:])  # --help and bad options answer before any install
-    from tests.__main__ import ensure_venv
+    from django_taskclaim.testing.venv import ensure_venv
 
     ensure_venv("postgresql,langgraph,celery" if args.celery else "postgresql,langgraph")
     from example_project.demo import main as demo_main

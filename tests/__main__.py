@@ -17,41 +17,15 @@ given, on the databases it applies to; ``pgbouncer`` starts a PgBouncer in front
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
 import tempfile
-import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venv"
-
-
-def venv_python() -> Path:
-    return VENV / "bin" / "python"
-
-
-def ensure_venv(extras: str = "dev") -> None:
-    """Re-run this module inside ``.venv``, creating and filling it first if needed."""
-    if Path(sys.prefix).resolve() == VENV.resolve() or os.environ.get("TASKCLAIM_NO_VENV"):
-        return
-    if not venv_python().exists():
-        print(f"creating {VENV} ...", flush=True)
-        venv.create(VENV, with_pip=True)
-    stamp = VENV / f".installed-{extras}"
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if not stamp.exists() or stamp.read_text() != digest:
-        print(f"installing django-taskclaim[{extras}] into {VENV} ...", flush=True)
-        subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-        subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", "-e", f"{ROOT}[{extras}]"], check=True)
-        stamp.write_text(digest)
-    os.execv(str(venv_python()), [str(venv_python()), *sys.orig_argv[1:]])
-
-
 def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
-    from tests.servers import MariaDBServer, PgBouncerServer, PostgresServer
+    from django_taskclaim.testing.servers import MariaDBServer, PgBouncerServer, PostgresServer
 
     env = dict(os.environ, TASKCLAIM_TEST_DB=db, TASKCLAIM_TEST_CONFIG=config, PYTHONPATH=str(ROOT))
     # A file of its own per run, so that two runs on one machine never share a database.
@@ -91,6 +65,8 @@ def names_tests(pytest_args: list[str]) -> bool:
 
 
 def main() -> int:
+    from django_taskclaim.testing.venv import ensure_venv
+
     ensure_venv()
     sys.path.insert(0, str(ROOT))
     from tests.configurations import CONFIGS, CORE

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.testing.servers import _wait_for_port, free_port
 from tests.conftest import ROOT
-from tests.servers import _wait_for_port, free_port
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -74,7 +74,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def start_server(kind: str, **options: Any) -> Any:
     """A started Redis or RabbitMQ server; a missing binary skips locally, fails in CI."""
-    from tests.servers import RabbitMQServer, RedisServer
+    from django_taskclaim.testing.servers import RabbitMQServer, RedisServer
 
     try:
         server = RedisServer() if kind == "redis" else RabbitMQServer(**options)

@@ -149,9 +149,9 @@ def chaos(tmp_path: Path, *args: str, timeout: float) -> tuple[int, str, dict[st
 
 
 def require_binaries() -> None:
+    from django_taskclaim.testing.servers import postgres_bindir
     from tests.chaos.harness import FAKETIME_LIB
     from tests.conftest import requirement_missing
-    from tests.servers import postgres_bindir
 
     if DB == "postgresql" and postgres_bindir() is None:
         requirement_missing("PostgreSQL server binaries")

@@ -128,7 +128,7 @@ def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_
 @pytest.mark.django_db(transaction=True)
 def test_demo_through_real_celery_workers_and_redis(tmp_path: Path) -> None:
     require_module("django_taskclaim.celery", "the Celery bridge (pip install 'django-taskclaim[celery]')")
-    from tests.servers import RedisServer
+    from django_taskclaim.testing.servers import RedisServer
 
     if shutil.which("redis-server") is None:
         requirement_missing("redis-server")

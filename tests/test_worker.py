@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from django.db import connection
 
 from django_taskclaim.exceptions import InvalidResult, StaleClaim
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.testing.polling import wait_until
 from django_taskclaim.worker import work
 from tests.conftest import expire, spawning
 from tests.testapp.models import Effect
@@ -140,16 +140,6 @@ def test_worker_command_reports_and_rejects_a_bad_handler(capsys) -> None:  # ty
         call_command("taskclaim_worker", "tests.worker_handlers.nowhere")
 
 
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def start_workers(start, n: int, handler: str, *extra: str):  # type: ignore[no-untyped-def]
     return [start("taskclaim_worker", handler, "--lease", "2", "--until-drained", "--json", *extra)
             for _ in range(n)]
@@ -163,8 +153,8 @@ def test_four_atomic_workers_and_a_sigkill_apply_every_effect_once(worker_env, t
     with spawning("django", env) as start:
         workers = start_workers(start, 4, "tests.worker_handlers.effect", "--atomic")
         # A worker holds a slow key's first attempt: kill it there, mid-transaction.
-        victim_pid = int(wait_for(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow*.1.*")), None),
-                                  60, "a worker to start a slow task"))
+        victim_pid = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow*.1.*")), None),
+                                    timeout=60, what="a worker to start a slow task"))
         os.kill(victim_pid, signal.SIGKILL)
         for proc in workers:
             proc.wait(timeout=120)
@@ -182,12 +172,12 @@ def test_a_worker_paused_past_its_lease_is_fenced_off_on_waking(worker_env, tmp_
     env = {**worker_env, "TASKCLAIM_TEST_STARTED_DIR": str(tmp_path), "TASKCLAIM_TEST_HOLD": "3"}
     with spawning("django", env) as start:
         workers = start_workers(start, 3, "tests.worker_handlers.fenced_effect")
-        paused = int(wait_for(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow000.1.*")), None),
-                              60, "a worker to start the slow task"))
+        paused = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow000.1.*")), None),
+                                timeout=60, what="a worker to start the slow task"))
         os.kill(paused, signal.SIGSTOP)
         # Past its 2 s lease another worker takes the task over (attempt 2) and finishes it.
-        wait_for(lambda: Task.objects.filter(key="slow000", status=Task.Status.SUCCEEDED).exists(), 60,
-                 "the slow task to be taken over and finished")
+        wait_until(lambda: Task.objects.filter(key="slow000", status=Task.Status.SUCCEEDED).exists(), timeout=60,
+                   what="the slow task to be taken over and finished")
         os.kill(paused, signal.SIGCONT)  # it wakes, then its fenced() effect is refused
         reports = {proc.pid: json.loads(proc.communicate(timeout=120)[0].strip().splitlines()[-1])
                    for proc in workers}

@@ -146,11 +146,12 @@ class MariaDBServer(ManagedServer):
     """
 
     def __init__(self, port: int | None = None) -> None:
-        self.server = shutil.which("mariadbd") or shutil.which("mysqld") or (
+        server = shutil.which("mariadbd") or shutil.which("mysqld") or (
             "/usr/sbin/mariadbd" if os.path.exists("/usr/sbin/mariadbd") else None)
-        self.install_db = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
-        if self.server is None or self.install_db is None:
+        install_db = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
+        if server is None or install_db is None:
             raise RuntimeError("MariaDB server binaries not found; install Debian's 'mariadb-server' package")
+        self.server, self.install_db = server, install_db
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="taskclaim-mariadb-")
         self.data = os.path.join(self.dir, "data")
@@ -223,9 +224,10 @@ class RedisServer(ManagedServer):
     """A private ``redis-server`` on a free port, no persistence."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
+        binary = shutil.which("redis-server")
+        if binary is None:
             raise RuntimeError("redis-server not found; install Debian's 'redis-server' package")
+        self.binary: str = binary
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="taskclaim-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -396,10 +398,11 @@ class PgBouncerServer(ManagedServer):
 
     def __init__(self, upstream_port: int, port: int | None = None, pool_mode: str = "transaction",
                  pool_size: int = 10) -> None:
-        self.binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer")
-                                                    else None)
-        if self.binary is None:
+        binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer")
+                                               else None)
+        if binary is None:
             raise RuntimeError("pgbouncer not found; install Debian's 'pgbouncer' package")
+        self.binary: str = binary
         self.upstream_port = upstream_port
         self.port = port or free_port()
         self.pool_mode = pool_mode
