@@ -20,6 +20,10 @@ def main() -> int:
     from django_taskclaim.testing.venv import ensure_venv
 
     ensure_venv("postgresql,langgraph,celery" if args.celery else "postgresql,langgraph")
+    if args.celery:
+        from example_project.celery_demo import run_celery_demo
+
+        return run_celery_demo(args)
     from example_project.demo import main as demo_main
 
     return demo_main(sys.argv[1:])

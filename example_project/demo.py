@@ -696,10 +696,6 @@ def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.celery:
-        from .celery_demo import run_celery_demo
-
-        return run_celery_demo(args)
     setup_django()
     from django.conf import settings
 

@@ -13,7 +13,7 @@ from typing import Any
 from django_taskclaim import celery as bridge  # the Celery bridge: claimed_task, enqueue_once
 from django_taskclaim.exceptions import StaleClaim
 
-from .jobs import JobSpec
+from .spec import JobSpec
 from .work import discard, publish
 from .work import generate_suite as write_suite
 

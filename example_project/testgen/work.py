@@ -17,8 +17,8 @@ from django.conf import settings
 
 from django_taskclaim.claims import Claim
 
-from .jobs import JobSpec
 from .models import TestSuite
+from .spec import JobSpec
 
 CASES = (
     "happy_path",
