@@ -1,7 +1,7 @@
 """``python3 -m example_project``: the demo, on a fresh clone with only the system Python.
 
 Like ``python3 -m tests``, it first creates ``.venv`` with the app installed (reusing the
-test command's ``ensure_venv``), then runs :mod:`example_project.demo`.
+test command's ``ensure_venv``), then runs :mod:`example_project.simulator.main`.
 """
 
 from __future__ import annotations
@@ -14,17 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from example_project.demo import parse_args
+    from example_project.simulator.cli import parse_args
 
     args = parse_args(sys.argv[1:])  # --help and bad options answer before any install
-    from django_taskclaim.testing.venv import ensure_venv
+    from tests.__main__ import ensure_venv
 
     ensure_venv("postgresql,langgraph,celery" if args.celery else "postgresql,langgraph")
-    if args.celery:
-        from example_project.celery_demo import run_celery_demo
-
-        return run_celery_demo(args)
-    from example_project.demo import main as demo_main
+    from example_project.simulator.main import main as demo_main
 
     return demo_main(sys.argv[1:])
 

@@ -62,12 +62,17 @@ TEMPLATES = [
 ]
 STATIC_URL = "/static/"
 
-# django-taskclaim: an agent's lease; the demo passes a short one on the command line.
-TASKCLAIM_DEFAULT_LEASE = 30.0
+# django-taskclaim: an agent's lease (every claim of the example uses it). The demo shortens it,
+# and the simulated generation below, through the environment of the agents it starts.
+TASKCLAIM_DEFAULT_LEASE = float(os.environ.get("TESTGEN_LEASE", "30"))
 TASKCLAIM_MAX_ATTEMPTS = 5
 
-# How a requested job reaches the agents: "demo" (the demo's in-process queue reads new jobs
-# from the task table) or "celery" (the view publishes with enqueue_once on commit).
+# Generating a suite is simulated: TESTGEN_STEPS tests written over TESTGEN_WORK_SECONDS.
+TESTGEN_WORK_SECONDS = float(os.environ.get("TESTGEN_WORK_SECONDS", "1"))
+TESTGEN_STEPS = int(os.environ.get("TESTGEN_STEPS", "4"))
+
+# How a requested job reaches the agents: "demo" (the demo's simulated queue delivers it) or
+# "celery" (the job API publishes it with enqueue_once on commit).
 TESTGEN_DISPATCH = os.environ.get("TESTGEN_DISPATCH", "demo")
 
 # Only read with --celery (example_project.celery_app). The settings that keep a broker from

@@ -153,8 +153,8 @@ def test_demo_path_never_imports_celery(tmp_path: Path) -> None:
         "import os, sys, django\n"
         "os.environ['DJANGO_SETTINGS_MODULE'] = 'example_project.settings'\n"
         "django.setup()\n"
-        "import example_project.demo, example_project.agent, example_project.testgen.views\n"
-        "import example_project.testgen.work, example_project.urls\n"
+        "import example_project.simulator.main, example_project.simulator.worker\n"
+        "import example_project.testgen.agent, example_project.testgen.views, example_project.urls\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu'))\n"
         "assert not bad, bad\n"
     )
@@ -192,6 +192,8 @@ def example_app(tmp_path: Path):  # type: ignore[no-untyped-def]
         ROOT_URLCONF="example_project.urls",
         ARTIFACT_DIR=tmp_path / "artifacts",
         TESTGEN_DISPATCH="demo",
+        TESTGEN_WORK_SECONDS=0.01,
+        TESTGEN_STEPS=2,
     ):
         from example_project.testgen.models import TestSuite
 
@@ -277,8 +279,9 @@ def test_post_rejects_a_body_that_is_not_json(client, example_app) -> None:  # t
 
 @pytest.mark.django_db(transaction=True)
 def test_state_endpoint_and_page_show_jobs_as_agents_work(client, example_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from example_project.testgen.agent import publish
+    from example_project.testgen.drafts import write_draft
     from example_project.testgen.jobs import JobSpec
-    from example_project.testgen.work import generate_suite, publish
 
     post(client, BODY)
     post(client, {**BODY, "service": "users", "endpoint": "GET /users", "run": "run-43"})
@@ -291,7 +294,7 @@ def test_state_endpoint_and_page_show_jobs_as_agents_work(client, example_app, t
     assert jobs[KEY]["duplicates_refused"] == 1 and jobs[KEY]["claims"] == 1
 
     spec = JobSpec("acme", "run-42", "payments", "POST /payments", "v3")
-    rel, tests = generate_suite(outcome.claim, spec, "agent-1", work_seconds=0.01, steps=2)
+    rel, tests = write_draft(outcome.claim, spec, "agent-1")
     publish(outcome.claim, spec, "agent-1", rel, tests)
     only_run = client.get("/api/jobs", {"run": "run-42"}).json()["jobs"]
     assert [j["key"] for j in only_run] == [KEY]
@@ -307,20 +310,21 @@ def test_state_endpoint_and_page_show_jobs_as_agents_work(client, example_app, t
 
 @pytest.mark.django_db(transaction=True)
 def test_publish_of_a_fenced_off_agent_writes_nothing(example_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from example_project.testgen.agent import publish
+    from example_project.testgen.drafts import write_draft
     from example_project.testgen.jobs import JobSpec
-    from example_project.testgen.work import generate_suite, publish
 
     TestSuite = example_app
     spec = JobSpec("acme", "run-42", "payments", "POST /payments", "v3")
     slow = Task.objects.claim(spec.task_key, owner="paused-agent", lease=30).claim
     assert slow is not None
-    rel_slow, tests = generate_suite(slow, spec, "paused-agent", work_seconds=0.01, steps=1)
+    rel_slow, tests = write_draft(slow, spec, "paused-agent")
     expire(slow)  # it was paused past its lease...
     fast = Task.objects.claim(spec.task_key, owner="agent-2", lease=30).claim  # ...and taken over
     assert fast is not None and fast.token == slow.token + 1
-    rel_fast, _ = generate_suite(fast, spec, "agent-2", work_seconds=0.01, steps=1)
+    rel_fast, _ = write_draft(fast, spec, "agent-2")
     assert rel_fast != rel_slow  # drafts are named by token: attempts never share a file
-    publish(fast, spec, "agent-2", rel_fast, 1)
+    publish(fast, spec, "agent-2", rel_fast, tests)
     with pytest.raises(StaleClaim):
         publish(slow, spec, "paused-agent", rel_slow, tests)
     assert list(TestSuite.objects.values_list("agent", "token")) == [("agent-2", 2)]

@@ -1,8 +1,7 @@
-"""The example project's LangGraph agent (example_project/graph_agent.py): the graph, run for real."""
+"""The example project's LangGraph agent (example_project/testgen/graph.py): the graph, run for real."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import pytest
@@ -17,10 +16,9 @@ PAYLOAD = {"service": "payments", "endpoint": "POST /payments", "spec_version": 
 
 
 def agent(name: str, events: list[dict[str, Any]]) -> Any:
-    from example_project.graph_agent import build_graph
+    from example_project.testgen.graph import build_graph
 
-    args = argparse.Namespace(name=name, lease=30.0, work_seconds=0.01, steps=2)
-    return build_graph(args, lambda **event: events.append(event))
+    return build_graph(name, lambda event, **fields: events.append({"event": event, **fields}))
 
 
 def test_the_graph_agent_publishes_once_and_a_duplicate_gets_the_stored_update(example_app) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
@@ -32,7 +30,7 @@ def test_the_graph_agent_publishes_once_and_a_duplicate_gets_the_stored_update(e
     first_events: list[dict[str, Any]] = []
     first = agent("agent-2", first_events).invoke(job)
     assert first["summary"] == "2 tests by agent-2 (token 1)"
-    assert [e["event"] for e in first_events] == ["claimed", "progress", "progress"]
+    assert [e["event"] for e in first_events] == ["claimed", "progress", "progress", "published"]
 
     # A redelivery to another agent: the graph runs, the claimed node's body does not.
     again_events: list[dict[str, Any]] = []

@@ -108,7 +108,7 @@ def test_readme_keeps_the_two_commands_and_stays_short() -> None:
 
 
 def test_readme_sample_summary_matches_what_the_demo_prints() -> None:
-    from example_project.demo import print_summary
+    from example_project.simulator.report import print_summary
 
     sample = re.search(r"```text\n(Summary\n.*?)```", README.read_text(), re.S)
     assert sample, "the README shows no sample summary"

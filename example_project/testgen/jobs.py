@@ -1,106 +1,57 @@
-"""Requesting jobs: the demo's catalog, and ``request_job`` (once per key, on commit with Celery)."""
+"""What a job is: "generate tests for this endpoint, in this run, for this tenant", and its key."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
-from django.db import transaction
+from django_taskclaim import TaskKey
 
-from django_taskclaim.models import Task
-
-from .spec import OPERATION, JobSpec
-
-# Endpoints the demo asks the agents to cover: (service, endpoint).
-CATALOG: list[tuple[str, str]] = [
-    ("payments", "POST /payments"),
-    ("payments", "POST /payments/{id}/refund"),
-    ("invoices", "GET /invoices/{id}"),
-    ("invoices", "POST /invoices"),
-    ("users", "PATCH /users/{id}"),
-    ("users", "DELETE /users/{id}"),
-    ("orders", "GET /orders"),
-    ("orders", "POST /orders/{id}/cancel"),
-]
-TENANTS = ("acme", "globex")
+OPERATION = "test-generation"
 
 
-def demo_jobs(run: str, count: int) -> list[JobSpec]:
-    """``count`` jobs for the demo: the catalog for each tenant, then synthetic endpoints."""
-    specs = [
-        JobSpec(tenant, run, service, endpoint, "v3")
-        for service, endpoint in CATALOG
-        for tenant in TENANTS
-    ]
-    n = 0
-    while len(specs) < count:
-        n += 1
-        specs.extend(
-            JobSpec(tenant, run, "reports", f"GET /reports/{n}", "v3") for tenant in TENANTS
+@dataclass(frozen=True)
+class JobSpec:
+    """One request: which tenant wants tests for which endpoint, in which run, from which spec."""
+
+    tenant: str
+    run: str
+    service: str
+    endpoint: str
+    version: str = "v1"
+    framework: str = "pytest"
+
+    @property
+    def task_key(self) -> TaskKey:
+        # The identity is the *work*: run + service + endpoint + operation, at one spec version,
+        # for one tenant. Never the prompt text, a message id or the agent's name: a redelivered
+        # or re-requested job must map to the same key, and another run to another key.
+        return TaskKey(
+            OPERATION,
+            run=self.run,
+            scope=(self.service, self.endpoint),
+            version=self.version,
+            tenant=self.tenant,
         )
-    return specs[:count]
 
-
-def request_job(spec: JobSpec) -> tuple[Task, bool]:
-    """Create the job's task (PENDING) unless it exists; ``(task, created)``. Idempotent.
-
-    With ``TESTGEN_DISPATCH = "celery"`` the Celery task is published once, on commit.
-    """
-    from django_taskclaim.claims import ensure_task
-
-    if settings.TESTGEN_DISPATCH != "celery":
-        return ensure_task(spec.task_key, payload=spec.payload)
-    # Imported here so that the SQLite/PostgreSQL demo never imports Celery.
-    from django_taskclaim.celery import enqueue_once
-
-    from .tasks import generate_suite
-
-    key = spec.task_key
-    with transaction.atomic():
-        existed = Task.objects.filter(tenant=key.tenant, key=key.key).exists()
-        # Creates the row in this transaction and publishes on commit; a key that is already
-        # pending, running or done is not published again.
-        enqueue_once(
-            generate_suite,
-            key=key.key,
-            tenant=key.tenant,
-            args=(spec.tenant, spec.run, spec.payload),
-        )
-        task, _ = ensure_task(key, payload=spec.payload)  # stores the payload's fingerprint
-    return task, not existed
-
-
-def run_of(key: str) -> str:
-    """The run part of a job key (keys are ``run:scope…:operation@version``)."""
-    return key.split(":", 1)[0]
-
-
-def jobs_state(run: str | None = None) -> list[dict[str, Any]]:
-    """The jobs (optionally of one run) with their state, newest first, for the page and the API."""
-    from django.db.models import Count, Q
-
-    tasks = Task.objects.filter(key__contains=f":{OPERATION}")
-    if run:
-        tasks = tasks.filter(key__startswith=f"{run}:")
-    tasks = tasks.annotate(
-        claims=Count("attempt_set", filter=Q(attempt_set__token__isnull=False)),
-        duplicates=Count("attempt_set", filter=Q(attempt_set__outcome="duplicate")),
-    ).order_by("-id")[:500]
-    return [
-        {
-            "tenant": t.tenant,
-            "key": t.key,
-            "status": t.status,
-            "owner": t.owner,
-            "token": t.fencing_token,
-            "attempts": t.attempts,
-            "claims": t.claims,
-            "duplicates_refused": t.duplicates,
-            "lease_expires_at": t.lease_expires_at.isoformat() if t.lease_expires_at else None,
-            "result": t.result,
-            "artifact": t.result_ref,
-            "error": t.error,
-            "updated_at": t.updated_at.isoformat(),
+    @property
+    def payload(self) -> dict[str, Any]:
+        # Input that is not part of the identity; the same key with another framework is a
+        # client error (PayloadMismatch), not a new job.
+        return {
+            "service": self.service,
+            "endpoint": self.endpoint,
+            "spec_version": self.version,
+            "framework": self.framework,
         }
-        for t in tasks
-    ]
+
+    @classmethod
+    def from_payload(cls, tenant: str, run: str, payload: dict[str, Any]) -> JobSpec:
+        return cls(
+            tenant=tenant,
+            run=run,
+            service=payload["service"],
+            endpoint=payload["endpoint"],
+            version=payload["spec_version"],
+            framework=payload["framework"],
+        )

@@ -1,8 +1,9 @@
-"""The agent as a Celery task, for ``--celery``: the same work as ``example_project.agent``.
+"""The agent as a Celery task (``--celery``): ``claimed_task`` claims, the body publishes fenced.
 
 ``claimed_task`` claims the job's key for every delivery of the message (a duplicate publish,
 a Redis visibility-timeout redelivery, a redelivery after a killed worker), runs the body
-under keepalive, and gives duplicates the stored result. Imported only in Celery mode.
+under keepalive, and gives duplicates the stored result. The job API publishes the message
+with ``enqueue_once`` (:func:`.views.request_job`). Imported only in Celery mode.
 """
 
 from __future__ import annotations
@@ -10,27 +11,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django_taskclaim import celery as bridge  # the Celery bridge: claimed_task, enqueue_once
-from django_taskclaim.exceptions import StaleClaim
+from django_taskclaim import TaskKey
+from django_taskclaim.celery import claimed_task
 
-from .spec import JobSpec
-from .work import discard, publish
-from .work import generate_suite as write_suite
-
-# Read when the worker imports this module; the demo passes its short settings this way.
-LEASE = float(os.environ.get("TESTGEN_LEASE", "30"))
-WORK_SECONDS = float(os.environ.get("TESTGEN_WORK_SECONDS", "1"))
-STEPS = int(os.environ.get("TESTGEN_STEPS", "4"))
+from .agent import generate_and_publish
+from .jobs import JobSpec
 
 
-def job_key(tenant: str, run: str, payload: dict[str, Any]) -> Any:
+def job_key(tenant: str, run: str, payload: dict[str, Any]) -> TaskKey:
     return JobSpec.from_payload(tenant, run, payload).task_key
 
 
-@bridge.claimed_task(
-    key=job_key,
+@claimed_task(
+    key=job_key,  # the lease is TASKCLAIM_DEFAULT_LEASE
     tenant="{tenant}",
-    lease=LEASE,
     on_busy="retry",
     bind=True,
     acks_late=True,
@@ -38,13 +32,5 @@ def job_key(tenant: str, run: str, payload: dict[str, Any]) -> Any:
     name="testgen.generate_suite",
 )
 def generate_suite(self: Any, tenant: str, run: str, payload: dict[str, Any]) -> dict[str, Any]:
-    spec = JobSpec.from_payload(tenant, run, payload)
-    claim = self.claim
-    agent = os.environ.get("TESTGEN_AGENT") or claim.owner
-    rel, tests = write_suite(claim, spec, agent, work_seconds=WORK_SECONDS, steps=STEPS)
-    try:
-        publish(claim, spec, agent, rel, tests)  # fenced: the suite row and the completion
-    except StaleClaim:
-        discard(rel)  # taken over while we worked: our draft is never published
-        raise
-    return {"tests": tests, "agent": agent, "token": claim.token}
+    agent = os.environ.get("TESTGEN_AGENT") or self.claim.owner  # the demo names its workers
+    return generate_and_publish(self.claim, JobSpec.from_payload(tenant, run, payload), agent)

@@ -13,20 +13,77 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
+from django_taskclaim.claims import ensure_task
 from django_taskclaim.exceptions import InvalidTaskKey, PayloadMismatch
+from django_taskclaim.models import Task
 
-from .jobs import JobSpec, jobs_state, request_job
+from .jobs import OPERATION, JobSpec
 
 REQUIRED = ("tenant", "run", "service", "endpoint")
 OPTIONAL = {"version": "v1", "framework": "pytest"}
 
 
-def _spec(body: Any) -> JobSpec:
+def request_job(spec: JobSpec) -> tuple[Task, bool]:
+    """Create the job's task (PENDING) unless it exists: ``(task, created)``. Idempotent.
+
+    With ``TESTGEN_DISPATCH = "celery"`` the Celery task is also published, once, on commit.
+    """
+    if settings.TESTGEN_DISPATCH != "celery":
+        return ensure_task(spec.task_key, payload=spec.payload)
+    # Imported here so that the demo without Celery never imports it.
+    from django_taskclaim.celery import enqueue_once
+
+    from .tasks import generate_suite
+
+    key = spec.task_key
+    with transaction.atomic():
+        existed = Task.objects.filter(tenant=key.tenant, key=key.key).exists()
+        # Creates the row in this transaction and publishes on commit; a key that is already
+        # pending, running or done is not published again.
+        enqueue_once(generate_suite, key=key, args=(spec.tenant, spec.run, spec.payload))
+        task, _ = ensure_task(key, payload=spec.payload)  # stores the payload's fingerprint
+    return task, not existed
+
+
+def jobs_state(run: str | None = None) -> list[dict[str, Any]]:
+    """The jobs (optionally of one run) with their state, newest first."""
+    tasks = Task.objects.filter(key__contains=f":{OPERATION}")
+    if run:
+        tasks = tasks.filter(key__startswith=f"{run}:")
+    tasks = tasks.annotate(
+        claims=Count("attempt_set", filter=Q(attempt_set__token__isnull=False)),
+        duplicates=Count("attempt_set", filter=Q(attempt_set__outcome="duplicate")),
+    ).order_by("-id")[:500]
+    return [
+        {
+            "tenant": t.tenant,
+            "key": t.key,
+            "status": t.status,
+            "owner": t.owner,
+            "token": t.fencing_token,
+            "attempts": t.attempts,
+            "claims": t.claims,
+            "duplicates_refused": t.duplicates,
+            "lease_expires_at": t.lease_expires_at.isoformat() if t.lease_expires_at else None,
+            "result": t.result,
+            "artifact": t.result_ref,
+            "error": t.error,
+            "updated_at": t.updated_at.isoformat(),
+        }
+        for t in tasks
+    ]
+
+
+def parse_spec(body: Any) -> JobSpec:
+    """The job a request body asks for; ``ValueError`` says what is wrong with it."""
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     missing = [f for f in REQUIRED if not body.get(f)]
@@ -50,7 +107,7 @@ def jobs_api(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return JsonResponse({"jobs": jobs_state(request.GET.get("run") or None)})
     try:
-        spec = _spec(json.loads(request.body or b"null"))
+        spec = parse_spec(json.loads(request.body or b"null"))
         key = spec.task_key  # validates the parts
     except (ValueError, InvalidTaskKey) as exc:  # JSONDecodeError is a ValueError
         return JsonResponse({"error": str(exc)}, status=400)

@@ -1,9 +1,9 @@
-"""The agent's work: "generate" a test suite under a claim, then publish it through ``fenced()``.
+"""The generated suite's draft: a file on disk, written test by test where a model would think.
 
-Generation is simulated (it sleeps where a model would think), but its effects are real: a
-draft file on disk, then a ``TestSuite`` row and the task's completion in one fenced
-transaction. A draft is named by the claim's fencing token, so two attempts never write the
-same file; only the one whose claim was still valid at commit is referenced by the task.
+Generation is simulated (no model, no network: it sleeps ``TESTGEN_WORK_SECONDS`` over
+``TESTGEN_STEPS`` tests), but the file is real. A draft is named by the claim's fencing token,
+so two attempts never write the same file; only the one published under a valid claim is
+referenced by the task.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from django.conf import settings
 
 from django_taskclaim.claims import Claim
 
-from .models import TestSuite
-from .spec import JobSpec
+from .jobs import JobSpec
 
 CASES = (
     "happy_path",
@@ -41,16 +40,11 @@ def artifact_path(spec: JobSpec, token: int) -> str:
     return f"{spec.tenant}/{spec.run}/{slug(spec.endpoint)}.{spec.version}.t{token}.py"
 
 
-def generate_suite(
-    claim: Claim,
-    spec: JobSpec,
-    agent: str,
-    *,
-    work_seconds: float,
-    steps: int,
-    on_step: Callable[[int], None] | None = None,
+def write_draft(
+    claim: Claim, spec: JobSpec, agent: str, on_step: Callable[[int], None] | None = None
 ) -> tuple[str, int]:
     """Write the suite test by test; stop early if keepalive lost the claim. ``(path, tests)``."""
+    steps, seconds = settings.TESTGEN_STEPS, settings.TESTGEN_WORK_SECONDS
     rel = artifact_path(spec, claim.token)
     path = Path(settings.ARTIFACT_DIR) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +57,7 @@ def generate_suite(
         for step in range(steps):
             if claim.lost.is_set():
                 break  # another agent owns the job now; keepalive raises StaleClaim on exit
-            time.sleep(work_seconds / steps)  # simulated work: the model writing one test
+            time.sleep(seconds / steps)  # simulated work: the model writing one test
             case = CASES[step % len(CASES)]
             draft.write(
                 f"\n\ndef test_{name}_{step + 1:02d}_{case}(client):\n"
@@ -73,28 +67,6 @@ def generate_suite(
             if on_step:
                 on_step(step + 1)
     return rel, steps
-
-
-def publish(claim: Claim, spec: JobSpec, agent: str, rel: str, tests: int) -> None:
-    """Record the suite and complete the task in one transaction, only if the claim still owns it.
-
-    ``StaleClaim`` means a newer attempt took the job over: nothing was written.
-    """
-    with claim.fenced():
-        TestSuite.objects.create(
-            tenant=spec.tenant,
-            job_key=claim.key,
-            run=spec.run,
-            service=spec.service,
-            endpoint=spec.endpoint,
-            token=claim.token,
-            agent=agent,
-            artifact=rel,
-            tests=tests,
-        )
-        claim.complete(
-            result={"tests": tests, "agent": agent, "token": claim.token}, result_ref=rel
-        )
 
 
 def discard(rel: str) -> None:

@@ -1,13 +1,13 @@
 """``python3 -m example_project --celery``: the same demo through real Celery workers and Redis.
 
-The agents are ``celery worker`` processes (solo pool, prefetch 1, ``acks_late``). Jobs are
-requested through ``POST /api/jobs``, which publishes with ``enqueue_once`` on commit; the
-demo then publishes every job again (a producer that retried), shortens the Redis visibility
-timeout so that slow messages are redelivered, pauses the worker running one job past its
-lease and kills the worker running another. Progress is read from the database (the workers
-print nothing to the demo), and the summary is the same as without ``--celery``.
+The agents are ``celery worker`` processes (solo pool, prefetch 1, ``acks_late``) running
+:mod:`example_project.testgen.tasks`. Jobs are requested through ``POST /api/jobs``, which
+publishes with ``enqueue_once`` on commit; the driver then publishes every job again (a
+producer that retried), the Redis visibility timeout is short so that slow messages are
+redelivered, and it pauses the worker running one job past its lease and kills the worker
+running another. Progress is read from the database (the workers print nothing to the demo).
 
-Imported only with ``--celery``: the SQLite/PostgreSQL demo never imports Celery.
+Imported only with ``--celery``: the demo without it never imports Celery.
 """
 
 from __future__ import annotations
@@ -22,12 +22,35 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .demo import ROOT, Log, print_summary, request_jobs, setup_django, short, summarize
+from .client import Job
+from .report import Log, short
+
+ROOT = Path(__file__).resolve().parents[2]  # the workers import example_project from here
 
 
-class CeleryDemo:
+def celery_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The settings of ``--celery`` (read by ``example_project.settings``), before Django starts."""
+    return {
+        "TESTGEN_DISPATCH": "celery",
+        "REDIS_URL": args.redis_url,
+        "TESTGEN_VISIBILITY_TIMEOUT": str(args.visibility),
+    }
+
+
+class CeleryDriver:
+    """Starts the workers, publishes the duplicates, plays the chaos; :meth:`run` returns counts."""
+
+    deliveries_note = "messages the demo published; broker redeliveries and busy retries come on top"
+
     def __init__(self, args: argparse.Namespace, run: str, log: Log) -> None:
-        self.args, self.run, self.log = args, run, log
+        from django.conf import settings
+
+        from ..celery_app import app
+
+        self.args, self.run_id, self.log = args, run, log
+        # A queue of its own, for the workers (environment) and for publishing (this process).
+        queue = os.environ["TESTGEN_QUEUE"] = f"testgen-{run}-{uuid.uuid4().hex[:6]}"
+        settings.CELERY_TASK_DEFAULT_QUEUE = app.conf.task_default_queue = queue
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.pause: dict[str, Any] | None = None
         self.paused_done = self.killed_done = False
@@ -40,7 +63,7 @@ class CeleryDemo:
 
         name = f"agent-{len(self.workers) + 1}"
         # Each worker's own output (banner, warnings, tracebacks) goes to var/celery-RUN-NAME.log.
-        path = Path(settings.VAR_DIR) / f"celery-{self.run}-{name}.log"
+        path = Path(settings.VAR_DIR) / f"celery-{self.run_id}-{name}.log"
         self.logs.append(path)
         argv = [
             sys.executable,
@@ -82,7 +105,7 @@ class CeleryDemo:
         from django_taskclaim.models import Attempt
 
         new = (
-            Attempt.objects.filter(task__key__startswith=f"{self.run}:", id__gt=self.last_attempt)
+            Attempt.objects.filter(task__key__startswith=f"{self.run_id}:", id__gt=self.last_attempt)
             .select_related("task")
             .order_by("id")
         )
@@ -102,7 +125,7 @@ class CeleryDemo:
     def chaos(self) -> None:
         from django_taskclaim.models import Task
 
-        running = list(Task.objects.filter(key__startswith=f"{self.run}:", status="running"))
+        running = list(Task.objects.filter(key__startswith=f"{self.run_id}:", status="running"))
         if not self.paused_done:
             for task in running:
                 if self.agent_of(task.owner) == "agent-1":
@@ -146,10 +169,18 @@ class CeleryDemo:
                     )
                     break
 
-    def run_demo(self, jobs: list[tuple[str, str, str, dict[str, Any]]]) -> int:
+    def banner(self) -> str:
+        a = self.args
+        return (
+            f"django-taskclaim demo through Celery: {a.jobs} jobs, {a.agents} workers, each job "
+            f"published {a.copies}x, lease {a.lease:g}s, work {a.work_seconds:g}s, visibility "
+            f"timeout {a.visibility:g}s, broker {a.redis_url}"
+        )
+
+    def run(self, jobs: list[Job]) -> dict[str, int]:
         from django_taskclaim.models import Task
 
-        from .testgen.tasks import generate_suite
+        from ..testgen.tasks import generate_suite
 
         for _ in range(self.args.agents):
             self.start_worker()
@@ -176,7 +207,7 @@ class CeleryDemo:
                 self.follow()
                 self.chaos()
                 unfinished = (
-                    Task.objects.filter(key__startswith=f"{self.run}:").unfinished().exists()
+                    Task.objects.filter(key__startswith=f"{self.run_id}:").unfinished().exists()
                 )
                 if unfinished or self.pause is not None:
                     done_since = None
@@ -188,7 +219,9 @@ class CeleryDemo:
         finally:
             self.stop_workers()
         self.follow()
-        return published
+        if self.errors:
+            print("worker logs: " + " ".join(str(p) for p in self.logs), file=sys.stderr)
+        return {"deliveries": published, "redeliveries": 0, "retries": 0, "drafts_discarded": 0}
 
     def stop_workers(self) -> None:
         for proc in self.workers.values():
@@ -202,53 +235,3 @@ class CeleryDemo:
                 proc.kill()
                 proc.wait()
                 self.errors.append(f"{name} did not stop within 15s; killed")
-
-
-def run_celery_demo(args: argparse.Namespace) -> int:
-    import json
-
-    os.environ.update(
-        TESTGEN_DISPATCH="celery",
-        REDIS_URL=args.redis_url,
-        TESTGEN_LEASE=str(args.lease),
-        TESTGEN_WORK_SECONDS=str(args.work_seconds),
-        TESTGEN_STEPS=str(args.steps),
-        TESTGEN_VISIBILITY_TIMEOUT=str(args.visibility),
-    )
-    setup_django()
-    from django.conf import settings
-
-    from .demo import next_run
-
-    run = args.run or next_run()
-    os.environ["TESTGEN_QUEUE"] = f"testgen-{run}-{uuid.uuid4().hex[:6]}"  # a queue of its own
-    settings.CELERY_TASK_DEFAULT_QUEUE = os.environ["TESTGEN_QUEUE"]
-    from .celery_app import app
-
-    app.conf.task_default_queue = os.environ["TESTGEN_QUEUE"]
-    log = Log(args.quiet)
-    print(
-        f"django-taskclaim demo through Celery: {args.jobs} jobs, {args.agents} workers, each job "
-        f"published {args.copies}x, lease {args.lease:g}s, work {args.work_seconds:g}s, visibility "
-        f"timeout {args.visibility:g}s, broker {args.redis_url}, database "
-        f"{settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}",
-        flush=True,
-    )
-    jobs = request_jobs(run, args.jobs, log)
-    demo = CeleryDemo(args, run, log)
-    published = demo.run_demo(jobs)
-    summary = summarize(
-        run, jobs, {"deliveries": published, "redeliveries": 0, "retries": 0, "drafts_discarded": 0}
-    )
-    summary["deliveries_note"] = (
-        "messages the demo published; broker redeliveries and busy retries come on top"
-    )
-    summary["errors"] = demo.errors
-    for error in demo.errors:
-        print(f"error: {error}", file=sys.stderr)
-    if demo.errors:
-        print("worker logs: " + " ".join(str(p) for p in demo.logs), file=sys.stderr)
-    print_summary(summary)
-    if args.json:
-        print(json.dumps(summary), flush=True)
-    return 0 if summary["ok"] and not demo.errors else 1

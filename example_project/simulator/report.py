@@ -1,0 +1,153 @@
+"""What the demo prints: its progress lines, and the summary checked against the database."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class Log:
+    """Timestamped progress lines (``--quiet`` keeps the chaos alone); agents' threads share it."""
+
+    def __init__(self, quiet: bool, out: TextIO = sys.stdout) -> None:
+        self.quiet, self.out, self.t0 = quiet, out, time.monotonic()
+        self.lock = threading.Lock()
+
+    def __call__(self, who: str, what: str, detail: str = "", *, always: bool = False) -> None:
+        if self.quiet and not always:
+            return
+        with self.lock:
+            print(
+                f"{time.monotonic() - self.t0:6.2f}s  {who:<9} {what:<10} {detail}".rstrip(),
+                file=self.out,
+                flush=True,
+            )
+
+
+def short(tenant: str, key: str) -> str:
+    return f"{tenant}/{key}"
+
+
+def summarize(run: str, jobs: list[tuple[str, str]], counts: dict[str, int]) -> dict[str, Any]:
+    """Check the database and the artifacts: what happened to the jobs ``(tenant, key)`` of
+    ``run``; did every one take effect once?"""
+    from django.conf import settings
+    from django.db.models import Count, Sum
+
+    from django_taskclaim.models import Attempt, Task
+
+    from ..testgen.models import TestSuite
+
+    tasks = {(t.tenant, t.key): t for t in Task.objects.filter(key__startswith=f"{run}:")}
+    attempts = Attempt.objects.filter(task__key__startswith=f"{run}:")
+    suites: dict[tuple[str, str], list[TestSuite]] = {}
+    for s in TestSuite.objects.filter(run=run):
+        suites.setdefault((s.tenant, s.job_key), []).append(s)
+    lost, twice, published = [], [], 0
+    for tenant, key in jobs:
+        task, rows = tasks.get((tenant, key)), suites.get((tenant, key), [])
+        if len(rows) > 1:
+            twice.append(short(tenant, key))
+        if task is None or task.status != Task.Status.SUCCEEDED or not rows:
+            lost.append(short(tenant, key))
+            continue
+        row = rows[-1]
+        if (
+            task.result_ref
+            and task.result_ref == row.artifact
+            and row.token == task.fencing_token
+            and (Path(settings.ARTIFACT_DIR) / task.result_ref).is_file()
+        ):
+            published += 1
+    run_dir_files = {
+        str(p.relative_to(settings.ARTIFACT_DIR))
+        for p in Path(settings.ARTIFACT_DIR).glob(f"*/{run}/*.py")
+    }
+    referenced = {t.result_ref for t in tasks.values() if t.result_ref}
+    by_outcome = dict(
+        attempts.values_list("outcome").annotate(n=Count("id")).values_list("outcome", "n")
+    )
+    return {
+        "database": vendor(),
+        "run": run,
+        "jobs": len(jobs),
+        "deliveries": counts["deliveries"],
+        "redeliveries": counts["redeliveries"],
+        "busy_retries": counts["retries"],
+        "executions_started": attempts.filter(token__isnull=False).count(),
+        "duplicates_refused": by_outcome.get("duplicate", 0),
+        "takeovers": by_outcome.get("taken_over", 0) + by_outcome.get("expired", 0),
+        "stale_writes_refused": attempts.aggregate(n=Sum("stale_writes"))["n"] or 0,
+        "artifacts_published": published,
+        "drafts_discarded": counts["drafts_discarded"] + len(run_dir_files - referenced),
+        "lost": lost,
+        "took_effect_twice": twice,
+        "ok": not lost and not twice and published == len(jobs),
+    }
+
+
+def vendor() -> str:
+    from django.db import connection
+
+    return str(connection.vendor)
+
+
+def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
+    """The summary table and the verdict (the README shows a sample of it)."""
+    rows = [
+        ("jobs", s["jobs"], f"on {s['database']}, run {s['run']}"),
+        (
+            "deliveries",
+            s["deliveries"],
+            s.get("deliveries_note")
+            or f"incl. {s['redeliveries']} redelivered, {s['busy_retries']} busy retries",
+        ),
+        (
+            "executions started",
+            s["executions_started"],
+            "claims: work may start again after a lease expires",
+        ),
+        (
+            "duplicates refused",
+            s["duplicates_refused"],
+            "deliveries that found the job running or done",
+        ),
+        ("takeovers", s["takeovers"], "expired leases claimed by another agent"),
+        (
+            "stale writes refused",
+            s["stale_writes_refused"],
+            "writes by agents that had been fenced off",
+        ),
+        (
+            "artifacts published",
+            s["artifacts_published"],
+            "= jobs, exactly" if s["artifacts_published"] == s["jobs"] else f"!= {s['jobs']} jobs",
+        ),
+        (
+            "drafts discarded",
+            s["drafts_discarded"],
+            "work of paused/killed agents, never published",
+        ),
+    ]
+    print("\nSummary", file=out)
+    for label, n, note in rows:
+        print(f"  {label:<22}{n:>5}   {note}", file=out)
+    if s["lost"]:
+        print(f"  LOST: {', '.join(s['lost'])}", file=out)
+    if s["took_effect_twice"]:
+        print(f"  TOOK EFFECT TWICE: {', '.join(s['took_effect_twice'])}", file=out)
+    print(
+        "\n"
+        + (
+            "OK: every job took effect exactly once."
+            if s["ok"]
+            else "FAILED: a job was lost or took effect twice."
+        ),
+        file=out,
+        flush=True,
+    )
+
+
