@@ -20,6 +20,7 @@ from django.db import connection
 from langgraph.graph import END, START, StateGraph
 
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim
+from django_taskclaim.testing.events import emit
 
 
 class State(TypedDict, total=False):
@@ -27,10 +28,6 @@ class State(TypedDict, total=False):
     draft: str
     published: str
     log: Annotated[list[str], operator.add]
-
-
-def emit(**event: object) -> None:
-    print(json.dumps(event), flush=True)
 
 
 def build(checkpointer: Any, *, version: str = "v1", lease: float = 30, worker: str = "test",

@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from django_taskclaim.testing.events import emit
+
 
 def setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -40,10 +42,6 @@ def end_unit() -> None:
     elif config == "pool":
         for alias in settings.DATABASES:
             connections[alias].close()
-
-
-def emit(**event: object) -> None:
-    print(json.dumps(event), flush=True)
 
 
 def race(args: argparse.Namespace) -> None:

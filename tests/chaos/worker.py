@@ -32,11 +32,9 @@ import threading
 import time
 from typing import Any
 
+from django_taskclaim.testing.events import emit
+
 DB_RETRIES = 3
-
-
-def emit(**event: Any) -> None:
-    print(json.dumps(event, default=str), flush=True)
 
 
 class Worker:
