@@ -7,7 +7,6 @@ next to the SQLite test database: both are shared by every process of a test.
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 import sys

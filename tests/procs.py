@@ -6,7 +6,6 @@ Each prints one JSON line per event on stdout so the test can follow it without 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

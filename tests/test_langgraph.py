@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from typing import Annotated, Any, TypedDict
 
@@ -24,7 +23,6 @@ from langgraph.types import Send, interrupt
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim, node_identity
 from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError, TaskFailed
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.testing.polling import wait_until
 from tests.conftest import ROOT
 from tests.langgraph_app import acheckpointer, build, build_async, checkpointer
 from tests.test_async import run

@@ -19,16 +19,20 @@ def emit(**event: Any) -> None:
     sys.stdout.flush()
 
 
+def parse_line(line: str) -> Event | None:
+    """The event on ``line``, or None for a line that is not a whole JSON object (a log, a line cut by a kill)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        event: Event = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return event
+
+
 def parse(lines: Iterable[str]) -> list[Event]:
-    """The events among ``lines``; lines that are not JSON objects (logs, warnings) are skipped."""
-    events = []
-    for line in lines:
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-    return events
+    """The events among ``lines``, in order."""
+    return [e for e in map(parse_line, lines) if e is not None]
 
 
 class EventReader:
@@ -49,8 +53,10 @@ class EventReader:
         self.threads.append(thread)
 
     def _read(self, stream: IO[str], source: Any) -> None:
-        for event in parse(stream):
-            self.queue.put((source, event))
+        for line in stream:  # line by line, as the child writes them
+            event = parse_line(line)
+            if event is not None:
+                self.queue.put((source, event))
 
     def next(self, timeout: float) -> tuple[Any, Event] | None:
         """The next event within ``timeout`` seconds, or None."""

@@ -6,6 +6,7 @@ failing test or an interrupted benchmark leaves no processes behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -73,10 +74,8 @@ class Child:
     def close(self) -> None:
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):  # a broken pipe to a killed child
                     stream.close()
-                except OSError:  # a broken pipe to a killed child
-                    pass
         if self._stderr is not None:
             self._stderr.close()
 
@@ -94,7 +93,7 @@ class Supervisor:
 
     def start(self, module: str, *args: str, env: Mapping[str, str] | None = None) -> Child:
         """Run ``python -m module args`` with stdin and stdout piped; ``env`` adds to the supervisor's."""
-        stderr = tempfile.TemporaryFile("w+")
+        stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by Child.close)
         proc = subprocess.Popen(
             [self.python, "-m", module, *args], env={**self.env, **(env or {})}, cwd=self.cwd,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
@@ -149,10 +148,8 @@ class Supervisor:
                 child.cont()  # a stopped process still dies of SIGKILL, but resume it for clarity
                 child.kill()
         for child in self.children:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
             child.close()
 
     def __enter__(self) -> Self:

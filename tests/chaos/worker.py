@@ -23,7 +23,6 @@ Faults it takes part in:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
