@@ -8,13 +8,14 @@ import pytest
 
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.testing.polling import wait_until
 from tests.conftest import expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    until(predicate, timeout=timeout, interval=0.02, what="the condition")
+    wait_until(predicate, timeout=timeout, interval=0.02, what="the condition")
 
 
 def test_keepalive_renews_the_lease_while_the_block_runs() -> None:

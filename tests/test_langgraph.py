@@ -23,6 +23,7 @@ from langgraph.types import Send, interrupt
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim, node_identity
 from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError, TaskFailed
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.testing.polling import wait_until
 from tests.conftest import ROOT
 from tests.langgraph_app import acheckpointer, build, build_async, checkpointer
 from tests.test_async import run
@@ -36,7 +37,7 @@ def cfg(thread: str) -> dict[str, Any]:
 
 
 def until(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    until(predicate, timeout=timeout, what="the condition")
+    wait_until(predicate, timeout=timeout, what="the condition")
 
 
 # -- in one process -------------------------------------------------------------------------
