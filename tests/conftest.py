@@ -5,13 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from django.db import connection
+
+from django_taskclaim.testing.processes import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,23 +65,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @contextmanager
 def spawning(module: str, base_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start ``python -m MODULE ARGS`` processes; any still running at the end are killed."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=ROOT, env={**base_env, **(env or {})},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        procs.append(proc)
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+    with Supervisor(env=base_env, cwd=str(ROOT)) as supervisor:
+        yield lambda *args, env=None: supervisor.popen(module, *args, env=env)
 
 
 @pytest.fixture

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import queue
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from django_taskclaim.testing.events import EventReader
 
 Event = dict[str, Any]
 
@@ -18,17 +17,18 @@ class Fleet:
 
     def __init__(self, spawn: Callable[..., subprocess.Popen[str]]) -> None:
         self.spawn = spawn
-        self.events: queue.Queue[tuple[subprocess.Popen[str], Event]] = queue.Queue()
+        self.reader = EventReader()
         self.procs: list[subprocess.Popen[str]] = []
-        self.log: list[tuple[int, Event]] = []
-        self.readers: list[threading.Thread] = []
+
+    @property
+    def log(self) -> list[tuple[int, Event]]:
+        return [(proc.pid, event) for proc, event in self.reader.log]
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         proc = self.spawn(*args)
         self.procs.append(proc)
-        reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        reader.start()
-        self.readers.append(reader)
+        assert proc.stdout is not None
+        self.reader.follow(proc.stdout, proc)
         return proc
 
     def go(self, timeout: float = 60) -> None:
@@ -42,29 +42,15 @@ class Fleet:
             proc.stdin.write("go\n")
             proc.stdin.flush()
 
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{"):
-                self.events.put((proc, json.loads(line)))
-
     def next_event(self, timeout: float) -> tuple[subprocess.Popen[str], Event] | None:
-        try:
-            proc, event = self.events.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        self.log.append((proc.pid, event))
-        return proc, event
+        return self.reader.next(timeout)
 
     def wait_for(
         self, predicate: Callable[[subprocess.Popen[str], Event], bool], timeout: float
     ) -> tuple[subprocess.Popen[str], Event]:
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            got = self.next_event(remaining)
-            if got and predicate(*got):
-                return got
-        raise AssertionError("expected worker event did not arrive in time")
+        got: tuple[subprocess.Popen[str], Event] = self.reader.wait_for(
+            predicate, timeout=timeout, what="an expected worker event")
+        return got
 
     def alive(self) -> list[subprocess.Popen[str]]:
         return [p for p in self.procs if p.poll() is None]
@@ -76,10 +62,7 @@ class Fleet:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"worker {proc.pid} did not finish in time") from None
-        for reader in self.readers:  # every line the workers printed is queued...
-            reader.join(max(0.1, deadline - time.monotonic()))
-        while self.next_event(0):  # ...and now logged
-            pass
+        self.reader.drain(max(0.1, deadline - time.monotonic()))  # every line the workers printed
 
     def stderr_of_failures(self) -> str:
         return "\n".join((p.stderr.read() if p.stderr else "") for p in self.procs

@@ -7,7 +7,6 @@ next to the SQLite test database: both are shared by every process of a test.
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 import sys
@@ -20,6 +19,7 @@ from django.db import connection
 from langgraph.graph import END, START, StateGraph
 
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim
+from django_taskclaim.testing.events import emit
 
 
 class State(TypedDict, total=False):
@@ -27,10 +27,6 @@ class State(TypedDict, total=False):
     draft: str
     published: str
     log: Annotated[list[str], operator.add]
-
-
-def emit(**event: object) -> None:
-    print(json.dumps(event), flush=True)
 
 
 def build(checkpointer: Any, *, version: str = "v1", lease: float = 30, worker: str = "test",

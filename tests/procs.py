@@ -6,10 +6,11 @@ Each prints one JSON line per event on stdout so the test can follow it without 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+
+from django_taskclaim.testing.events import emit
 
 
 def setup() -> None:
@@ -40,10 +41,6 @@ def end_unit() -> None:
     elif config == "pool":
         for alias in settings.DATABASES:
             connections[alias].close()
-
-
-def emit(**event: object) -> None:
-    print(json.dumps(event), flush=True)
 
 
 def race(args: argparse.Namespace) -> None:

@@ -17,16 +17,14 @@ import traceback
 from collections import Counter
 from typing import Any
 
+from django_taskclaim.testing.events import emit
+
 
 def setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     import django
 
     django.setup()
-
-
-def emit(**event: object) -> None:
-    print(json.dumps(event), flush=True)
 
 
 def error_name(exc: BaseException) -> str:

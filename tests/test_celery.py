@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.testing.polling import wait_until
 from tests.conftest import ROOT, expire, requirement_missing
 from tests.testapp.models import Effect
 
@@ -61,15 +61,7 @@ BROKERS = [b for b in os.environ.get(
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)  # poll interval
+    return wait_until(predicate, timeout=timeout, what=what)
 
 
 def start_server(kind: str, **options: Any) -> Any:

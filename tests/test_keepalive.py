@@ -8,16 +8,14 @@ import pytest
 
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.testing.polling import wait_until
 from tests.conftest import expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.02)
+def until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    wait_until(predicate, timeout=timeout, interval=0.02, what="the condition")
 
 
 def test_keepalive_renews_the_lease_while_the_block_runs() -> None:
@@ -29,7 +27,7 @@ def test_keepalive_renews_the_lease_while_the_block_runs() -> None:
             seen.add(Task.objects.get(key="job").lease_expires_at)
             return len(seen) >= 3
 
-        wait_until(renewed_twice)
+        until(renewed_twice)
         assert Task.objects.live().filter(key="job").exists()
     assert not claim.lost.is_set()
     claim.complete("ok")
@@ -65,7 +63,7 @@ def test_run_once_wait_polls_until_the_owner_finishes(settings) -> None:  # type
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    wait_until(lambda: Task.objects.get(key="job").attempt_set.filter(outcome="duplicate").exists())
+    until(lambda: Task.objects.get(key="job").attempt_set.filter(outcome="duplicate").exists())
     owner.complete("first result")
     thread.join(10)
     assert results == ["first result"]
@@ -147,7 +145,7 @@ def test_keepalive_inside_atomic_keeps_a_committed_claim_alive() -> None:
     start = claim.lease_expires_at
     with transaction.atomic(), claim.keepalive(interval=0.2), Thief("job") as thief:
         # Three lease lengths by the database clock, while another connection keeps trying.
-        wait_until(lambda: thief.tries >= 5 and thief.latest is not None
+        until(lambda: thief.tries >= 5 and thief.latest is not None
                    and thief.latest > start + dt.timedelta(seconds=3), timeout=30)  # type: ignore[operator]
         assert not thief.took, "another worker took over a task whose owner was alive"
     assert not claim.lost.is_set()
@@ -243,7 +241,7 @@ def test_keepalive_reconnects_after_its_connection_is_dropped() -> None:
     claim = Task.objects.claim("job", lease=0.9).claim
     seen = set()
     with claim.keepalive():
-        wait_until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 2)
+        until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 2)
         with connection.cursor() as cursor:  # every session but ours: the keepalive thread's
             if connection.vendor == "postgresql":
                 cursor.execute(
@@ -260,6 +258,6 @@ def test_keepalive_reconnects_after_its_connection_is_dropped() -> None:
                     cursor.execute("KILL CONNECTION %s", [session])
         seen.clear()
         # Renewed several times after the drop, for longer than one lease: a new connection.
-        wait_until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 5)
+        until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 5)
     assert not claim.lost.is_set(), claim.lost_reason
     claim.complete("ok")

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from typing import Annotated, Any, TypedDict
 
@@ -24,6 +23,7 @@ from langgraph.types import Send, interrupt
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim, node_identity
 from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError, TaskFailed
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.testing.polling import wait_until
 from tests.conftest import ROOT
 from tests.langgraph_app import acheckpointer, build, build_async, checkpointer
 from tests.test_async import run
@@ -36,11 +36,8 @@ def cfg(thread: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread}}
 
 
-def wait_until(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.05)
+def until(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    wait_until(predicate, timeout=timeout, what="the condition")
 
 
 # -- in one process -------------------------------------------------------------------------
@@ -312,7 +309,7 @@ def test_two_processes_resume_one_interrupted_thread_and_the_effect_lands_once(w
     loser = b if winner is a else a
     entered = event(winner)
     assert entered["event"] == "in-node" and entered["key"] == f"{thread}:2:write@v1"
-    wait_until(lambda: Attempt.objects.filter(outcome="duplicate").exists())
+    until(lambda: Attempt.objects.filter(outcome="duplicate").exists())
     say(winner)  # let the body finish
     finals = [event(winner), event(loser)]
     for proc in (a, b):

@@ -23,7 +23,6 @@ Faults it takes part in:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -32,11 +31,9 @@ import threading
 import time
 from typing import Any
 
+from django_taskclaim.testing.events import emit
+
 DB_RETRIES = 3
-
-
-def emit(**event: Any) -> None:
-    print(json.dumps(event, default=str), flush=True)
 
 
 class Worker:
