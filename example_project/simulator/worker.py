@@ -18,9 +18,7 @@ import os
 import sys
 from typing import Any
 
-
-def emit(**event: Any) -> None:
-    print(json.dumps(event), flush=True)
+from django_taskclaim.testing.events import emit
 
 
 class Reporter:
