@@ -391,7 +391,7 @@ def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Broker
         assert broker.length() == 0  # nothing goes out before the commit
     assert [h.created for h in handles] == [True, False, False]
     assert handles[0].sent and not handles[1].sent
-    assert handles[1].status == "pending" and handles[1].task_id == handles[0].task_id
+    assert handles[1].status == "pending" and handles[1].celery_id == handles[0].celery_id
     again = enqueue_once(work, key="work-once", args=("once",))
     assert not again.created
     assert broker.length() == 1
@@ -401,7 +401,7 @@ def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Broker
     value = handles[0].result(app=app).get(timeout=30)
     assert value["name"] == "once"
     assert len(effects("work-once")) == 1
-    assert [a.delivery_id for a in attempts("work-once")] == [handles[0].task_id]
+    assert [a.delivery_id for a in attempts("work-once")] == [handles[0].celery_id]
     done = enqueue_once(work, key="work-once", args=("once",))
     assert (done.created, done.status) == (False, "succeeded")
     assert broker.length() == 0

@@ -7,6 +7,7 @@ is tested in ``test_celery.py`` (the queue stays empty until the commit).
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import os
 
@@ -36,7 +37,8 @@ from django.db import transaction  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
 from django_taskclaim import TaskKey  # noqa: E402
-from django_taskclaim.celery import ClaimedTask, claimed_task, enqueue_once  # noqa: E402
+from django_taskclaim.celery import ClaimedTask, claimed_task, enqueue_once, requeue_lost  # noqa: E402
+from django_taskclaim.claims import ensure  # noqa: E402
 from django_taskclaim.exceptions import InvalidTaskKey, TaskFailed  # noqa: E402
 from django_taskclaim.models import Attempt, Task  # noqa: E402
 from tests.celery_app import app, work  # noqa: E402
@@ -217,7 +219,7 @@ def test_enqueue_once_records_what_to_send_again() -> None:
         # the publish waits among the transaction's on-commit callbacks.
         assert handle.created and not handle.sent and handle.error is None and task.max_attempts == 5
         assert len(transaction.get_connection().run_on_commit) == 1
-        assert task.dispatch["task"] == "tests.celery_app.work" and task.dispatch["task_id"] == handle.task_id
+        assert task.dispatch["task"] == "tests.celery_app.work" and task.dispatch["task_id"] == handle.celery_id
         assert task.dispatch["args"] == ["d"] and task.dispatch["kwargs"] == {"seconds": 0}
         assert task.dispatch["options"] == {"queue": "q1", "priority": 3}  # countdown is not replayed
         assert task.dispatch["eta"]  # but it delays the requeue sweep
@@ -228,3 +230,36 @@ def test_enqueue_once_records_what_to_send_again() -> None:
 def test_requeue_after_needs_requeue() -> None:
     with pytest.raises(CommandError, match="--requeue-after needs --requeue"):
         call_command("reclaim", "--requeue-after", "5")
+
+
+def test_enqueued_task_id_is_a_deprecated_name_of_celery_id() -> None:
+    with transaction.atomic():
+        handle = enqueue_once(work, key="work-e", args=("e",), task_id="msg-e")
+        assert handle.celery_id == "msg-e" == Task.objects.get(key="work-e").dispatch["task_id"]
+        with pytest.warns(DeprecationWarning, match="use Enqueued.celery_id"):
+            assert handle.task_id == "msg-e"
+        transaction.set_rollback(True)  # publish nothing: no broker here
+
+
+def test_requeued_names_the_row_and_the_message_apart() -> None:
+    task = ensure("work-f", dispatch={"task": "tests.celery_app.work", "task_id": "msg-f", "args": ["f"]})
+    Task.objects.filter(pk=task.pk).update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))  # its message is lost
+    [found] = requeue_lost(older_than=60, dry_run=True)
+    assert (found.task_pk, found.celery_id, found.key) == (task.pk, "msg-f", "work-f")
+
+
+#: Every public name ``django_taskclaim.celery`` had while it was one module (before the split).
+BEFORE_THE_SPLIT = {
+    "AMQP_SCHEMES", "CONSUMER_TIMEOUT_DEFAULT", "ON_BUSY", "REQUEUE_AFTER", "VISIBILITY_TIMEOUT_DEFAULTS",
+    "ClaimOptions", "ClaimedTask", "Enqueued", "KeySpec", "Requeued", "broker_scheme", "busy_countdown",
+    "celery_app", "claimed_task", "claimed_tasks", "consumer_timeout", "enqueue_once", "import_task_modules",
+    "in_use", "project_app", "queue_arguments", "requeue_lost", "visibility_timeout",
+}
+
+
+def test_the_public_import_path_keeps_every_name() -> None:
+    from django_taskclaim import celery as bridge
+
+    assert set(bridge.__all__) == BEFORE_THE_SPLIT
+    missing = [name for name in bridge.__all__ if not hasattr(bridge, name)]
+    assert not missing

@@ -1,17 +1,11 @@
-"""The Celery bridge, by job: finding the app (``app``), the broker's redelivery rules
-(``broker``), a claimed task's identity and the registry of claimed tasks (``options``), the
-task base class and ``@claimed_task`` (``tasks``), and sending work (``dispatch``).
-``django_taskclaim.celery`` is the documented import path of its public names."""
+"""The Celery bridge, one module per job; its public names are imported from ``django_taskclaim.celery``.
 
-from .app import celery_app, import_task_modules, project_app
-from .broker import AMQP_SCHEMES, broker_scheme, consumer_timeout, queue_arguments, visibility_timeout
-from .dispatch import REQUEUE_AFTER, Enqueued, Requeued, enqueue_once, requeue_lost
-from .options import ON_BUSY, ClaimOptions, claimed_tasks, in_use
-from .tasks import ClaimedTask, busy_countdown, claimed_task
+- ``app``: finding the project's Celery app as its worker does (system checks, requeue);
+- ``broker``: what the broker does with an unacknowledged message (visibility and consumer timeouts);
+- ``options``: a claimed task's options, its key from its arguments, the registry of claimed tasks;
+- ``tasks``: ``ClaimedTask`` (the body run under a claim) and ``@claimed_task``;
+- ``dispatch``: ``enqueue_once`` and ``requeue_lost``.
 
-__all__ = [
-    "AMQP_SCHEMES", "ON_BUSY", "REQUEUE_AFTER", "ClaimOptions", "ClaimedTask", "Enqueued", "Requeued",
-    "broker_scheme", "busy_countdown", "celery_app", "claimed_task", "claimed_tasks", "consumer_timeout",
-    "enqueue_once", "import_task_modules", "in_use", "project_app", "queue_arguments", "requeue_lost",
-    "visibility_timeout",
-]
+Imports go one way, down this list: ``app`` and ``broker`` import neither, ``options`` imports
+``app``, ``tasks`` imports ``options`` and ``broker``, ``dispatch`` imports ``options`` and ``app``.
+"""

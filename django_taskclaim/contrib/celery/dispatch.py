@@ -4,6 +4,7 @@ and ``requeue_lost`` (publish again the messages of tasks nobody is going to run
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,7 +50,8 @@ class Enqueued:
 
     @property
     def task_id(self) -> str:
-        """The Celery message id, as ``apply_async`` calls it (same as :attr:`celery_id`)."""
+        """Deprecated name of :attr:`celery_id`: elsewhere ``task_id`` is a row's primary key (``Claim.task_id``)."""
+        warnings.warn("Enqueued.task_id is deprecated: use Enqueued.celery_id", DeprecationWarning, stacklevel=2)
         return self.celery_id
 
     @property
@@ -138,7 +140,7 @@ class Requeued:
     task_pk: int  # the Task row's primary key
     key: str
     tenant: str
-    celery_task_id: str  # the id of the message sent
+    celery_id: str  # the id of the message sent, as in Enqueued.celery_id
     error: BaseException | None = None
 
 
@@ -204,7 +206,7 @@ def requeue_lost(
             logger.exception("requeue failed", extra={"key": task.key, "tenant": task.tenant})
         else:
             logger.info("lost message re-sent", extra={"key": task.key, "tenant": task.tenant,
-                                                       "delivery_id": item.celery_task_id})
+                                                       "delivery_id": item.celery_id})
         done.append(item)
     return done
 

@@ -86,8 +86,10 @@ class ClaimedTask(celery.Task):
         return self.taskclaim
 
     def _claimed_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # Imported here, as everywhere in the bridge that needs the models: a project's Celery
+        # module imports the bridge before django.setup() has loaded the apps.
         from ...models import Task
-        from ...runner import _wait_while_busy
+        from ...runner import WAIT, _wait_while_busy, stored_answer
 
         opts = self._options()
         key, tenant = opts.identity(args, kwargs)
@@ -97,7 +99,7 @@ class ClaimedTask(celery.Task):
         direct = bool(request.called_directly or request.is_eager)
         while True:
             outcome = lifecycle.claim(key, tenant, lease=opts.lease, max_attempts=opts.max_attempts,
-                                   delivery_id=delivery_id)
+                                      delivery_id=delivery_id)
             if outcome.claim is not None:
                 value = self._run_under(outcome.claim, args, kwargs)
                 if value is not _FENCED_OFF:
@@ -106,10 +108,9 @@ class ClaimedTask(celery.Task):
                 task = Task.objects.using(outcome.claim.using).get(pk=outcome.claim.task_id)
             else:
                 task = outcome.task
-            if task.status == Status.SUCCEEDED:
-                return task.result
-            if task.status in (Status.FAILED, Status.CANCELLED):
-                raise TaskFailed(task)
+            answer = stored_answer(task, "wait")  # the stored result, or TaskFailed
+            if answer is not WAIT:
+                return answer
             if task.status == Status.PENDING:
                 continue
             if opts.on_busy == "skip":

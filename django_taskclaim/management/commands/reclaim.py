@@ -128,7 +128,7 @@ class Command(TaskClaimCommand):
         from django_taskclaim.celery import requeue_lost
 
         found = requeue_lost(would, older_than=self.requeue_after, dry_run=True)
-        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_task_id} for i in found]
+        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_id} for i in found]
 
     @staticmethod
     def summary(rows: list[Moved]) -> dict[str, Any]:
@@ -172,12 +172,12 @@ class Command(TaskClaimCommand):
         if not self.as_json:
             if self.verbosity >= 2:
                 for item in sent:
-                    outcome = f"failed: {item.error}" if item.error else f"sent as {item.celery_task_id}"
+                    outcome = f"failed: {item.error}" if item.error else f"sent as {item.celery_id}"
                     self.stdout.write(f"requeue {item.key!r} tenant={item.tenant!r}: {outcome}")
             self.stdout.write(f"requeue: {len(sent) - len(failed)} lost message(s) re-sent")
         for item in failed:
             self.stderr.write(f"requeue {item.key!r} tenant={item.tenant!r} failed: {item.error}")
-        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_task_id,
+        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_id,
                  "error": None if i.error is None else f"{type(i.error).__name__}: {i.error}"} for i in sent]
 
 
