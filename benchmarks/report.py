@@ -10,6 +10,33 @@ if TYPE_CHECKING:
 APP = "django-taskclaim"
 
 
+METHODOLOGY = (
+    '- **Same server, same run.** Every system talks to one PostgreSQL server (`fsync=on`, '
+    '`full_page_writes=on` with `--start-server`); ratios are taken between systems measured back to '
+    'back.'
+    "\n"
+    '- **Peers at their best.** Every Django-based system (django-taskclaim, django-tasks-db) runs with '
+    'persistent connections (`CONN_MAX_AGE=None` in `benchmarks/settings.py`); procrastinate runs at each'
+    ' concurrency of `Sizes.procrastinate_concurrency` and the best one is its figure.'
+    "\n"
+    '- **Baselines.** *minimal*: the simplest correct hand-written claim in plain psycopg, autocommit '
+    '(`INSERT … ON CONFLICT (tenant, key) DO UPDATE … WHERE claimable RETURNING id, fencing_token`, then '
+    "`UPDATE … WHERE id = … AND fencing_token = …`); *raw*: the app's own statements sent by psycopg "
+    "(checked identical); *commit limit*: a loop of the drain's statements in psycopg, one commit per "
+    'task.'
+    "\n"
+    '- **Repeats.** Each comparison runs `Sizes.rounds` (3) interleaved rounds; the table gives the best '
+    'round of each system and, for the by-key target, the lowest and highest per-round ratio.'
+    "\n"
+    '- **Load.** The run samples CPU time spent outside its own processes before each phase and records a'
+    ' warning when other work kept the CPUs busy: such a run is not a record.'
+    "\n"
+    '- **No timed assertions in CI.** `tests/test_benchmarks.py` runs `--smoke` and checks only the '
+    "report's structure, zero duplicates and one winner per key."
+    "\n"
+)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
@@ -91,6 +118,9 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
     if r.warnings:
         add("> **The machine was too busy to conclude.** " + " ".join(r.warnings))
         add("")
+    add("## Methodology")
+    add("")
+    add(METHODOLOGY)
     add("## Environment")
     add("")
     for name, value in r.env.items():

@@ -14,7 +14,7 @@ class Sizes:
     rounds: int = 3
     drain_tasks: int = 20_000
     drain_workers: tuple[int, ...] = (1, 2, 4)
-    procrastinate_concurrency: tuple[int, ...] = (1, 4)
+    procrastinate_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)  # swept: the best is its figure
     table_rows: tuple[int, ...] = (10_000, 1_000_000, 10_000_000)
     latency_samples: int = 2_000
     racers: int = 32
