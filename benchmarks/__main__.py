@@ -99,22 +99,25 @@ class Bench:
 
     # -- phases ------------------------------------------------------------------------------
     def bykey(self) -> None:
-        from .workers import bykey_app, bykey_raw, run_workers
+        from .workers import bykey_app, bykey_minimal, bykey_raw, run_workers
 
         s = self.sizes
         for w in s.bykey_workers:
             # Interleaved rounds, best of each: other load on a shared machine only slows a run down.
             for n in range(s.rounds):
-                for system in ("raw", "app"):
+                for system in ("minimal", "raw", "app"):
                     self.clear()
                     run = f"bk-{system}-{w}-{n}"
                     if system == "app":
                         out = run_workers(bykey_app, w, (run, s.bykey_seconds, True))
-                    else:
+                    elif system == "raw":
                         out = run_workers(bykey_raw, w, (run, s.bykey_seconds, True, self.url))
+                    else:
+                        out = run_workers(bykey_minimal, w, (run, s.bykey_seconds, self.url))
                     value = rate(out, sum(r["count"] for r in out))
                     self.results.bykey[system][w] = max(value, self.results.bykey[system].get(w, 0.0))
-                    log(f"  by-key {system:3} W={w} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s")
+                    self.results.bykey_runs.setdefault(system, {}).setdefault(w, []).append(value)
+                    log(f"  by-key {system:7} W={w} round {n + 1}/{s.rounds}: {value:,.0f} claim+complete/s")
 
     def drain(self) -> None:
         """For each W, every system in turn (so that load from elsewhere hits them alike)."""

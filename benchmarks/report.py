@@ -10,6 +10,33 @@ if TYPE_CHECKING:
 APP = "django-taskclaim"
 
 
+METHODOLOGY = (
+    '- **Same server, same run.** Every system talks to one PostgreSQL server (`fsync=on`, '
+    '`full_page_writes=on` with `--start-server`); ratios are taken between systems measured back to '
+    'back.'
+    "\n"
+    '- **Peers at their best.** Every Django-based system (django-taskclaim, django-tasks-db) runs with '
+    'persistent connections (`CONN_MAX_AGE=None` in `benchmarks/settings.py`); procrastinate runs at each'
+    ' concurrency of `Sizes.procrastinate_concurrency` and the best one is its figure.'
+    "\n"
+    '- **Baselines.** *minimal*: the simplest correct hand-written claim in plain psycopg, autocommit '
+    '(`INSERT … ON CONFLICT (tenant, key) DO UPDATE … WHERE claimable RETURNING id, fencing_token`, then '
+    "`UPDATE … WHERE id = … AND fencing_token = …`); *raw*: the app's own statements sent by psycopg "
+    "(checked identical); *commit limit*: a loop of the drain's statements in psycopg, one commit per "
+    'task.'
+    "\n"
+    '- **Repeats.** Each comparison runs `Sizes.rounds` (3) interleaved rounds; the table gives the best '
+    'round of each system and, for the by-key target, the lowest and highest per-round ratio.'
+    "\n"
+    '- **Load.** The run samples CPU time spent outside its own processes before each phase and records a'
+    ' warning when other work kept the CPUs busy: such a run is not a record.'
+    "\n"
+    '- **No timed assertions in CI.** `tests/test_benchmarks.py` runs `--smoke` and checks only the '
+    "report's structure, zero duplicates and one winner per key."
+    "\n"
+)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
@@ -22,13 +49,25 @@ def _fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+def round_ratios(r: Results, baseline: str, w: int) -> tuple[float | None, float | None]:
+    """(min, max) over rounds of app / ``baseline`` by-key throughput, each round's pair run back to back."""
+    app = r.bykey_runs.get("app", {}).get(w, [])
+    base = r.bykey_runs.get(baseline, {}).get(w, [])
+    ratios = [a / b for a, b in zip(app, base, strict=False) if b]
+    return (min(ratios), max(ratios)) if ratios else (None, None)
+
+
 def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
     """(target, measured, threshold, met) for each target of the issue."""
     out: list[tuple[str, str, str, bool | None]] = []
     w = 4 if 4 in r.bykey["app"] else max(r.bykey["app"], default=None)
     if w is not None:
+        low, high = round_ratios(r, "minimal", w)
+        measured = _fmt_ratio(low) if low == high else f"{_fmt_ratio(low)} (max {_fmt_ratio(high)})"
+        out.append((f"by-key claim + complete at W={w}, app / minimal hand-written claim (min over rounds)",
+                    measured, "≥ 0.60", None if low is None else low >= 0.6))
         ratio = _ratio(r.bykey["app"].get(w), r.bykey["raw"].get(w))
-        out.append((f"by-key claim + complete, app/raw at W={w}", _fmt_ratio(ratio), "≥ 0.60",
+        out.append((f"by-key claim + complete, app/raw (same SQL) at W={w}", _fmt_ratio(ratio), "≥ 0.60",
                     None if ratio is None else ratio >= 0.6))
     app = r.drain.get(APP, {})
     wd = 4 if 4 in app else max(app, default=None)
@@ -79,6 +118,9 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
     if r.warnings:
         add("> **The machine was too busy to conclude.** " + " ".join(r.warnings))
         add("")
+    add("## Methodology")
+    add("")
+    add(METHODOLOGY)
     add("## Environment")
     add("")
     for name, value in r.env.items():
@@ -99,13 +141,20 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
             "they are identical, captured with `connection.execute_wrapper`) with plain psycopg, no ORM: "
             "autocommit, server-side parameter binding and psycopg's automatic prepared statements. The app "
             "goes through `Task.objects.claim()` and `Claim.complete()` on Django's connection "
-            "(client-side binding). Audit trail on: one round trip per claim and per completion.")
+            "(client-side binding). Audit trail on: one round trip per claim and per completion. "
+            "*minimal* is the simplest correct claim a user would hand-write in plain psycopg "
+            "(autocommit, no audit rows): `INSERT … ON CONFLICT (tenant, key) DO UPDATE … WHERE claimable "
+            "RETURNING id, fencing_token`, then `UPDATE … WHERE id = … AND fencing_token = …` "
+            "(`benchmarks/workers.py`, `MINIMAL_CLAIM_SQL`). Best round of each; *app/minimal* gives the "
+            "lowest and highest ratio of the rounds (each round runs the three back to back).")
         add("")
-        add("| W | raw SQL | django-taskclaim | app/raw |")
-        add("|---:|---:|---:|---:|")
+        add("| W | minimal | raw SQL | django-taskclaim | app/minimal (min–max) | app/raw |")
+        add("|---:|---:|---:|---:|---:|---:|")
         for w in sorted(r.bykey["app"]):
-            raw, app = r.bykey["raw"].get(w), r.bykey["app"].get(w)
-            add(f"| {w} | {raw or 0:,.0f} | {app or 0:,.0f} | {_fmt_ratio(_ratio(app, raw))} |")
+            raw, app, low = r.bykey["raw"].get(w), r.bykey["app"].get(w), r.bykey["minimal"].get(w)
+            lo, hi = round_ratios(r, "minimal", w)
+            add(f"| {w} | {low or 0:,.0f} | {raw or 0:,.0f} | {app or 0:,.0f} "
+                f"| {_fmt_ratio(lo)}–{_fmt_ratio(hi)} | {_fmt_ratio(_ratio(app, raw))} |")
         add("")
     if r.drain:
         add(f"## Queue drain of {sizes.drain_tasks:,} no-op tasks (tasks/s)")
@@ -213,7 +262,8 @@ def chart(r: Results, path: str) -> bool:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     panels: list[tuple[Any, str, dict[str, dict[int, float]], str]] = [
-        (axes[0], "By-key claim + complete", {"django-taskclaim": r.bykey["app"], "raw SQL (psycopg)": r.bykey["raw"]},
+        (axes[0], "By-key claim + complete", {"django-taskclaim": r.bykey["app"], "raw SQL (psycopg)": r.bykey["raw"],
+          "minimal hand-written claim": r.bykey["minimal"]},
          "claims/s"),
         (axes[1], "Queue drain of no-op tasks", r.drain, "tasks/s"),
     ]

@@ -14,7 +14,7 @@ class Sizes:
     rounds: int = 3
     drain_tasks: int = 20_000
     drain_workers: tuple[int, ...] = (1, 2, 4)
-    procrastinate_concurrency: tuple[int, ...] = (1, 4)
+    procrastinate_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)  # swept: the best is its figure
     table_rows: tuple[int, ...] = (10_000, 1_000_000, 10_000_000)
     latency_samples: int = 2_000
     racers: int = 32
@@ -32,7 +32,8 @@ SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300
 @dataclass
 class Results:
     env: dict[str, str] = field(default_factory=dict)
-    bykey: dict[str, dict[int, float]] = field(default_factory=lambda: {"app": {}, "raw": {}})
+    bykey: dict[str, dict[int, float]] = field(default_factory=lambda: {"app": {}, "raw": {}, "minimal": {}})
+    bykey_runs: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     drain: dict[str, dict[int, float]] = field(default_factory=dict)
     drain_runs: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     duplicates: dict[str, dict[int, int]] = field(default_factory=dict)

@@ -23,6 +23,9 @@ DATABASES = {
         "PORT": str(_url.port or 5432),
         "USER": unquote(_url.username or "postgres"),
         "PASSWORD": unquote(_url.password or ""),
+        # Persistent connections for every Django-based system (ours and django-tasks-db): the
+        # peers are compared at their best configuration, not at a new connection per request.
+        "CONN_MAX_AGE": None,
     }
 }
 

@@ -144,6 +144,50 @@ def bykey_raw(index: int, barrier: Any, run: str, duration: float, audit: bool, 
         return {"count": n, "start": start, "end": time.perf_counter()}
 
 
+# The simplest correct claim a user would hand-write: one upsert that takes a fresh or
+# claimable row (pending, or running with an expired lease) and bumps its fencing token, then
+# a completion fenced by (id, token). Autocommit: one commit per statement, no audit rows.
+MINIMAL_CLAIM_SQL = (
+    'INSERT INTO django_taskclaim_task AS t (tenant, "key", status, owner, fencing_token, attempts, '
+    "max_attempts, lease_expires_at, payload_fingerprint, result_ref, error, created_at, updated_at) "
+    "VALUES (%s, %s, 'running', %s, 1, 1, %s, now() + make_interval(secs => %s), '', '', '', now(), now()) "
+    'ON CONFLICT (tenant, "key") DO UPDATE SET status = \'running\', owner = EXCLUDED.owner, '
+    "fencing_token = t.fencing_token + 1, attempts = t.attempts + 1, "
+    "lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now() "
+    "WHERE t.status = 'pending' OR (t.status = 'running' AND t.lease_expires_at < now()) "
+    "RETURNING id, fencing_token"
+)
+MINIMAL_COMPLETE_SQL = (
+    "UPDATE django_taskclaim_task SET status = 'succeeded', result = NULL, updated_at = now() "
+    "WHERE id = %s AND fencing_token = %s AND status = 'running'"
+)
+
+
+def minimal_cycle(cursor: Any, key: str, owner: str) -> None:
+    cursor.execute(MINIMAL_CLAIM_SQL, ("", key, owner, MAX_ATTEMPTS, LEASE))
+    row = cursor.fetchone()
+    assert row is not None, key
+    cursor.execute(MINIMAL_COMPLETE_SQL, row)
+    assert cursor.rowcount == 1, key
+
+
+def bykey_minimal(index: int, barrier: Any, run: str, duration: float, url: str) -> dict[str, Any]:
+    """By-key claim + complete with the minimal hand-written SQL above, plain psycopg."""
+    import psycopg
+
+    owner = f"bench-min-{index}"
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
+        for n in range(20):
+            minimal_cycle(cursor, f"{run}:warm:{index}:{n}", owner)
+        barrier.wait(BARRIER_TIMEOUT)
+        start = time.perf_counter()
+        end, n = start + duration, 0
+        while time.perf_counter() < end:
+            minimal_cycle(cursor, f"{run}:{index}:{n}", owner)
+            n += 1
+        return {"count": n, "start": start, "end": time.perf_counter()}
+
+
 def check_identical_sql(url: str) -> int:
     """Prove that the raw phase sends the very statements the app sends; returns how many."""
     import psycopg
