@@ -56,6 +56,11 @@ class MySQLStore(SQLStore):
     needs_transaction = True
     row_locks = True
     for_update = " FOR UPDATE"
+    # A duplicate's audit row: the task row first, share-locked by the SELECT, then the attempt
+    # row, the order a purge takes them in (task rows FOR UPDATE, then their attempts). The
+    # foreign key check alone would lock the task row after the new attempt row, and deadlock
+    # with such a purge.
+    share_lock = " LOCK IN SHARE MODE"
 
     def quote(self, name: str) -> str:
         return f"`{name}`"
@@ -165,18 +170,6 @@ class MySQLStore(SQLStore):
             f"stale_writes) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0)",
             [row.id, row.fencing_token, row.owner, delivery_id],
         )
-
-    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
-        # The task row first, share-locked by the SELECT, then the attempt row: the order a purge
-        # takes them in (task rows FOR UPDATE, then their attempts). The foreign key check alone
-        # would lock the task row after the new attempt row, and deadlock with such a purge.
-        cursor.execute(
-            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
-            f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
-            f"FROM {TASK} WHERE id = %s LOCK IN SHARE MODE",
-            [owner, delivery_id, task_id],
-        )
-        return bool(cursor.rowcount == 1)
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,

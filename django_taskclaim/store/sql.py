@@ -75,6 +75,8 @@ class SQLStore:
     row_locks = False
     #: Appended to the SELECT of rows an operator then changes (row locks where the database has them).
     for_update = ""
+    #: Appended to the read of the task a duplicate's audit row is inserted for (see record_duplicate).
+    share_lock = ""
 
     # -- vendor hooks ---------------------------------------------------------------------
     def lease_sql(self) -> str:
@@ -210,7 +212,7 @@ class SQLStore:
             cursor,
             f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
             f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
-            f"FROM {TASK} WHERE id = %s",
+            f"FROM {TASK} WHERE id = %s{self.share_lock}",
             [owner, delivery_id, task_id],
         )
         return bool(cursor.rowcount == 1)

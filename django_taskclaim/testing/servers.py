@@ -46,6 +46,18 @@ def _wait_for_port(port: int, deadline: float, what: str, proc: subprocess.Popen
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} in time")
 
 
+def _end(proc: subprocess.Popen[bytes] | None, grace: float) -> None:
+    """Stop a server process started here: SIGTERM, then SIGKILL if it outlives ``grace`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class ManagedServer:
     """A server the tests start and stop: ``with Server() as server:`` always stops it again."""
 
@@ -210,13 +222,7 @@ class MariaDBServer(ManagedServer):
         self.sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc, grace=30)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -246,12 +252,7 @@ class RedisServer(ManagedServer):
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        _end(self.proc, grace=10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def restart(self) -> None:
@@ -457,11 +458,5 @@ class PgBouncerServer(ManagedServer):
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc, grace=10)
         shutil.rmtree(self.dir, ignore_errors=True)
