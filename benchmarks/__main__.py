@@ -11,10 +11,14 @@ measured when they import (``pip install django-taskclaim[bench]``); ``--smoke``
 them. Phases:
 
 1. by-key claim + complete, app vs the same SQL sent with plain psycopg, W = 1, 2, 4, 8;
-2. queue drain (claim_next + complete) of 20,000 no-op tasks, W = 1, 2, 4, vs the peers;
+2. queue drain (complete_and_claim_next) of 5,000 no-op tasks, W = 1, 2, 4, vs the commit limit
+   and the peers at their best (procrastinate at each concurrency, django-tasks-db with each
+   queue filter; persistent connections for both Django-based systems);
 3. claim latency with 10 thousand, 1 million and 10 million finished rows in the table;
-4. contention: 32 processes racing on each of 500 keys, vs an uncontended claim;
+4. contention: 32 processes racing on each of 500 keys, vs the bare claim statement's race;
 5. the cost of the attempt audit trail (TASKCLAIM_AUDIT on vs off).
+
+Every comparison runs 3 interleaved rounds; each target is the lowest of its per-round ratios.
 """
 
 from __future__ import annotations
@@ -136,7 +140,9 @@ class Bench:
             else:
                 log("  procrastinate is not installed: skipped (pip install django-taskclaim[bench])")
             if have["django-tasks-db"]:
-                systems.append(("django-tasks-db", self._drain_dtdb))
+                for queues in s.dtdb_queues:
+                    systems.append((f"django-tasks-db ({queues} queue{'s' if queues == 'all' else ''})",
+                                    lambda w, queues=queues: self._drain_dtdb(w, queues)))
             else:
                 log("  django-tasks-db is not installed: skipped (pip install django-taskclaim[bench])")
         for name, _ in systems:
@@ -191,7 +197,7 @@ class Bench:
             raise RuntimeError(f"procrastinate c={c} W={w}: {left} jobs left, {done} succeeded")
         return [e for r in out for e in r["executed"]], rate(out, n)
 
-    def _drain_dtdb(self, w: int) -> tuple[list[Any], float]:
+    def _drain_dtdb(self, w: int, queues: str) -> tuple[list[Any], float]:
         from . import peers
         from .workers import run_workers
 
@@ -201,7 +207,7 @@ class Bench:
         def show() -> None:
             log(f"  django-tasks-db W={w}: {n - peers.dtdb_left()[0]:,}/{n:,} done")
 
-        out = run_workers(peers.dtdb_worker, w, (), progress=show)
+        out = run_workers(peers.dtdb_worker, w, (queues,), progress=show)
         left, done = peers.dtdb_left()
         if left or done != n:
             raise RuntimeError(f"django-tasks-db W={w}: {left} jobs left, {done} succeeded")
@@ -244,11 +250,23 @@ class Bench:
                 f"FROM generate_series(1, %s::bigint) g",
                 [rows, s.latency_samples],
             )
-            (out,) = run_workers(latency, 1, (f"size-{rows}", s.latency_samples))
-            self.results.sizes[rows] = {
-                "bykey_p50": pct(out["bykey"], 50), "bykey_p99": pct(out["bykey"], 99),
-                "queue_p50": pct(out["queue"], 50), "queue_p99": pct(out["queue"], 99),
-            }
+            runs = self.results.size_runs[rows] = []
+            for n in range(s.rounds):
+                if n:  # fresh pending tasks for claim_next: the previous round claimed them all
+                    self.sql(
+                        f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
+                        f"payload_fingerprint, result_ref, error, created_at, updated_at) "
+                        f"SELECT '', 'queued:' || %s || ':' || %s || ':' || g, 'pending', '', 0, 0, 5, '', '', '', "
+                        f"now(), now() FROM generate_series(1, %s::bigint) g",
+                        [rows, n, s.latency_samples],
+                    )
+                (out,) = run_workers(latency, 1, (f"size-{rows}-{n}", s.latency_samples))
+                runs.append({
+                    "bykey_p50": pct(out["bykey"], 50), "bykey_p99": pct(out["bykey"], 99),
+                    "queue_p50": pct(out["queue"], 50), "queue_p99": pct(out["queue"], 99),
+                })
+            # Each figure the best (lowest) of the rounds: other load only ever slows a round down.
+            self.results.sizes[rows] = {k: min(run[k] for run in runs) for k in runs[0]}
             r = self.results.sizes[rows]
             log(f"  {rows:,} rows: by-key claim p50 {r['bykey_p50'] * 1e3:.3f} ms p99 {r['bykey_p99'] * 1e3:.3f} ms; "
                 f"claim_next p50 {r['queue_p50'] * 1e3:.3f} ms p99 {r['queue_p99'] * 1e3:.3f} ms "
@@ -260,8 +278,11 @@ class Bench:
         from .workers import CTX, race, race_raw, run_workers
 
         s = self.sizes
-        for label, racers in (("uncontended", 1), ("contended", s.racers),
-                              ("raw_uncontended", 1), ("raw_contended", s.racers)):
+        self.results.race["racers"] = s.racers
+        rounds_of = [(n, label, racers) for n in range(s.rounds)
+                     for label, racers in (("uncontended", 1), ("contended", s.racers),
+                                           ("raw_uncontended", 1), ("raw_contended", s.racers))]
+        for n, label, racers in rounds_of:
             self.clear()
             rounds = CTX.Barrier(racers)
 
@@ -271,22 +292,24 @@ class Bench:
             if label.startswith("raw_"):
                 # A raw loser may be told "nothing claimed" by a statement whose snapshot predates
                 # the winner's insert; it is still a loser, so the one-winner check holds.
-                out = run_workers(race_raw, racers, (label, s.race_keys, rounds, self.url), progress=show)
+                out = run_workers(race_raw, racers, (f"{label}-{n}", s.race_keys, rounds, self.url), progress=show)
             else:
-                out = run_workers(race, racers, (label, s.race_keys, rounds), progress=show)
+                out = run_workers(race, racers, (f"{label}-{n}", s.race_keys, rounds), progress=show)
             winners = sorted(k for r in out for k in r["won"])
             if winners != list(range(s.race_keys)):
                 raise RuntimeError(f"{label}: expected one winner per key, got {len(winners)} wins "
                                    f"for {len(set(winners))} keys")
             times = [t for r in out for t in r["times"]]
-            self.results.race[f"{label}_p50"] = pct(times, 50)
-            self.results.race[f"{label}_p99"] = pct(times, 99)
-            if label == "contended":
+            self.results.race_runs.setdefault(label, []).append((pct(times, 50), pct(times, 99)))
+            # The best (lowest) round of each: other load only ever slows a round down.
+            self.results.race[f"{label}_p50"] = min(p50 for p50, _ in self.results.race_runs[label])
+            self.results.race[f"{label}_p99"] = min(p99 for _, p99 in self.results.race_runs[label])
+            if label == "contended" and n == 0:
                 dup = self.sql(f"SELECT count(*) FROM {ATTEMPT} WHERE outcome = 'duplicate'")[0][0]
                 self.results.race["duplicates_recorded"] = dup
                 self.results.race["duplicates_expected"] = (racers - 1) * s.race_keys
-            p50, p99 = self.results.race[f"{label}_p50"], self.results.race[f"{label}_p99"]
-            log(f"  {label} ({racers} process(es) × {s.race_keys} keys): decision p50 "
+            p50, p99 = self.results.race_runs[label][-1]
+            log(f"  {label} ({racers} process(es) × {s.race_keys} keys) round {n + 1}/{s.rounds}: decision p50 "
                 f"{p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms")
 
     def audit(self) -> None:
@@ -313,6 +336,22 @@ def _cpu_times() -> tuple[int, int] | None:
         return None
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
     return sum(values) - idle, sum(values)
+
+
+def _steal() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot: time a hypervisor gave to other guests."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (values[7] if len(values) > 7 else 0), sum(values)
+
+
+def _steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _busy_elsewhere(window: float = 1.0) -> str | None:
@@ -393,7 +432,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-rows", type=int, default=None,
                         help="largest table size of the latency phase (default: 10,000,000; smoke 10,000)")
     parser.add_argument("--drain-tasks", type=int, default=None,
-                        help="tasks drained per system and W (default: 20,000; smoke 300)")
+                        help="tasks drained per system and W (default: 5,000; smoke 300)")
     parser.add_argument("--db-name", default="taskclaim_bench",
                         help="database created (dropped first) for the run (default: %(default)r)")
     parser.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
@@ -479,9 +518,19 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         if busy:
             bench.results.warnings.append(f"before phase {name}: {busy}")
             log(f"  WARNING: {busy}")
-        started = time.perf_counter()
+        started, steal = time.perf_counter(), _steal()
         method()
         bench.results.phase_seconds[name] = time.perf_counter() - started
+        stolen = _steal_share(steal, _steal())
+        if stolen is not None and stolen > 0.05:
+            note = (f"during phase {name}: the hypervisor held back {stolen:.0%} of the CPU time (steal): "
+                    f"the figures of this run are not conclusive")
+            bench.results.warnings.append(note)
+            log(f"  WARNING: {note}")
+        busy = _busy_elsewhere()
+        if busy:
+            bench.results.warnings.append(f"after phase {name}: {busy}")
+            log(f"  WARNING: {busy}")
     bench.results.env["load average at end (1/5/15 min)"] = _loadavg()
     text = report.markdown(bench.results, sizes, smoke=args.smoke)
     print(text, flush=True)

@@ -113,15 +113,18 @@ def dtdb_fill(count: int) -> None:
     connections.close_all()
 
 
-def dtdb_worker(index: int, barrier: Any) -> dict[str, Any]:
+def dtdb_worker(index: int, barrier: Any, queues: str) -> dict[str, Any]:
+    """django-tasks-db's own worker loop (``manage.py db_worker``) at its fastest: no sleep between
+    tasks (``--interval 0``), no startup delay, persistent connections; ``queues`` "one" filters on
+    the job's queue (``--queue-name``), "all" asks for every queue (``--queue-name '*'``)."""
     from django.db import connection
     from django_tasks_db.management.commands.db_worker import Worker
 
     from .dtdb_tasks import EXECUTED, noop
 
     connection.ensure_connection()
-    worker = Worker(queue_names=[noop.queue_name], interval=0.0, batch=True, backend_name="default",
-                    startup_delay=False, max_tasks=None, worker_id=f"bench-{index}",
+    worker = Worker(queue_names=[noop.queue_name] if queues == "one" else ["*"], interval=0.0, batch=True,
+                    backend_name="default", startup_delay=False, max_tasks=None, worker_id=f"bench-{index}",
                     excluded_queue_names=[])
     barrier.wait(BARRIER_TIMEOUT)
     start = time.perf_counter()

@@ -12,9 +12,11 @@ class Sizes:
     bykey_workers: tuple[int, ...] = (1, 2, 4, 8)
     bykey_seconds: float = 3.0
     rounds: int = 3
-    drain_tasks: int = 20_000
+    drain_tasks: int = 5_000
     drain_workers: tuple[int, ...] = (1, 2, 4)
     procrastinate_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)  # swept: the best is its figure
+    # django-tasks-db's db_worker options that change what it asks the database: swept likewise.
+    dtdb_queues: tuple[str, ...] = ("one", "all")
     table_rows: tuple[int, ...] = (10_000, 1_000_000, 10_000_000)
     latency_samples: int = 2_000
     racers: int = 32
@@ -40,6 +42,10 @@ class Results:
     sizes: dict[int, dict[str, float]] = field(default_factory=dict)
     fill_seconds: dict[int, float] = field(default_factory=dict)
     race: dict[str, float] = field(default_factory=dict)
+    #: Every round of the contention phase: label -> [(p50, p99), ...], rounds in order.
+    race_runs: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: Every round of the table-size phase: rows -> [{"bykey_p50": ..., ...}, ...], rounds in order.
+    size_runs: dict[int, list[dict[str, float]]] = field(default_factory=dict)
     audit: dict[str, float] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -1,7 +1,9 @@
-"""Settings of django-taskclaim, read from ``django.conf.settings`` at call time.
+"""Settings of django-taskclaim, read from ``django.conf.settings`` on first use.
 
-Each property reads ``TASKCLAIM_<NAME>`` when accessed, never at import, so
-``override_settings`` works and nothing is cached across tests.
+Each property reads ``TASKCLAIM_<NAME>`` when first accessed, never at import, and keeps the
+value: the claim path reads several settings per call, and Django's settings lookup is not
+free. Django's ``setting_changed`` signal (sent by ``override_settings`` and pytest-django's
+``settings`` fixture) forgets a changed value, so tests that change a setting see it at once.
 
 ===================================  =========  ============  ==============================================
 Setting                              Type       Default       Meaning
@@ -37,15 +39,33 @@ Setting                              Type       Default       Meaning
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS
+
+_MISSING = object()
 
 
 class TaskClaimSettings:
-    """Typed, lazy view of the ``TASKCLAIM_*`` settings."""
+    """Typed, lazy view of the ``TASKCLAIM_*`` settings, each read once until it changes."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, object] = {}
 
     def _get(self, name: str, default: object) -> object:
-        return getattr(django_settings, f"TASKCLAIM_{name}", default)
+        value = self._values.get(name, _MISSING)
+        if value is _MISSING:
+            value = self._values[name] = getattr(django_settings, f"TASKCLAIM_{name}", default)
+        return value
+
+    def forget(self, setting: str | None = None) -> None:
+        """Read ``setting`` (a ``TASKCLAIM_*`` name; every one when ``None``) again on next use."""
+        if setting is None:
+            self._values.clear()
+        elif setting.startswith("TASKCLAIM_"):
+            self._values.pop(setting.removeprefix("TASKCLAIM_"), None)
 
     @property
     def DEFAULT_LEASE(self) -> float:
@@ -90,3 +110,10 @@ class TaskClaimSettings:
 
 
 settings = TaskClaimSettings()
+
+
+def _setting_changed(setting: str, **kwargs: Any) -> None:
+    settings.forget(setting)
+
+
+setting_changed.connect(_setting_changed, dispatch_uid="django_taskclaim.conf")

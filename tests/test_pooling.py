@@ -74,24 +74,22 @@ def test_e010_silent_without_a_transaction_mode_pooler() -> None:
     assert checks.check_pooler() == []  # prepared statements on, as by default: fine here
 
 
-def forget_prepared_statements() -> None:
-    """Make the library believe this session prepared nothing, as a new client of a pooler does."""
-    from django_taskclaim.store import prepared as postgresql
-
-    postgresql._prepared_in(connection.connection).clear()
-
-
 @postgresql_only
 @pytest.mark.django_db(transaction=True)
-def test_a_session_that_already_has_the_statements_is_used_as_is() -> None:
-    # A session-mode pooler without DISCARD ALL hands a new client a session that prepared the
-    # statements before: PREPARE says "already exists" (it failed every such claim before).
-    Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
-    forget_prepared_statements()
+def test_a_session_that_already_has_statements_of_these_names_is_used_as_is() -> None:
+    # A session-mode pooler without DISCARD ALL hands a new client a session in which the
+    # previous client prepared statements: psycopg's names (_pg3_0, _pg3_1, ...) are taken.
+    connection.close()
+    with connection.cursor() as cursor:  # a new connection: psycopg's names start again at _pg3_0
+        for n in range(10):
+            cursor.execute(f"PREPARE _pg3_{n} AS SELECT {n}")
     outcome = Task.objects.claim("second", owner="w")
     assert outcome.claim is not None
     outcome.claim.complete()
     assert Task.objects.get(key="second").status == Task.Status.SUCCEEDED
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%django_taskclaim_%"])
+        assert cursor.fetchone()[0] == 2  # the fused claim and completion, prepared after all
 
 
 @postgresql_only

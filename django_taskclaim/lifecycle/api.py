@@ -9,7 +9,6 @@ import logging
 import os
 import secrets
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +28,7 @@ from ..keys import (
     validate_text,
 )
 from ..status import Status
-from ..store.rows import Claimed, Moved
+from ..store.rows import Claimed, Moved, TaskRow
 from . import transitions
 from .handle import Claim
 from .transitions import in_transaction, to_task
@@ -42,13 +41,36 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-@dataclass
 class ClaimOutcome:
-    """What a claim attempt found: ``claimed`` with a ``claim``, or the task's current state."""
+    """What a claim attempt found: ``claimed`` with a ``claim``, or the task's current state.
 
-    claimed: bool
-    claim: Claim | None
-    task: Any  # a Task
+    ``task`` (a ``Task``) is built from the claimed row on first access: a worker that needs
+    only the claim does not pay for a model instance on every claim.
+    """
+
+    __slots__ = ("_row", "_task", "_using", "claim", "claimed")
+
+    def __init__(self, claimed: bool, claim: Claim | None, task: Any = None, *,
+                 row: TaskRow | None = None, using: str = "") -> None:
+        self.claimed = claimed
+        self.claim = claim
+        self._task, self._row, self._using = task, row, using
+
+    @property
+    def task(self) -> Any:
+        if self._task is None and self._row is not None:
+            self._task = to_task(self._row, self._using)
+        return self._task
+
+    def __repr__(self) -> str:
+        return f"ClaimOutcome(claimed={self.claimed!r}, claim={self.claim!r}, task={self.task!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ClaimOutcome):
+            return NotImplemented
+        return (self.claimed, self.claim, self.task) == (other.claimed, other.claim, other.task)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value, as the dataclass was
 
 
 def _owner(owner: str | None) -> str:
@@ -119,7 +141,7 @@ def claim(
         if result is None:
             continue  # purged between the statements: gone, so claim it afresh
         if isinstance(result, Claimed):
-            return ClaimOutcome(True, Claim.taken(result, using, seconds, delivery_id), to_task(result.row, using))
+            return ClaimOutcome(True, Claim.taken(result, using, seconds, delivery_id), row=result.row, using=using)
         row, expired = result.row, result.expired
         if fp and row.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
@@ -131,7 +153,7 @@ def claim(
             return ClaimOutcome(False, None, task)
         if row.status == Status.PENDING or (running and expired):
             continue
-        return ClaimOutcome(False, None, to_task(row, using))
+        return ClaimOutcome(False, None, row=row, using=using)
     raise TaskClaimError(f"task {key!r} (tenant {tenant!r}) kept changing under the claim; try again")
 
 

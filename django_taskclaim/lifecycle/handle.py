@@ -139,7 +139,8 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         """
         result_json = self._result_json(result, result_ref)
         self._finishing_write("complete", transitions.complete, result_json, result_ref)
-        logger.info("task completed", extra=self._log_extra())
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("task completed", extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
 
     def complete_and_claim_next(
@@ -170,7 +171,8 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         if status is None:
             self._finishing = finishing
             self._refuse("complete")
-        logger.info("task completed", extra=self._log_extra())
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("task completed", extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
         return [Claim.taken(c, self.using, seconds, self.delivery_id) for c in claimed]
 

@@ -20,7 +20,7 @@ from django.db import OperationalError, connections, transaction
 from .. import signals
 from ..conf import settings
 from ..status import Status
-from ..store import get_store
+from ..store import get_store, store_of
 from ..store.rows import Claimed, Found, Moved, TaskRow
 
 logger = logging.getLogger("django_taskclaim")
@@ -50,6 +50,11 @@ def to_task(row: TaskRow, using: str) -> Any:
     return task_model().from_db(using, list(TaskRow._fields), list(row))
 
 
+def cursor_for(using: str) -> Any:
+    """A cursor on ``using`` for the store's statements (its own kind on PostgreSQL)."""
+    return get_store(using).cursor(connections[using])
+
+
 def in_transaction(using: str) -> bool:
     """Whether the connection is inside a transaction: an ``atomic()`` block, or autocommit off."""
     conn = connections[using]
@@ -76,19 +81,20 @@ def send(using: str, signal: Any, **kwargs: Any) -> None:
     transaction.on_commit(deliver, using=using)
 
 
-def _retried(using: str, operation: Callable[[], T]) -> T:
+def _retried(using: str, operation: Callable[[], T], store: Any) -> T:
     """Run ``operation``, again when the database chose it as a deadlock's victim.
 
     InnoDB resolves a deadlock by rolling back one transaction (racing inserts of one key,
     a purge deleting a row that claims wait for). Only a transaction of our own is repeated:
     one of the caller's was rolled back as a whole, and the error is theirs to handle.
     """
-    own = not in_transaction(using)
     for attempt in range(1, 6):
         try:
             return operation()
         except OperationalError as exc:
-            if not own or attempt == 5 or not get_store(using).retryable(exc):
+            # Whose transaction it was is the same after the failure as before: an atomic block
+            # of our own has ended, the caller's (or autocommit off) still holds.
+            if attempt == 5 or not store.retryable(exc) or in_transaction(using):
                 raise
             logger.info("deadlock victim, trying again (%d)", attempt)
     raise AssertionError("unreachable")
@@ -102,17 +108,19 @@ def _write(using: str, operation: Callable[[Any], T], *, operator: bool = False)
     a transaction that read first fails at once with "database is locked" beside busy
     workers instead of waiting for the busy timeout.
     """
-    store = get_store(using)
+    db = connections[using]
+    store = store_of(db)
 
     def once() -> T:
         if operator or store.needs_transaction:
-            with transaction.atomic(using=using, savepoint=operator), connections[using].cursor() as cursor:
+            with transaction.atomic(using=using, savepoint=operator), store.cursor(db) as cursor:
                 if operator:
                     store.begin_write(cursor)
                 return operation(cursor)
-        return _plain(using, operation)
+        with store.cursor(db) as cursor:
+            return operation(cursor)
 
-    return _retried(using, once)
+    return _retried(using, once, store)
 
 
 def _log(holder: Holder, **extra: Any) -> dict[str, Any]:
@@ -131,7 +139,7 @@ def claim_key(
         max_attempts=max_attempts, delivery_id=delivery_id, audit=audit))
     if claimed is not None:
         return claimed
-    with connections[using].cursor() as cursor:
+    with cursor_for(using) as cursor:
         found = store.read_state(cursor, tenant=tenant, key=key, owner=owner, fingerprint=fingerprint,
                                  delivery_id=delivery_id, audit=audit, in_transaction=in_transaction(using))
     if found is not None and found.duplicate:
@@ -154,8 +162,9 @@ def claim_next(
 def announce_claim(holder: Holder, previous_owner: str | None) -> None:
     """Tell logs and receivers of a claim (a takeover when ``previous_owner`` is set)."""
     takeover = previous_owner is not None
-    logger.info("task %s", "taken over" if takeover else "claimed",
-                extra=_log(holder, previous_owner=previous_owner))
+    if logger.isEnabledFor(logging.INFO):  # spares building the record's extras on every claim
+        logger.info("task %s", "taken over" if takeover else "claimed",
+                    extra=_log(holder, previous_owner=previous_owner))
     send(holder.using, signals.task_claimed, claim=holder, takeover=takeover)
     if takeover:
         send(holder.using, signals.task_taken_over, claim=holder, previous_owner=previous_owner,
@@ -174,10 +183,10 @@ def ensure(
                             max_attempts=max_attempts, dispatch=dispatch)
 
     # Racing inserts of one key can deadlock on MySQL: _retried runs the insert again.
-    row = _retried(using, lambda: _plain(using, create))
+    row = _retried(using, lambda: _plain(using, create), store)
     if row is not None:
         return row, True
-    with connections[using].cursor() as cursor:
+    with cursor_for(using) as cursor:
         row = store.read_task(cursor, tenant=tenant, key=key)
         if row is not None and fingerprint and not row.payload_fingerprint:
             # The encoded form (what the encoder made of Decimal, datetime...), as a claim stores it.
@@ -189,7 +198,7 @@ def ensure(
 # -- an owner's writes -----------------------------------------------------------------------
 def heartbeat(holder: Holder, lease: float) -> datetime | None:
     """Extend the lease from the database clock; ``None`` if fenced off."""
-    with connections[holder.using].cursor() as cursor:
+    with cursor_for(holder.using) as cursor:
         return get_store(holder.using).heartbeat(cursor, holder.task_id, holder.token, lease)
 
 
@@ -226,20 +235,20 @@ def release(holder: Holder) -> str | None:
 
 def check(holder: Holder) -> bool:
     """Whether the holder's token still owns the task."""
-    with connections[holder.using].cursor() as cursor:
+    with cursor_for(holder.using) as cursor:
         return get_store(holder.using).check(cursor, holder.task_id, holder.token)
 
 
 def lock(holder: Holder) -> bool:
     """Inside the caller's transaction: lock the task row if the token still owns it."""
-    with connections[holder.using].cursor() as cursor:
+    with cursor_for(holder.using) as cursor:
         return get_store(holder.using).lock(cursor, holder.task_id, holder.token)
 
 
 def refuse(holder: Holder, action: str) -> None:
     """Record a fenced-off write (audit count, log, signal); the caller raises ``StaleClaim``."""
     if settings.AUDIT:
-        with connections[holder.using].cursor() as cursor:
+        with cursor_for(holder.using) as cursor:
             get_store(holder.using).record_stale(cursor, holder.task_id, holder.token)
     logger.warning("fenced-off %s refused", action, extra=_log(holder, action=action))
     send(holder.using, signals.stale_write_refused, key=holder.key, tenant=holder.tenant,
@@ -293,7 +302,7 @@ def purge(using: str, *, statuses: Sequence[str], before: datetime, limit: int) 
 
 def _plain(using: str, operation: Callable[[Any], T]) -> T:
     """``operation(cursor)`` on a plain cursor: one statement, committed on its own (or the caller's)."""
-    with connections[using].cursor() as cursor:
+    with cursor_for(using) as cursor:
         return operation(cursor)
 
 

@@ -26,12 +26,16 @@ VENDORS: dict[str, Store] = {
 
 def get_store(alias: str) -> Store:
     """The store for database ``alias``; ``ImproperlyConfigured`` for an unsupported vendor."""
-    vendor = connections[alias].vendor
+    return store_of(connections[alias])
+
+
+def store_of(db: Any) -> Store:
+    """The store for Django connection ``db``; ``ImproperlyConfigured`` for an unsupported vendor."""
     try:
-        return VENDORS[vendor]
+        return VENDORS[db.vendor]
     except KeyError:
         raise ImproperlyConfigured(
-            f"django-taskclaim supports {', '.join(sorted(VENDORS))}; database {alias!r} is {vendor!r}"
+            f"django-taskclaim supports {', '.join(sorted(VENDORS))}; database {db.alias!r} is {db.vendor!r}"
         ) from None
 
 
@@ -58,4 +62,4 @@ class DbNowPlus(Func):
         return sql, tuple(params)
 
 
-__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store"]
+__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "store_of"]

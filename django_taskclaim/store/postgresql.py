@@ -59,12 +59,15 @@ def _open_attempts(single: bool) -> str:
 # (inside fenced()) and ran after its release committed would be stamped before the release
 # ended the previous attempt. clock_timestamp() in RETURNING is read after the row lock and
 # the re-check, so attempts of a task are stamped in the order they happened. decode() reads
-# the task columns by position and ignores this trailing column.
+# the task columns by position; the final SELECTs leave this column out (one timestamp less
+# to send and parse per claim).
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
+_CLAIMED_COLUMNS = ", ".join(f'c."{c}"' for c in TASK_COLUMNS)
 _SELECT_WITH_PREVIOUS = (
-    " SELECT c.*, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) FROM claimed c ORDER BY c.id"
+    f" SELECT {_CLAIMED_COLUMNS}, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) "
+    f"FROM claimed c ORDER BY c.id"
 )
-_SELECT_PLAIN = " SELECT c.*, NULL FROM claimed c ORDER BY c.id"
+_SELECT_PLAIN = f" SELECT {_CLAIMED_COLUMNS}, NULL FROM claimed c ORDER BY c.id"
 _MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
 
 
@@ -83,6 +86,9 @@ class PostgreSQLStore(SQLStore):
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         return f"({self.lease_sql()})", [float(seconds)]
 
+    def cursor(self, db: Any) -> Any:
+        return prepared.cursor(db)
+
     def execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
         prepared.execute(cursor, sql, params)
 
@@ -92,7 +98,7 @@ class PostgreSQLStore(SQLStore):
         else:
             cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
 
-    def columns(self, table: str = "") -> str:
+    def column_list(self, table: str) -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
         prefix = f"{table}." if table else ""
         return ", ".join(f'{prefix}"{c}"::text AS "{c}"' if c in ("payload", "result", "dispatch")
@@ -110,10 +116,10 @@ class PostgreSQLStore(SQLStore):
             tenant, key, owner, max_attempts, lease, payload, fingerprint,  # insert
         ]
         if audit:
-            sql = f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}{_SELECT_WITH_PREVIOUS}"
             params.append(delivery_id)
-        else:
-            sql = f"WITH {self.claim_key_sql()}{_SELECT_PLAIN}"
+        sql = self.statement(("claim_key", audit), lambda: (
+            f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}{_SELECT_WITH_PREVIOUS}" if audit
+            else f"WITH {self.claim_key_sql()}{_SELECT_PLAIN}"))
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
         return None if found is None else Claimed(self.decode(found), found[-1])
@@ -152,7 +158,7 @@ class PostgreSQLStore(SQLStore):
     ) -> list[Claimed]:
         sql, params = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit,
                                         delivery_id=delivery_id, audit=audit)
-        sql += _SELECT_WITH_PREVIOUS if audit else _SELECT_PLAIN
+        sql = self.statement(("claim_next", sql), lambda: sql + (_SELECT_WITH_PREVIOUS if audit else _SELECT_PLAIN))
         self.execute(cursor, sql, params)
         return [Claimed(self.decode(found), found[-1]) for found in cursor.fetchall()]
 
@@ -165,11 +171,21 @@ class PostgreSQLStore(SQLStore):
         ``prefix`` CTEs come first; ``only_if`` (SQL without parameters) must hold for any task
         to be picked; task ``exclude`` is never picked.
         """
+        tparams = [] if tenant is None else [tenant]
+        eparams = [*tparams, exclude] if exclude else tparams
+        params: list[Any] = [*eparams, limit, *tparams, limit, limit, owner, lease]
+        if audit:
+            params.append(delivery_id)
+        key = ("queue_claim", tenant is None, bool(exclude), audit, prefix, only_if)
+        return self.statement(key, lambda: self._queue_claim_sql(
+            tenant=tenant is not None, exclude=bool(exclude), audit=audit, prefix=prefix, only_if=only_if)), params
+
+    def _queue_claim_sql(self, *, tenant: bool, exclude: bool, audit: bool, prefix: str, only_if: str) -> str:
         now, t = self.now, TASK
-        tenant_sql, tparams = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
+        tenant_sql = "AND tenant = %s" if tenant else ""
         if only_if:
             tenant_sql += f" AND {only_if}"
-        expired_sql, eparams = (f"{tenant_sql} AND id <> %s", [*tparams, exclude]) if exclude else (tenant_sql, tparams)
+        expired_sql = f"{tenant_sql} AND id <> %s" if exclude else tenant_sql
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
         # never queue behind each other. The UPDATE re-checks the claim predicate.
         sql = (
@@ -184,11 +200,7 @@ class PostgreSQLStore(SQLStore):
             f"lease_expires_at = {self.lease_sql()}, updated_at = {now} FROM picked p "
             f"WHERE {t}.id = p.id AND {claimable(t, now)} RETURNING {self.returning(t)})"
         )
-        params: list[Any] = [*eparams, limit, *tparams, limit, limit, owner, lease]
-        if audit:
-            sql += _open_attempts(single=False)
-            params.append(delivery_id)
-        return sql, params
+        return sql + _open_attempts(single=False) if audit else sql
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
@@ -212,8 +224,9 @@ class PostgreSQLStore(SQLStore):
                                       audit=audit, prefix=done, only_if="EXISTS (SELECT 1 FROM done)",
                                       exclude=task_id)
         previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL"
-        sql += (f" SELECT c.*, {previous}, (SELECT count(*) FROM done) "
-                f"FROM (SELECT 1) one LEFT JOIN claimed c ON true ORDER BY c.id")
+        sql = self.statement(("complete_and_claim_next", sql), lambda: sql + (
+            f" SELECT {_CLAIMED_COLUMNS}, {previous}, (SELECT count(*) FROM done) "
+            f"FROM (SELECT 1) one LEFT JOIN claimed c ON true ORDER BY c.id"))
         self.execute(cursor, sql, params + more)
         found = cursor.fetchall()
         if not found or not found[0][-1]:
@@ -229,6 +242,23 @@ class PostgreSQLStore(SQLStore):
         # committed asynchronously (set_config(..., is_local) lasts to this statement's commit):
         # it decides nothing, so losers need not wait for a WAL flush. A server crash may drop
         # the newest of these rows; claims, results and stale-write counts stay synchronous.
+        params: list[Any] = [tenant, key]
+        if audit:
+            params += [owner, delivery_id, fingerprint, fingerprint]
+        sql = self.statement(("read_state", audit, in_transaction),
+                             lambda: self._read_state_sql(audit, in_transaction))
+        self.execute(cursor, sql, params)
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        n = len(TASK_COLUMNS)
+        row, expired, recorded = self.decode(found), bool(found[n]), bool(found[n + 1])
+        duplicate = is_duplicate(row, expired, fingerprint)
+        if duplicate and audit and not recorded:
+            return None  # purged since the snapshot: gone, as if never read
+        return Found(row, expired, duplicate)
+
+    def _read_state_sql(self, audit: bool, in_transaction: bool) -> str:
         now = self.now
         # The audit row's insert locks the task row (FOR KEY SHARE, as its foreign key check
         # would) in the same statement: a task deleted by a concurrent purge since this
@@ -242,27 +272,15 @@ class PostgreSQLStore(SQLStore):
             f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
         )
         async_sql = ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))"
-        params: list[Any] = [tenant, key]
         sql = (f'WITH cur AS (SELECT {self.columns()}, (lease_expires_at < {now}) AS expired FROM {TASK} '
                f'WHERE tenant = %s AND "key" = %s)')
         if audit:
             sql += dup_sql
-            params += [owner, delivery_id, fingerprint, fingerprint]
             if not in_transaction:
                 sql += async_sql
         sql += " SELECT cur.*, " + ("(SELECT count(*) FROM dup)" if audit else "0")
         sql += ", (SELECT count(*) FROM cfg)" if audit and not in_transaction else ", 0"
-        sql += " FROM cur"
-        self.execute(cursor, sql, params)
-        found = cursor.fetchone()
-        if found is None:
-            return None
-        n = len(TASK_COLUMNS)
-        row, expired, recorded = self.decode(found), bool(found[n]), bool(found[n + 1])
-        duplicate = is_duplicate(row, expired, fingerprint)
-        if duplicate and audit and not recorded:
-            return None  # purged since the snapshot: gone, as if never read
-        return Found(row, expired, duplicate)
+        return sql + " FROM cur"
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
@@ -272,15 +290,13 @@ class PostgreSQLStore(SQLStore):
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
         # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
         # against t was planned as a sequential scan of the attempt table, see _open_attempts).
-        self.execute(
-            cursor,
+        sql = self.statement(("finish audited", set_sql), lambda: (
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
             f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status), "
             f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN (SELECT status FROM t) = {PENDING} THEN %s ELSE %s END, "
             f"ended_at = statement_timestamp() WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)) "
-            f"SELECT status FROM t",
-            [*set_params, task_id, token, *outcomes, task_id, token],
-        )
+            f"SELECT status FROM t"))
+        self.execute(cursor, sql, [*set_params, task_id, token, *outcomes, task_id, token])
         row = cursor.fetchone()
         return None if row is None else str(row[0])
 

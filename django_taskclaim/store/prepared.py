@@ -1,21 +1,21 @@
-"""PostgreSQL: the store's statements PREPAREd once per server session, then EXECUTEd.
+"""PostgreSQL: the store's statements bound on the server and prepared once per session.
 
-Django binds parameters on the client and never prepares (``prepare_threshold=None``, for
-connection poolers), so PostgreSQL would parse and plan each claim again: planning the fused
-CTE statements costs more than running them. The statements are few and fixed, so each is
-prepared once per server session. ``TASKCLAIM_PREPARED_STATEMENTS = False`` turns this off
-(for transaction-mode poolers, which hand each transaction to any server session: check E010).
-With server-side binding (OPTIONS "server_side_binding") a statement runs as is: PostgreSQL
-cannot type the parameters of an EXECUTE sent with the extended protocol ("could not determine
-data type of parameter $1"), and psycopg prepares such queries itself when OPTIONS
-"prepare_threshold" asks it to.
+Django's cursors bind parameters on the client (psycopg's ``ClientCursor``): every statement's
+values are quoted into its text in Python, and PostgreSQL parses and plans the whole text
+again, which for the fused claim statements costs more than running them. The store's
+statements are few and fixed, so the lifecycle runs them on a cursor of their own
+(:func:`cursor`): a server-binding psycopg cursor, still wrapped by Django (its error classes,
+``execute_wrapper`` hooks and query logging apply), whose :func:`execute` prepares each
+statement on first use. psycopg keeps the prepared statements of each connection, that is of
+each server session: right under Django's pool too, where a wrapper gets another session at
+each checkout.
+
+``TASKCLAIM_PREPARED_STATEMENTS = False`` sends the statements unprepared (behind a pooler in
+transaction mode, which hands each transaction to any session: check E010).
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,28 +23,91 @@ from django.db import DatabaseError
 
 from ..conf import settings
 
-# SQL text -> (statement name, PREPARE statement, EXECUTE statement with %s placeholders).
-_STATEMENTS: dict[str, tuple[str, str, str]] = {}
-
-# Names prepared in each server session, keyed by the driver's connection object (one object,
-# one session). Not by Django's connection wrapper: with Django's pool (OPTIONS "pool") a wrapper
-# is handed a different session at each checkout, and a session comes back to a wrapper after
-# another one prepared in it. Weak keys: a closed connection's entry goes with it.
-_PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-_PREPARED_LOCK = threading.Lock()
-
-
-def _prepared_in(raw: Any) -> set[str]:
-    """The statement names prepared in the session of driver connection ``raw``."""
-    with _PREPARED_LOCK:
-        names = _PREPARED.get(raw)
-        if names is None:
-            names = _PREPARED[raw] = set()
-        return names
-
-
 _UNDEFINED_STATEMENT = "26000"  # prepared statement "…" does not exist
 _DUPLICATE_STATEMENT = "42P05"  # prepared statement "…" already exists
+
+# While Django leaves psycopg's prepare_threshold at None (its default), psycopg prepares
+# nothing, even when asked. For the store's own statements the threshold is lifted to a value no
+# query reaches by repetition, so that only ``prepare=True`` prepares.
+_ONLY_WHEN_ASKED = 2**62
+
+_CURSOR_CLASS: Any = None
+
+
+def _cursor_class() -> Any:
+    """The psycopg cursor class for the store's statements; ``None`` where psycopg 3 is absent."""
+    global _CURSOR_CLASS
+    if _CURSOR_CLASS is None:
+        from django.db.backends.postgresql import base
+
+        binding = getattr(base, "ServerBindingCursor", None)  # psycopg 3 only
+        if binding is None:
+            _CURSOR_CLASS = False
+        else:
+            class StoreCursor(binding):  # type: ignore[misc, valid-type]
+                """Binds on the server; :func:`execute` marks the statements to prepare."""
+
+                #: For the next statement: ``True`` prepares it; ``False`` runs it unprepared but
+                #: in view of psycopg's record of the session's statements (which forgets them
+                #: when it sees a DEALLOCATE ALL); ``None``, as any server-binding cursor.
+                prepare_next: bool | None = None
+
+                def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+                    if self.prepare_next is None:
+                        return self._shown(super().execute(query, params, **kwargs), query, params)
+                    conn = self.connection
+                    lifted = conn.prepare_threshold is None
+                    if lifted:
+                        conn.prepare_threshold = _ONLY_WHEN_ASKED
+                    try:
+                        done = super().execute(query, params, prepare=self.prepare_next or None, **kwargs)
+                    finally:
+                        if lifted:
+                            conn.prepare_threshold = None
+                    return self._shown(done, query, params)
+
+                def _shown(self, done: Any, query: Any, params: Any) -> Any:
+                    # Django's query log (DEBUG, CaptureQueriesContext, debug toolbars) reads the
+                    # statement from the cursor's last query, which psycopg leaves empty after a
+                    # prepared execution: give it the statement, composed with its values on demand.
+                    if self._query is None:
+                        self._query = _Shown(self.connection, query, params)
+                    return done
+
+            _CURSOR_CLASS = StoreCursor
+    return _CURSOR_CLASS or None
+
+
+class _Shown:
+    """What Django's query log reads of a cursor's last query (``.query``), composed when read."""
+
+    def __init__(self, connection: Any, sql: Any, params: Any) -> None:
+        self.connection, self.sql, self.params = connection, sql, params
+
+    @property
+    def query(self) -> bytes:
+        import psycopg
+
+        return psycopg.ClientCursor(self.connection).mogrify(self.sql, self.params).encode()
+
+
+def cursor(db: Any) -> Any:
+    """A Django cursor on ``db`` whose driver cursor binds on the server (see the module)."""
+    factory = _cursor_class()
+    if factory is None:
+        return db.cursor()
+    # Django asks the driver's connection for a cursor: hand it our class for that one call.
+    # (Should Django's health check replace the connection meanwhile, the new one hands out
+    # Django's usual cursor, and execute() below runs the statement on it unprepared.)
+    raw = db.connection
+    if raw is None:
+        db.ensure_connection()
+        raw = db.connection
+    usual, raw.cursor_factory = raw.cursor_factory, factory
+    try:
+        return db.cursor()
+    finally:
+        raw.cursor_factory = usual
 
 
 def _sqlstate(exc: DatabaseError) -> str | None:
@@ -57,66 +120,31 @@ def _outside_transaction(db: Any) -> bool:
     return bool(db.get_autocommit()) and not db.in_atomic_block
 
 
-def _binds_on_server(db: Any) -> bool:
-    """Whether Django runs this connection's queries with server-side binding (Django 4.2+ option)."""
-    return db.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
-
-
-def _prepared_form(sql: str) -> tuple[str, str, str]:
-    name = "taskclaim_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:20]
-    parts = sql.split("%%")
-    count = 0
-    numbered = []
-    for part in parts:
-        pieces = part.split("%s")
-        out = pieces[0]
-        for piece in pieces[1:]:
-            count += 1
-            out += f"${count}{piece}"
-        numbered.append(out)
-    prepare_sql = f"PREPARE {name} AS {'%'.join(numbered)}"
-    execute_sql = f"EXECUTE {name}({', '.join(['%s'] * count)})" if count else f"EXECUTE {name}"
-    return name, prepare_sql, execute_sql
-
-
 def execute(cursor: Any, sql: str, params: Sequence[Any]) -> None:
-    """Run ``sql`` on ``cursor``, as a statement prepared in its session where that applies."""
-    db = getattr(cursor, "db", None)  # a Django CursorWrapper; plain DB-API cursors run as is
-    if db is None or not settings.PREPARED_STATEMENTS or _binds_on_server(db):
-        cursor.execute(sql, params)
+    """Run ``sql`` on ``cursor``, prepared in its session where that applies."""
+    driver = getattr(cursor, "cursor", None)
+    store_cursor = _cursor_class()
+    if store_cursor is None or not isinstance(driver, store_cursor) or not settings.PREPARED_STATEMENTS:
+        cursor.execute(sql, params)  # not a store cursor (or preparing is off): as it is
         return
-    entry = _STATEMENTS.get(sql)
-    if entry is None:
-        entry = _STATEMENTS[sql] = _prepared_form(sql)
-    name, prepare_sql, execute_sql = entry
-    _prepare(db, name, prepare_sql)
     try:
-        cursor.execute(execute_sql, params)
+        _run(cursor, driver, sql, params, prepare=True)
     except DatabaseError as exc:
-        # Someone ran DISCARD ALL / DEALLOCATE on this session: prepare again, at once where
-        # the failed statement aborted no transaction of the caller's, else at the next call.
-        if _sqlstate(exc) != _UNDEFINED_STATEMENT:
+        # psycopg's record of what this session prepared is wrong: someone ran DEALLOCATE ALL
+        # or DISCARD ALL on a Django cursor (psycopg does not watch those while Django keeps
+        # preparing off), or a pooler handed over a session that already holds statements of
+        # these names (a session-mode PgBouncer with no reset query). Start the session's
+        # statements afresh and run this one again, where the error aborted no transaction of
+        # the caller's; inside one, the caller's rollback comes first.
+        if _sqlstate(exc) not in (_UNDEFINED_STATEMENT, _DUPLICATE_STATEMENT) or not _outside_transaction(cursor.db):
             raise
-        _prepared_in(db.connection).clear()
-        if not _outside_transaction(db):
-            raise
-        _prepare(db, name, prepare_sql)
-        cursor.execute(execute_sql, params)
+        _run(cursor, driver, "DEALLOCATE ALL", None, prepare=False)  # psycopg forgets its names with it
+        _run(cursor, driver, sql, params, prepare=True)
 
 
-def _prepare(db: Any, name: str, prepare_sql: str) -> None:
-    raw = db.connection  # the driver's connection: with a pool, the session of this checkout
-    prepared = _prepared_in(raw)
-    if name not in prepared:
-        # On the DB-API cursor: an internal, once-per-session statement that query budgets
-        # (assertNumQueries) do not count.
-        try:
-            with db.wrap_database_errors, raw.cursor() as prep:
-                prep.execute(prepare_sql)
-        except DatabaseError as exc:
-            # The session already has it: one a pooler handed over without DISCARD ALL (a
-            # session-mode PgBouncer with an empty server_reset_query). The name is a hash of
-            # the SQL, so it is this very statement. Inside a transaction the error aborted it.
-            if _sqlstate(exc) != _DUPLICATE_STATEMENT or not _outside_transaction(db):
-                raise
-        prepared.add(name)
+def _run(cursor: Any, driver: Any, sql: str, params: Sequence[Any] | None, *, prepare: bool) -> None:
+    driver.prepare_next = prepare
+    try:
+        cursor.execute(sql, params)
+    finally:
+        driver.prepare_next = None

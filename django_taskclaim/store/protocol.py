@@ -3,7 +3,7 @@
 The lifecycle passes intent (a token, a result, a lease in seconds), never SQL; a store turns
 it into its vendor's statements. Every owner write is guarded by ``status = 'running' AND
 fencing_token = <token>`` and reports a refusal as ``None``/``False``, never as an exception.
-Methods take a DB-API cursor of the task database (Django's ``CursorWrapper``).
+Methods take a cursor of the task database that the store made (:meth:`Store.cursor`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ class Store(Protocol):
     row_locks: bool
 
     # -- set-up ----------------------------------------------------------------------------
+    def cursor(self, db: Any) -> Any:
+        """A cursor on Django connection ``db`` for this store's statements (a ``CursorWrapper``)."""
+
     def unsupported(self, connection: Any) -> str | None:
         """Why this server cannot hold the task table (too old…), or ``None``: for the system check."""
 
