@@ -120,10 +120,11 @@ def bykey_app(index: int, barrier: Any, run: str, duration: float, audit: bool) 
 def raw_cycle(cursor: Any, key: str, owner: str, audit: bool) -> None:
     """One claim + complete through the app's PostgreSQL backend methods on a plain cursor."""
     from django_taskclaim.store.postgresql import store as pg
+    from django_taskclaim.store.rows import Claimed
 
     claimed = pg.claim_key(cursor, tenant="", key=key, owner=owner, lease=LEASE, payload=None,
                            fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=audit)
-    assert claimed is not None, key
+    assert isinstance(claimed, Claimed), key
     status = pg.complete(cursor, claimed.row.id, claimed.row.fencing_token, None, "", audit)
     assert status == "succeeded", key
 
@@ -335,6 +336,7 @@ def race_raw(index: int, barrier: Any, run: str, keys: int, rounds: Any, url: st
     import psycopg
 
     from django_taskclaim.store.postgresql import store as pg
+    from django_taskclaim.store.rows import Claimed
 
     owner = f"bench-raw-race-{index}"
     times, won = [], []
@@ -347,6 +349,6 @@ def race_raw(index: int, barrier: Any, run: str, keys: int, rounds: Any, url: st
             claimed = pg.claim_key(cursor, tenant="", key=f"{run}:{k}", owner=owner, lease=300, payload=None,
                                    fingerprint="", max_attempts=MAX_ATTEMPTS, delivery_id="", audit=True)
             times.append(time.perf_counter() - t0)
-            if claimed is not None:
+            if isinstance(claimed, Claimed):
                 won.append(k)
     return {"times": times, "won": won}

@@ -95,23 +95,29 @@ def test_a_session_that_already_has_statements_of_these_names_is_used_as_is() ->
 @postgresql_only
 @pytest.mark.django_db(transaction=True)
 def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_aborted_transaction() -> None:
-    """With autocommit off the failed EXECUTE aborted the caller's transaction: report that error."""
+    """With autocommit off the failed statement aborted the caller's transaction: report that error,
+    and prepare afresh in the caller's next transaction."""
     from django.db import DatabaseError, transaction
 
     Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
     transaction.set_autocommit(False)
     try:
         with connection.cursor() as cursor:
-            cursor.execute("DEALLOCATE ALL")
+            cursor.execute("DEALLOCATE ALL")  # psycopg still believes the completion is prepared
+        second = Task.objects.claim("second", owner="w").claim
+        assert second is not None
         with pytest.raises(DatabaseError, match="does not exist"):
-            Task.objects.claim("second", owner="w")
+            second.complete()
         transaction.rollback()
-        assert Task.objects.claim("second", owner="w").claimed  # prepared again in the new transaction
+        third = Task.objects.claim("third", owner="w").claim  # prepared again in the new transaction
+        assert third is not None
+        third.complete()
         transaction.commit()
     finally:
         transaction.rollback()
         transaction.set_autocommit(True)
-    assert Task.objects.get(key="second").status == Task.Status.RUNNING
+    assert Task.objects.get(key="third").status == Task.Status.SUCCEEDED
+    assert not Task.objects.filter(key="second").exists()
 
 
 @pytest.mark.usefixtures("behind_transaction_pooler")

@@ -133,20 +133,24 @@ def claim_key(
     max_attempts: int, delivery_id: str,
 ) -> Claimed | Found | None:
     """Claim (or take over) ``(tenant, key)``; else the task as found (``None``: it vanished)."""
-    store, audit = get_store(using), settings.AUDIT
-    claimed = _write(using, lambda cursor: store.claim_key(
+    store, audit, inside = get_store(using), settings.AUDIT, in_transaction(using)
+    result = _write(using, lambda cursor: store.claim_key(
         cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload, fingerprint=fingerprint,
-        max_attempts=max_attempts, delivery_id=delivery_id, audit=audit))
-    if claimed is not None:
-        return claimed
-    with cursor_for(using) as cursor:
-        found = store.read_state(cursor, tenant=tenant, key=key, owner=owner, fingerprint=fingerprint,
-                                 delivery_id=delivery_id, audit=audit, in_transaction=in_transaction(using))
+        max_attempts=max_attempts, delivery_id=delivery_id, audit=audit, in_transaction=inside))
+    if isinstance(result, Claimed):
+        return result
+    found = result
+    if found is None:  # nothing claimed, and the statement did not settle it: read afresh
+        with cursor_for(using) as cursor:
+            found = store.read_state(cursor, tenant=tenant, key=key, owner=owner, fingerprint=fingerprint,
+                                     delivery_id=delivery_id, audit=audit, in_transaction=inside)
     if found is not None and found.duplicate:
-        logger.info("duplicate delivery", extra={"key": key, "tenant": tenant,
-                                                 "token": found.row.fencing_token, "owner": owner})
-        send(using, signals.duplicate_delivery, task=to_task(found.row, using), owner=owner,
-             delivery_id=delivery_id)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("duplicate delivery", extra={"key": key, "tenant": tenant,
+                                                     "token": found.row.fencing_token, "owner": owner})
+        if signals.duplicate_delivery.receivers:  # spares building the Task when nobody listens
+            send(using, signals.duplicate_delivery, task=to_task(found.row, using), owner=owner,
+                 delivery_id=delivery_id)
     return found
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError
 
 from ..status import Outcome, Status
-from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Moved, TaskRow
+from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
 from .sql import (
     CANCELLED,
     FAILED,
@@ -126,8 +126,8 @@ class MySQLStore(SQLStore):
     # -- claims ---------------------------------------------------------------------------
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
-        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
-    ) -> Claimed | None:
+        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+    ) -> Claimed | Found | None:
         now, t, k = self.now, TASK, self.quote("key")
         # Take the existing row when it is claimable: a conditional UPDATE, re-checked by InnoDB
         # on the latest committed version of the row it locks.

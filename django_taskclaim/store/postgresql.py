@@ -63,6 +63,7 @@ def _open_attempts(single: bool) -> str:
 # to send and parse per claim).
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
 _CLAIMED_COLUMNS = ", ".join(f'c."{c}"' for c in TASK_COLUMNS)
+_CUR_COLUMNS = ", ".join(f'cur."{c}"' for c in TASK_COLUMNS)
 _SELECT_WITH_PREVIOUS = (
     f" SELECT {_CLAIMED_COLUMNS}, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) "
     f"FROM claimed c ORDER BY c.id"
@@ -109,20 +110,77 @@ class PostgreSQLStore(SQLStore):
 
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
-        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
-    ) -> Claimed | None:
+        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+    ) -> Claimed | Found | None:
         params: list[Any] = [
             owner, lease, payload, fingerprint, tenant, key, fingerprint, fingerprint,  # update
             tenant, key, owner, max_attempts, lease, payload, fingerprint,  # insert
         ]
         if audit:
             params.append(delivery_id)
-        sql = self.statement(("claim_key", audit), lambda: (
-            f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}{_SELECT_WITH_PREVIOUS}" if audit
-            else f"WITH {self.claim_key_sql()}{_SELECT_PLAIN}"))
+        params += [tenant, key]  # the read when nothing was claimed
+        if audit:
+            params += [owner, delivery_id, fingerprint, fingerprint]
+        sql = self.statement(("claim_key", audit, in_transaction), lambda: self._claim_key_sql(audit, in_transaction))
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
-        return None if found is None else Claimed(self.decode(found), found[-1])
+        if found is None:
+            return None
+        n = len(TASK_COLUMNS)
+        row = self.decode(found)
+        if found[n + 1]:
+            return Claimed(row, found[n])
+        expired, recorded = bool(found[n + 2]), bool(found[n + 3])
+        if not is_duplicate(row, expired, fingerprint) or (audit and not recorded):
+            # Not a duplicate as of this statement's snapshot (or the task vanished meanwhile):
+            # the lifecycle reads the task afresh and decides.
+            return None
+        return Found(row, expired, True)
+
+    def _claim_key_sql(self, audit: bool, in_transaction: bool) -> str:
+        """The claim, and when it claims nothing, the duplicate's read and record in the same
+        statement (one round trip for the common duplicate: a task that existed before).
+
+        The read sees the task as of this statement's snapshot: a task inserted by a racing
+        claim after that is invisible here, and the lifecycle then reads it with
+        :meth:`read_state`. Only a duplicate is answered here; anything else (pending, an
+        expired lease, a payload mismatch) goes to that fresh read too.
+        """
+        claim = (f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}" if audit
+                 else f"WITH {self.claim_key_sql()}")
+        previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL::text"
+        read = (f', cur AS (SELECT {self.columns()}, (lease_expires_at < {self.now}) AS expired FROM {TASK} '
+                f'WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))')
+        recorded = "0::bigint"
+        if audit:
+            read += self._duplicate_sql()
+            recorded = "(SELECT count(*) FROM dup)"
+            if not in_transaction:
+                # Only a statement that recorded a duplicate (and so claimed nothing) commits
+                # asynchronously, as read_state's does; a claim always waits for its flush.
+                read += ", cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)"
+                recorded = "(SELECT count(*) FROM dup) + 0 * (SELECT count(*) FROM cfg)"
+        return (
+            f"{claim}{read} SELECT {_CLAIMED_COLUMNS}, {previous}, true, NULL::boolean, 0::bigint FROM claimed c "
+            f"UNION ALL SELECT {_CUR_COLUMNS}, NULL::text, false, cur.expired, {recorded} FROM cur"
+        )
+
+    def _duplicate_sql(self) -> str:
+        """A CTE ``dup`` recording a duplicate delivery of the task read into ``cur``.
+
+        The insert locks the task row (FOR KEY SHARE, as its foreign key check would) in the
+        same statement: a task deleted by a concurrent purge since the snapshot is skipped
+        instead of failing the foreign key at commit, and a purge that comes later waits for
+        this row. Nothing inserted means the task vanished.
+        """
+        now = self.now
+        return (
+            f", dup AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
+            f"outcome, stale_writes) SELECT t.id, NULL, %s, %s, {now}, {now}, {word(Outcome.DUPLICATE)}, 0 "
+            f"FROM cur JOIN {TASK} t ON t.id = cur.id "
+            f"WHERE (cur.status = {SUCCEEDED} OR (cur.status = {RUNNING} AND NOT cur.expired)) "
+            f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
+        )
 
     def claim_key_sql(self) -> str:
         """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
@@ -260,22 +318,11 @@ class PostgreSQLStore(SQLStore):
 
     def _read_state_sql(self, audit: bool, in_transaction: bool) -> str:
         now = self.now
-        # The audit row's insert locks the task row (FOR KEY SHARE, as its foreign key check
-        # would) in the same statement: a task deleted by a concurrent purge since this
-        # statement's snapshot is skipped instead of failing the foreign key at commit, and a
-        # purge that comes later waits for this row. Nothing inserted means the task vanished.
-        dup_sql = (
-            f", dup AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
-            f"outcome, stale_writes) SELECT t.id, NULL, %s, %s, {now}, {now}, {word(Outcome.DUPLICATE)}, 0 "
-            f"FROM cur JOIN {TASK} t ON t.id = cur.id "
-            f"WHERE (cur.status = {SUCCEEDED} OR (cur.status = {RUNNING} AND NOT cur.expired)) "
-            f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
-        )
         async_sql = ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))"
         sql = (f'WITH cur AS (SELECT {self.columns()}, (lease_expires_at < {now}) AS expired FROM {TASK} '
                f'WHERE tenant = %s AND "key" = %s)')
         if audit:
-            sql += dup_sql
+            sql += self._duplicate_sql()
             if not in_transaction:
                 sql += async_sql
         sql += " SELECT cur.*, " + ("(SELECT count(*) FROM dup)" if audit else "0")

@@ -16,10 +16,13 @@ transaction mode, which hands each transaction to any session: check E010).
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import DatabaseError
+from django.utils.asyncio import async_unsafe
 
 from ..conf import settings
 
@@ -51,6 +54,8 @@ def _cursor_class() -> Any:
                 #: in view of psycopg's record of the session's statements (which forgets them
                 #: when it sees a DEALLOCATE ALL); ``None``, as any server-binding cursor.
                 prepare_next: bool | None = None
+                #: psycopg's record of the session's statements is known to be wrong (see execute()).
+                stale = False
 
                 def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
                     if self.prepare_next is None:
@@ -66,11 +71,17 @@ def _cursor_class() -> Any:
                             conn.prepare_threshold = None
                     return self._shown(done, query, params)
 
+                def close(self) -> None:
+                    # Kept for the next statement of this session (see cursor()): Django's
+                    # wrapper closes its cursor at the end of each ``with``. psycopg closes it
+                    # with its connection.
+                    return None
+
                 def _shown(self, done: Any, query: Any, params: Any) -> Any:
                     # Django's query log (DEBUG, CaptureQueriesContext, debug toolbars) reads the
                     # statement from the cursor's last query, which psycopg leaves empty after a
                     # prepared execution: give it the statement, composed with its values on demand.
-                    if self._query is None:
+                    if getattr(self, "_query", None) is None:
                         self._query = _Shown(self.connection, query, params)
                     return done
 
@@ -91,18 +102,57 @@ class _Shown:
         return psycopg.ClientCursor(self.connection).mogrify(self.sql, self.params).encode()
 
 
+# One driver cursor per driver connection (one server session), reused by every statement of
+# the store, with the time zone its timestamps load in: making a psycopg cursor and its Django
+# wrapper anew cost a tenth of a claim's client CPU. Weak keys: a closed connection's cursor
+# goes with it.
+_DRIVERS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+@async_unsafe
 def cursor(db: Any) -> Any:
-    """A Django cursor on ``db`` whose driver cursor binds on the server (see the module)."""
+    """A Django cursor on ``db`` whose driver cursor binds on the server (see the module).
+
+    What ``db.cursor()`` does (the health check, the connection, the thread check, the
+    logging wrapper when queries are logged), around this session's reused driver cursor.
+    """
     factory = _cursor_class()
     if factory is None:
         return db.cursor()
-    # Django asks the driver's connection for a cursor: hand it our class for that one call.
-    # (Should Django's health check replace the connection meanwhile, the new one hands out
-    # Django's usual cursor, and execute() below runs the statement on it unprepared.)
+    db.close_if_health_check_failed()
     raw = db.connection
     if raw is None:
         db.ensure_connection()
         raw = db.connection
+    entry = _DRIVERS.get(raw)
+    if entry is None or entry[0].closed:
+        with db.wrap_database_errors:
+            entry = _DRIVERS[raw] = (factory(raw), _timezone_of(raw))
+    driver, zone = entry
+    if zone != db.timezone:
+        # Django gives such a cursor a time zone of its own (see create_cursor): a fresh one.
+        return _fresh(db, factory)
+    db.validate_thread_sharing()
+    return db.make_debug_cursor(driver) if db.queries_logged else db.make_cursor(driver)
+
+
+def _timezone_of(raw: Any) -> Any:
+    from psycopg.pq import Format
+
+    return raw.adapters.get_loader(_timestamptz_oid(), Format.TEXT).timezone
+
+
+@functools.cache
+def _timestamptz_oid() -> int:
+    import psycopg
+
+    return int(psycopg.adapters.types["timestamptz"].oid)
+
+
+def _fresh(db: Any, factory: Any) -> Any:
+    """A new driver cursor of ours made by Django's own ``db.cursor()`` (with the time zone it
+    gives): the driver's connection hands Django our class for that one call."""
+    raw = db.connection
     usual, raw.cursor_factory = raw.cursor_factory, factory
     try:
         return db.cursor()
@@ -127,6 +177,8 @@ def execute(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     if store_cursor is None or not isinstance(driver, store_cursor) or not settings.PREPARED_STATEMENTS:
         cursor.execute(sql, params)  # not a store cursor (or preparing is off): as it is
         return
+    if driver.stale:
+        _forget(cursor, driver)
     try:
         _run(cursor, driver, sql, params, prepare=True)
     except DatabaseError as exc:
@@ -135,11 +187,21 @@ def execute(cursor: Any, sql: str, params: Sequence[Any]) -> None:
         # preparing off), or a pooler handed over a session that already holds statements of
         # these names (a session-mode PgBouncer with no reset query). Start the session's
         # statements afresh and run this one again, where the error aborted no transaction of
-        # the caller's; inside one, the caller's rollback comes first.
-        if _sqlstate(exc) not in (_UNDEFINED_STATEMENT, _DUPLICATE_STATEMENT) or not _outside_transaction(cursor.db):
+        # the caller's; inside one, the caller's rollback comes first, and the next statement
+        # after it starts afresh.
+        if _sqlstate(exc) not in (_UNDEFINED_STATEMENT, _DUPLICATE_STATEMENT):
             raise
-        _run(cursor, driver, "DEALLOCATE ALL", None, prepare=False)  # psycopg forgets its names with it
+        if not _outside_transaction(cursor.db):
+            driver.stale = True
+            raise
+        _forget(cursor, driver)
         _run(cursor, driver, sql, params, prepare=True)
+
+
+def _forget(cursor: Any, driver: Any) -> None:
+    """Drop this session's prepared statements; psycopg, which sees the DEALLOCATE ALL, forgets them."""
+    _run(cursor, driver, "DEALLOCATE ALL", None, prepare=False)
+    driver.stale = False
 
 
 def _run(cursor: Any, driver: Any, sql: str, params: Sequence[Any] | None, *, prepare: bool) -> None:

@@ -53,9 +53,14 @@ class Store(Protocol):
     # -- claims ----------------------------------------------------------------------------
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
-        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
-    ) -> Claimed | None:
-        """Claim ``(tenant, key)``: create it RUNNING, take a pending one, or take over an expired lease."""
+        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+    ) -> Claimed | Found | None:
+        """Claim ``(tenant, key)``: create it RUNNING, take a pending one, or take over an expired lease.
+
+        ``None`` when nothing was claimed (the lifecycle then calls :meth:`read_state`). A store
+        that reads the task in the same statement may answer a duplicate delivery at once: a
+        ``Found`` whose duplicate is recorded as :meth:`read_state` would have.
+        """
 
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,

@@ -21,6 +21,10 @@ from django.utils.dateparse import parse_datetime
 from ..status import Outcome, Status
 from .rows import ATTEMPT, DATETIME_COLUMNS, JSON_COLUMNS, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
 
+_WIDTH = len(TASK_COLUMNS)
+_JSON_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in JSON_COLUMNS)
+_DATETIME_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in DATETIME_COLUMNS)
+
 
 def word(choice: str) -> str:
     """A status or outcome as a SQL literal (a fixed word of ``status.py``, never user input)."""
@@ -151,20 +155,23 @@ class SQLStore:
 
     def decode(self, values: Sequence[Any]) -> TaskRow:
         """A task row as selected (``TASK_COLUMNS`` first) into a :class:`TaskRow`."""
-        decoded = []
-        for column, value in zip(TASK_COLUMNS, values, strict=False):
-            if column in JSON_COLUMNS and isinstance(value, str | bytes):
-                value = json.loads(value)
-            elif column in DATETIME_COLUMNS:
-                value = self.to_datetime(value)
-            decoded.append(value)
-        return TaskRow(*decoded)
+        decoded = list(values[:_WIDTH])
+        for i in _JSON_AT:
+            value = decoded[i]
+            if isinstance(value, str | bytes):
+                decoded[i] = json.loads(value)
+        for i in _DATETIME_AT:
+            value = decoded[i]
+            # The common case first: the driver already gave an aware datetime (PostgreSQL).
+            if value is not None and not (isinstance(value, datetime) and value.tzinfo is not None):
+                decoded[i] = self.to_datetime(value)
+        return TaskRow._make(decoded)
 
     # -- claims ---------------------------------------------------------------------------
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
-        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool,
-    ) -> Claimed | None:
+        fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+    ) -> Claimed | Found | None:
         now, t = self.now, TASK
         cursor.execute(
             f"INSERT INTO {t} ({INSERT_COLUMNS}) VALUES (%s, %s, {RUNNING}, %s, 1, 1, %s, "
