@@ -109,11 +109,11 @@ class Bench:
         for w in s.bykey_workers:
             # Interleaved rounds, best of each: other load on a shared machine only slows a run down.
             for n in range(s.rounds):
-                for system in ("minimal", "raw", "app"):
+                for system in ("minimal", "raw", "app", "app_noaudit"):
                     self.clear()
                     run = f"bk-{system}-{w}-{n}"
-                    if system == "app":
-                        out = run_workers(bykey_app, w, (run, s.bykey_seconds, True))
+                    if system.startswith("app"):
+                        out = run_workers(bykey_app, w, (run, s.bykey_seconds, system == "app"))
                     elif system == "raw":
                         out = run_workers(bykey_raw, w, (run, s.bykey_seconds, True, self.url))
                     else:

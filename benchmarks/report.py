@@ -95,6 +95,11 @@ def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
                            _per_round(app, r.bykey_runs.get("minimal", {}).get(w, [])), 0.6, True))
         out.append(_target(f"by-key claim + complete at W={w}, app / raw (the same SQL in psycopg)",
                            _per_round(app, r.bykey_runs.get("raw", {}).get(w, [])), 0.6, True))
+        lean = r.bykey_runs.get("app_noaudit", {}).get(w, [])
+        if lean:
+            out.append(_target(f"by-key claim + complete at W={w}, app with TASKCLAIM_AUDIT = False (no audit "
+                               f"rows, like the minimal claim) / minimal hand-written claim",
+                               _per_round(lean, r.bykey_runs.get("minimal", {}).get(w, [])), 0.6, True))
     ours = r.drain_runs.get(APP, {})
     wd = 4 if 4 in ours else max(ours, default=None)
     if wd is not None:
@@ -169,16 +174,22 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
             "*minimal* is the simplest correct claim a user would hand-write in plain psycopg "
             "(autocommit, no audit rows): `INSERT … ON CONFLICT (tenant, key) DO UPDATE … WHERE claimable "
             "RETURNING id, fencing_token`, then `UPDATE … WHERE id = … AND fencing_token = …` "
-            "(`benchmarks/workers.py`, `MINIMAL_CLAIM_SQL`). Best round of each; *app/minimal* gives the "
-            "lowest and highest ratio of the rounds (each round runs the three back to back).")
+            "(`benchmarks/workers.py`, `MINIMAL_CLAIM_SQL`). *app, audit off* is the app with "
+            "`TASKCLAIM_AUDIT = False`: no attempt rows, like the minimal claim. Best round of each; the "
+            "ratios give the lowest and highest of the rounds (each round runs the four back to back).")
         add("")
-        add("| W | minimal | raw SQL | django-taskclaim | app/minimal (min–max) | app/raw |")
-        add("|---:|---:|---:|---:|---:|---:|")
+        add("| W | minimal | raw SQL | django-taskclaim | app/minimal (min–max) | app/raw "
+            "| app, audit off | audit off/minimal (min–max) |")
+        add("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for w in sorted(r.bykey["app"]):
             raw, app, low = r.bykey["raw"].get(w), r.bykey["app"].get(w), r.bykey["minimal"].get(w)
+            lean = r.bykey.get("app_noaudit", {}).get(w)
             lo, hi = round_ratios(r, "minimal", w)
+            llo, lhi = _spread(_per_round(r.bykey_runs.get("app_noaudit", {}).get(w, []),
+                                          r.bykey_runs.get("minimal", {}).get(w, [])))
             add(f"| {w} | {low or 0:,.0f} | {raw or 0:,.0f} | {app or 0:,.0f} "
-                f"| {_fmt_ratio(lo)}–{_fmt_ratio(hi)} | {_fmt_ratio(_ratio(app, raw))} |")
+                f"| {_fmt_ratio(lo)}–{_fmt_ratio(hi)} | {_fmt_ratio(_ratio(app, raw))} "
+                f"| {lean or 0:,.0f} | {_fmt_ratio(llo)}–{_fmt_ratio(lhi)} |")
         add("")
     if r.drain:
         add(f"## Queue drain of {sizes.drain_tasks:,} no-op tasks (tasks/s)")

@@ -34,7 +34,8 @@ SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300
 @dataclass
 class Results:
     env: dict[str, str] = field(default_factory=dict)
-    bykey: dict[str, dict[int, float]] = field(default_factory=lambda: {"app": {}, "raw": {}, "minimal": {}})
+    bykey: dict[str, dict[int, float]] = field(
+        default_factory=lambda: {"app": {}, "app_noaudit": {}, "raw": {}, "minimal": {}})
     bykey_runs: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     drain: dict[str, dict[int, float]] = field(default_factory=dict)
     drain_runs: dict[str, dict[int, list[float]]] = field(default_factory=dict)

@@ -87,9 +87,8 @@ E010 = ("django_taskclaim.E010", "Database {alias!r} is set up for a transaction
         "(DISABLE_SERVER_SIDE_CURSORS = True) and TASKCLAIM_PREPARED_STATEMENTS is on.",
         "Set TASKCLAIM_PREPARED_STATEMENTS = False. A pooler in transaction mode (PgBouncer's "
         "pool_mode = transaction, and the like) runs each transaction on any server session, where "
-        "the statements django-taskclaim prepared in another session do not exist; PgBouncer 1.21's "
-        "max_prepared_statements covers protocol-level prepares only, not these. See "
-        "docs/configurations.md.")
+        "the statements django-taskclaim prepared in another session do not exist (PgBouncer "
+        "1.21+ with max_prepared_statements may carry them: untested, see docs/configurations.md).")
 E101 = ("django_taskclaim.E101", "The Celery app cannot be loaded: {problem}",
         "Set TASKCLAIM_CELERY_APP to the dotted path of your Celery app, e.g. 'proj.celery.app'.")
 W101 = ("django_taskclaim.W101", "Celery acks_late is off for claimed task(s): {tasks}.",

@@ -28,8 +28,7 @@ Setting                              Type       Default       Meaning
                                                               completion statements as prepared statements
                                                               (planned once per server session). Set
                                                               ``False`` behind a pooler in transaction mode
-                                                              (any PgBouncer version; check E010). Ignored
-                                                              with server-side binding.
+                                                              (check E010).
 ``TASKCLAIM_CELERY_APP``             str        ``None``      Dotted path of the Celery app the bridge's
                                                               checks inspect (default: the project's app, as
                                                               ``celery -A proj`` finds it;

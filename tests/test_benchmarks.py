@@ -90,9 +90,10 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     for heading in ("## By-key claim + complete", "## Queue drain", "## Claim latency by table size",
                     "## Contention", "## Attempt audit trail", "## Targets"):
         assert heading in report, heading
-    # Every measured cell holds a number: W = 1 and 2 for minimal, raw and app, and the ratios.
+    # Every measured cell holds a number: W = 1 and 2 for minimal, raw, app and app with audit
+    # off, and the ratios.
     for w in (1, 2):
-        row = rf"^\| {w} \| [\d,]+ \| [\d,]+ \| [\d,]+ \| [\d.]+–[\d.]+ \| [\d.]+ \|$"
+        row = rf"^\| {w} \| [\d,]+ \| [\d,]+ \| [\d,]+ \| [\d.]+–[\d.]+ \| [\d.]+ \| [\d,]+ \| [\d.]+–[\d.]+ \|$"
         assert re.search(row, report, re.M), report
     assert "app / minimal hand-written claim" in report
     duplicates = re.search(r"^\| duplicates \| (.+) \|$", report, re.M)

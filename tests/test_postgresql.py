@@ -77,3 +77,44 @@ def test_duplicate_records_commit_asynchronously_without_leaking_the_setting() -
         assert synchronous_commit() == "on"  # never inside the caller's transaction
     owners = set(Task.objects.get(key="job").attempt_set.filter(outcome="duplicate").values_list("owner", flat=True))
     assert owners == {"loser-1", "loser-2"}
+
+
+@pytest.mark.django_db(transaction=True)  # inside a test's transaction, close() keeps the session
+def test_the_store_cursor_is_reused_per_session_and_logged_with_its_values() -> None:
+    """One driver cursor per server session, kept open across statements; Django's query log
+    (CaptureQueriesContext, DEBUG) shows the prepared statements with their values."""
+    from django_taskclaim.store import prepared
+
+    with prepared.cursor(connection) as first:
+        driver = first.cursor
+    with prepared.cursor(connection) as second:
+        assert second.cursor is driver and not driver.closed
+    with CaptureQueriesContext(connection) as ctx:
+        Task.objects.claim("logged-key", owner="w")
+    assert "'logged-key'" in ctx.captured_queries[-1]["sql"]
+    connection.close()
+    with prepared.cursor(connection) as third:  # a new session: a new driver cursor
+        assert third.cursor is not driver
+
+
+def test_a_session_whose_time_zone_differs_gets_a_cursor_in_that_time_zone() -> None:
+    """As Django's own cursors: when the connection's time zone is not the one its timestamps
+    load in (a changed TIME_ZONE), the cursor loads them in the connection's."""
+    import zoneinfo
+
+    from django.db import connections
+
+    from django_taskclaim.store import prepared
+
+    Task.objects.claim("zoned", owner="w")
+    tokyo = zoneinfo.ZoneInfo("Asia/Tokyo")
+    wrapper = connections["default"]  # the wrapper itself: `connection` is a proxy to it
+    wrapper.__dict__["timezone"] = tokyo  # Django's cached property, as a settings change sets it
+    try:
+        with prepared.cursor(wrapper) as cursor:
+            prepared.execute(cursor, "SELECT lease_expires_at FROM django_taskclaim_task WHERE \"key\" = %s",
+                             ["zoned"])
+            (expires,) = cursor.fetchone()
+        assert expires.tzinfo == tokyo
+    finally:
+        del wrapper.__dict__["timezone"]
