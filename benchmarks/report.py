@@ -54,12 +54,14 @@ def _fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def round_ratios(r: Results, baseline: str, w: int) -> tuple[float | None, float | None]:
-    """(min, max) over rounds of app / ``baseline`` by-key throughput, each round's pair run back to back."""
-    app = r.bykey_runs.get("app", {}).get(w, [])
-    base = r.bykey_runs.get(baseline, {}).get(w, [])
-    ratios = [a / b for a, b in zip(app, base, strict=False) if b]
-    return (min(ratios), max(ratios)) if ratios else (None, None)
+def _bykey_rounds(r: Results, system: str, w: int) -> list[float]:
+    """Every round's by-key throughput of ``system`` at ``w`` workers."""
+    return r.bykey_runs.get(system, {}).get(w, [])
+
+
+def round_ratios(r: Results, baseline: str, w: int, system: str = "app") -> tuple[float | None, float | None]:
+    """(min, max) over rounds of ``system`` / ``baseline`` by-key throughput, each round's pair run back to back."""
+    return _spread(_per_round(_bykey_rounds(r, system, w), _bykey_rounds(r, baseline, w)))
 
 
 def _spread(ratios: list[float]) -> tuple[float | None, float | None]:
@@ -90,16 +92,16 @@ def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
     out: list[tuple[str, str, str, bool | None]] = []
     w = 4 if 4 in r.bykey["app"] else max(r.bykey["app"], default=None)
     if w is not None:
-        app = r.bykey_runs.get("app", {}).get(w, [])
+        app, minimal = _bykey_rounds(r, "app", w), _bykey_rounds(r, "minimal", w)
         out.append(_target(f"by-key claim + complete at W={w}, app / minimal hand-written claim",
-                           _per_round(app, r.bykey_runs.get("minimal", {}).get(w, [])), 0.6, True))
+                           _per_round(app, minimal), 0.6, True))
         out.append(_target(f"by-key claim + complete at W={w}, app / raw (the same SQL in psycopg)",
-                           _per_round(app, r.bykey_runs.get("raw", {}).get(w, [])), 0.6, True))
-        lean = r.bykey_runs.get("app_noaudit", {}).get(w, [])
+                           _per_round(app, _bykey_rounds(r, "raw", w)), 0.6, True))
+        lean = _bykey_rounds(r, "app_noaudit", w)
         if lean:
             out.append(_target(f"by-key claim + complete at W={w}, app with TASKCLAIM_AUDIT = False (no audit "
                                f"rows, like the minimal claim) / minimal hand-written claim",
-                               _per_round(lean, r.bykey_runs.get("minimal", {}).get(w, [])), 0.6, True))
+                               _per_round(lean, minimal), 0.6, True))
     ours = r.drain_runs.get(APP, {})
     wd = 4 if 4 in ours else max(ours, default=None)
     if wd is not None:
@@ -185,8 +187,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
             raw, app, low = r.bykey["raw"].get(w), r.bykey["app"].get(w), r.bykey["minimal"].get(w)
             lean = r.bykey.get("app_noaudit", {}).get(w)
             lo, hi = round_ratios(r, "minimal", w)
-            llo, lhi = _spread(_per_round(r.bykey_runs.get("app_noaudit", {}).get(w, []),
-                                          r.bykey_runs.get("minimal", {}).get(w, [])))
+            llo, lhi = round_ratios(r, "minimal", w, system="app_noaudit")
             add(f"| {w} | {low or 0:,.0f} | {raw or 0:,.0f} | {app or 0:,.0f} "
                 f"| {_fmt_ratio(lo)}–{_fmt_ratio(hi)} | {_fmt_ratio(_ratio(app, raw))} "
                 f"| {lean or 0:,.0f} | {_fmt_ratio(llo)}–{_fmt_ratio(lhi)} |")
