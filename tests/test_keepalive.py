@@ -261,3 +261,68 @@ def test_keepalive_reconnects_after_its_connection_is_dropped() -> None:
         until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 5)
     assert not claim.lost.is_set(), claim.lost_reason
     claim.complete("ok")
+
+
+def keepalive_threads(claim) -> list:  # type: ignore[no-untyped-def]
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == f"taskclaim-keepalive-{claim.token}"]
+
+
+def test_a_block_shorter_than_one_interval_starts_no_heartbeat_thread() -> None:
+    """The heartbeat thread starts once the block has run one interval: a fast task's block
+    (the common case in a busy queue) costs no thread; a long one still beats."""
+    claim = Task.objects.claim("short", lease=30).claim
+    with claim.keepalive():
+        assert keepalive_threads(claim) == []
+    assert keepalive_threads(claim) == []
+
+    claim = Task.objects.claim("long", lease=0.6).claim
+    before = Task.objects.get(key="long").lease_expires_at
+    with claim.keepalive():
+        assert keepalive_threads(claim) == []  # not yet due: 0.2 s after the start
+        until(lambda: Task.objects.get(key="long").lease_expires_at != before)
+        assert len(keepalive_threads(claim)) == 1
+    assert keepalive_threads(claim) == []  # joined at the end of the block
+    assert not claim.lost.is_set()
+
+
+def test_many_short_blocks_leave_the_starters_queue_small() -> None:
+    from django_taskclaim.lifecycle import keepalive
+
+    claim = Task.objects.claim("many", lease=300).claim
+    for _ in range(3000):
+        with claim.keepalive():
+            pass
+    assert len(keepalive._starter().queue) <= 2001  # ended blocks are dropped, not kept for 100 s
+
+
+def test_a_forked_child_beats_with_a_starter_of_its_own() -> None:
+    """The starter thread does not survive a fork: a child (a Celery prefork worker, say) that
+    keeps a claim alive gets its own."""
+    import multiprocessing
+
+    from django.db import connections
+
+    claim = Task.objects.claim("warm", lease=30).claim
+    with claim.keepalive():  # the parent's starter exists before the fork
+        pass
+    connections.close_all()
+    child = multiprocessing.get_context("fork").Process(target=_child_keeps_alive)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    lease = Task.objects.get(key="forked")
+    assert lease.status == "succeeded", lease.status
+
+
+def _child_keeps_alive() -> None:
+    from django.db import connections
+
+    connections.close_all()
+    claim = Task.objects.claim("forked", lease=0.6).claim
+    before = Task.objects.get(key="forked").lease_expires_at
+    with claim.keepalive():
+        until(lambda: Task.objects.get(key="forked").lease_expires_at != before)
+    claim.complete("ok")
+    connections.close_all()

@@ -118,3 +118,43 @@ def test_a_session_whose_time_zone_differs_gets_a_cursor_in_that_time_zone() -> 
         assert expires.tzinfo == tokyo
     finally:
         del wrapper.__dict__["timezone"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("audit", [True, False])
+def test_every_hot_statement_fits_psycopgs_statement_cache(audit: bool) -> None:
+    """psycopg converts a statement's ``%s`` text once and caches it, but only for texts up to
+    ``MAX_CACHED_STATEMENT_LENGTH`` bytes and ``MAX_CACHED_STATEMENT_PARAMS`` parameters; a
+    longer one is parsed again on every call (~110 µs of client CPU for the audited claim)."""
+    from django.db import transaction
+    from django.test.utils import override_settings
+    from psycopg import _queries
+
+    longest = getattr(_queries, "MAX_CACHED_STATEMENT_LENGTH", 4096)
+    most = getattr(_queries, "MAX_CACHED_STATEMENT_PARAMS", 50)
+    sent: list[tuple[str, int]] = []
+
+    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        sent.append((sql, len(params or ())))
+        return execute(sql, params, many, context)
+
+    with override_settings(TASKCLAIM_AUDIT=audit), connection.execute_wrapper(record):
+        claim = Task.objects.claim("new", owner="a").claim
+        assert claim is not None
+        claim.heartbeat()
+        assert not Task.objects.claim("new", owner="b").claimed  # the duplicate
+        claim.complete({"n": 1})
+        with transaction.atomic():  # the variants a caller's transaction selects
+            assert Task.objects.claim("in-tx", owner="a").claimed
+            assert not Task.objects.claim("in-tx", owner="b").claimed
+        for i in range(4):
+            Task.objects.ensure(f"q{i}")
+            Task.objects.ensure(f"q{i}", tenant="acme")
+        for tenant in (None, "acme"):
+            first = Task.objects.claim_next(owner="w", tenant=tenant)[0]
+            second = first.complete_and_claim_next(tenant=tenant)[0]
+            second.fail(ValueError("boom"))
+            Task.objects.claim_next(owner="w", tenant=tenant)[0].release()
+    assert len(sent) >= 14
+    too_long = [(len(sql.encode()), n, sql[:60]) for sql, n in sent if len(sql.encode()) > longest or n > most]
+    assert not too_long, too_long

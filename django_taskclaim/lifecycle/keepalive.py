@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -56,25 +59,23 @@ class KeepaliveMixin:
         every = self.lease / 3 if interval is None else interval
         if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < float("inf"):
             raise ValueError(f"keepalive interval must be a positive number of seconds, not {every!r}")
-        outer = transitions.in_transaction(self.using)
-        stop = threading.Event()
-        thread = threading.Thread(target=self._beat, args=(stop, every, outer), daemon=True,
-                                  name=f"taskclaim-keepalive-{self.token}")
-        thread.start()
+        beats = _Beats(self, every, transitions.in_transaction(self.using))
+        _starter().add(beats)
         try:
             yield self
         finally:
-            stop.set()
-            thread.join()
+            beats.end()
         if self.lost.is_set() and not self._finishing:
             raise StaleClaim(self.key, self.tenant, self.token, "keepalive")
 
-    def _beat(self, stop: threading.Event, every: float, outer: bool) -> None:
+    def _beat(self, stop: threading.Event, every: float, outer: bool, started: float) -> None:
         # The local deadline may only make us give up early; the database decides expiry.
-        deadline = time.monotonic() + self.lease
+        deadline = started + self.lease
         limited = not outer
+        wait = max(0.0, started + every - time.monotonic())  # the first beat: `every` after the start
         try:
-            while not stop.wait(every):
+            while not stop.wait(wait):
+                wait = every
                 if self._finishing:
                     return
                 try:
@@ -146,3 +147,119 @@ class KeepaliveMixin:
         self.lost.set()
         logger.warning("heartbeat lost: %s", exc, extra=self._log_extra())
         transitions.send(self.using, signals.heartbeat_lost, claim=self, error=exc)
+
+
+# -- deferred heartbeat threads ----------------------------------------------------------------
+# A block's heartbeat thread starts only once the block has run for one interval: most blocks
+# of a busy queue end long before (a 30 s lease beats every 10 s), and starting and joining a
+# thread for each of them cost more client CPU than the task's own claim and completion. One
+# starter thread per process holds the blocks that may still need one, soonest first.
+
+_WAITING, _STARTED, _ENDED = range(3)
+
+
+class _Beats:
+    """The heartbeats of one ``keepalive()`` block: not started, started (a thread), or ended."""
+
+    def __init__(self, claim: KeepaliveMixin, every: float, outer: bool) -> None:
+        self.claim, self.every, self.outer = claim, every, outer
+        self.started = time.monotonic()
+        self.due = self.started + every
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.state = _WAITING
+        self.thread: threading.Thread | None = None
+
+    def begin(self) -> None:
+        """Start the heartbeat thread, unless the block has ended meanwhile."""
+        with self.lock:
+            if self.state != _WAITING:
+                return
+            self.thread = threading.Thread(
+                target=self.claim._beat, args=(self.stop, self.every, self.outer, self.started),
+                daemon=True, name=f"taskclaim-keepalive-{self.claim.token}")
+            self.thread.start()
+            self.state = _STARTED
+
+    def end(self) -> None:
+        """The block is over: no thread will start; one that did is stopped and joined."""
+        with self.lock:
+            thread, self.state = self.thread, _ENDED
+        self.stop.set()
+        if thread is not None:
+            thread.join()
+        else:
+            _starter().ended()
+
+
+class _Starter:
+    """One daemon thread per process that starts each block's heartbeat thread when it is due."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: list[tuple[float, int, _Beats]] = []
+        self.order = itertools.count()
+        self.gone = 0  # queued blocks that ended before their due time
+        self.thread: threading.Thread | None = None
+
+    def add(self, beats: _Beats) -> None:
+        with self.cond:
+            heapq.heappush(self.queue, (beats.due, next(self.order), beats))
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, daemon=True, name="taskclaim-keepalive-starter")
+                self.thread.start()
+            if self.queue[0][2] is beats:  # sooner than what the thread waits for
+                self.cond.notify()
+
+    def ended(self) -> None:
+        """A queued block ended unstarted; drop such blocks once they are most of the queue."""
+        with self.cond:
+            self.gone += 1
+            if self.gone > 1000 and 2 * self.gone > len(self.queue):
+                self.queue = [entry for entry in self.queue if entry[2].state == _WAITING]
+                heapq.heapify(self.queue)
+                self.gone = 0
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while True:
+                    while self.queue and self.queue[0][2].state != _WAITING:
+                        heapq.heappop(self.queue)
+                        self.gone = max(0, self.gone - 1)
+                    if not self.queue:
+                        self.cond.wait()
+                        continue
+                    delay = self.queue[0][0] - time.monotonic()
+                    if delay <= 0:
+                        break
+                    self.cond.wait(delay)
+                beats = heapq.heappop(self.queue)[2]
+            beats.begin()
+
+
+_STARTER: _Starter | None = None
+_STARTER_LOCK = threading.Lock()
+
+
+def _forget_starter() -> None:
+    # In a forked child: the parent's starter thread is not there, and the lock may have been
+    # held by one of its threads at the fork.
+    global _STARTER, _STARTER_LOCK
+    _STARTER, _STARTER_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_starter)
+
+
+def _starter() -> _Starter:
+    """This process's starter (a forked child makes its own: threads do not survive a fork)."""
+    global _STARTER
+    starter = _STARTER
+    if starter is None or starter.pid != os.getpid():
+        with _STARTER_LOCK:
+            if _STARTER is None or _STARTER.pid != os.getpid():
+                _STARTER = _Starter()
+            starter = _STARTER
+    return starter
