@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .results import RAW_DRAIN, SMOKE, Results, Sizes
+from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, SMOKE, WORKER_BATCH, WORKER_DRAIN, Results, Sizes
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = "django_taskclaim_task"
@@ -126,8 +126,12 @@ class Bench:
     def drain(self) -> None:
         """For each W, every system in turn (so that load from elsewhere hits them alike)."""
         s = self.sizes
-        systems: list[tuple[str, Any]] = [("django-taskclaim", self._drain_taskclaim),
-                                          (RAW_DRAIN, lambda w: self._drain_taskclaim(w, raw=True))]
+        systems: list[tuple[str, Any]] = [
+            (APP_DRAIN, self._drain_taskclaim),
+            (WORKER_DRAIN, lambda w: self._drain_taskclaim(w, batch=WORKER_BATCH)),
+            (RAW_DRAIN, lambda w: self._drain_taskclaim(w, raw=True)),
+            (RAW_BATCH_DRAIN, lambda w: self._drain_taskclaim(w, raw=True, batch=WORKER_BATCH)),
+        ]
         if self.run_peers:
             from . import peers
 
@@ -159,8 +163,10 @@ class Bench:
                     self.results.drain[name][w] = max(value, self.results.drain[name].get(w, 0.0))
                     log(f"  drain {name} W={w} round {n + 1}/{s.rounds}: {value:,.0f} tasks/s")
 
-    def _drain_taskclaim(self, w: int, raw: bool = False) -> tuple[list[Any], float]:
-        from .workers import drain_app, drain_raw, run_workers
+    def _drain_taskclaim(self, w: int, raw: bool = False, batch: int = 1) -> tuple[list[Any], float]:
+        """The one-task loop (``batch`` 1) or the worker helper ``work(batch=…)``; ``raw``: the same
+        statements in plain psycopg (the commit limit)."""
+        from .workers import drain_app, drain_raw, drain_worker, run_workers
 
         n = self.sizes.drain_tasks
         self.clear()
@@ -172,10 +178,13 @@ class Bench:
             [n],
         )
         self.sql(f"VACUUM ANALYZE {TASK}")
+        progress = self.pending_progress(f"{'raw' if raw else 'taskclaim'} batch {batch} W={w}", n)
         if raw:
-            out = run_workers(drain_raw, w, (True, self.url), progress=self.pending_progress(f"raw W={w}", n))
+            out = run_workers(drain_raw, w, (True, self.url, batch), progress=progress)
+        elif batch > 1:
+            out = run_workers(drain_worker, w, (batch,), progress=progress)
         else:
-            out = run_workers(drain_app, w, (True,), progress=self.pending_progress(f"taskclaim W={w}", n))
+            out = run_workers(drain_app, w, (True,), progress=progress)
         done = self.sql(f"SELECT count(*) FROM {TASK} WHERE status = 'succeeded'")[0][0]
         if done != n:
             raise RuntimeError(f"taskclaim drain W={w}: {done} tasks succeeded, expected {n}")

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+APP_DRAIN = "django-taskclaim"
+WORKER_BATCH = 16  # the worker's batch in the drain's second configuration (procrastinate's top concurrency)
+WORKER_DRAIN = f"django-taskclaim worker (batch {WORKER_BATCH})"
 RAW_DRAIN = "commit limit (the same statements, psycopg)"
+RAW_BATCH_DRAIN = f"commit limit, batch {WORKER_BATCH} (the same statements, psycopg)"
 
 
 @dataclass

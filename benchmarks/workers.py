@@ -258,9 +258,27 @@ def drain_app(index: int, barrier: Any, audit: bool) -> dict[str, Any]:
     return {"executed": executed, "start": start, "end": time.perf_counter()}
 
 
-def drain_raw(index: int, barrier: Any, audit: bool, url: str) -> dict[str, Any]:
-    """The commit limit: the very statement of the app's loop, sent by psycopg in autocommit
-    (one commit per task), with none of the app's Python around it."""
+def drain_worker(index: int, barrier: Any, batch: int) -> dict[str, Any]:
+    """The worker helper as users run it: ``work(handler, batch=…)``, each task under
+    ``keepalive()``, ``batch`` claimed at a time, the last completion of a batch claiming the next."""
+    from django.db import connection
+
+    from django_taskclaim.worker import work
+
+    executed: list[int] = []
+    connection.ensure_connection()
+    barrier.wait(BARRIER_TIMEOUT)
+    start = time.perf_counter()
+    # poll: a worker that finds the queue empty while others still hold tasks looks again soon.
+    work(lambda claim: executed.append(claim.task_id), owner=f"bench-worker-{index}", lease=LEASE,
+         batch=batch, until_drained=True, poll=0.01)
+    return {"executed": executed, "start": start, "end": time.perf_counter()}
+
+
+def drain_raw(index: int, barrier: Any, audit: bool, url: str, batch: int = 1) -> dict[str, Any]:
+    """The commit limit: the very statements of the app's loop, sent by psycopg in autocommit
+    (one commit per task), with none of the app's Python around it. With ``batch`` k, as the
+    worker: k claimed at a time, k - 1 plain completions, the last one claiming the next k."""
     import psycopg
 
     from django_taskclaim.store.postgresql import store as pg
@@ -271,14 +289,18 @@ def drain_raw(index: int, barrier: Any, audit: bool, url: str) -> dict[str, Any]
         cursor.execute("SELECT 1")
         barrier.wait(BARRIER_TIMEOUT)
         start = time.perf_counter()
-        claimed = pg.claim_next(cursor, owner=owner, lease=LEASE, tenant=None, limit=1, delivery_id="", audit=audit)
+        claimed = pg.claim_next(cursor, owner=owner, lease=LEASE, tenant=None, limit=batch, delivery_id="",
+                                audit=audit)
         while claimed:
-            row = claimed[0].row
-            executed.append(row.id)
+            *first, last = (c.row for c in claimed)
+            for row in first:
+                executed.append(row.id)
+                assert pg.complete(cursor, row.id, row.fencing_token, None, "", audit) == "succeeded", row
+            executed.append(last.id)
             status, claimed = pg.complete_and_claim_next(
-                cursor, row.id, row.fencing_token, None, "", owner=owner, lease=LEASE, tenant=None, limit=1,
-                delivery_id="", audit=audit)
-            assert status == "succeeded", row
+                cursor, last.id, last.fencing_token, None, "", owner=owner, lease=LEASE, tenant=None,
+                limit=batch, delivery_id="", audit=audit)
+            assert status == "succeeded", last
     return {"executed": executed, "start": start, "end": time.perf_counter()}
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ def work(
     """Run ``handler(claim)`` on queued tasks until ``stop`` is set (or idle, or ``max_tasks``).
 
     ``batch`` tasks are claimed at a time; the last completion of a batch claims the next one.
+    A claim that waited its turn longer than ``lease / 3`` is renewed before its handler runs
+    (and skipped, counted as fenced off, if another worker took it over meanwhile).
     ``until_drained`` stops once no task is unfinished (one held by another worker may come back).
     With no task to claim the worker waits ``poll`` seconds (``TASKCLAIM_POLL_INTERVAL``).
     ``atomic=True`` runs each handler inside ``claim.fenced()`` and completes it there: its
@@ -76,24 +79,43 @@ def work(
     wait = settings.POLL_INTERVAL if poll is None else poll
     stats = WorkerStats()
     claims: list[Claim] = []
+    received = 0.0  # when the claims in hand were made, by this process's monotonic clock
     while not stop.is_set():
         if not claims:
             close_old_connections()
             claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), using=using)
+            received = time.monotonic()
             if not claims:
                 if until_drained and not _unfinished(tenant, using):
                     break
                 stop.wait(wait)
                 continue
         claim = claims.pop(0)
-        more = 0 if claims or stop.is_set() else _room(batch, max_tasks, stats, after=1)
-        claims += _run(handler, claim, stats, more, tenant, atomic)
+        if _still_ours(claim, received, stats):
+            more = 0 if claims or stop.is_set() else _room(batch, max_tasks, stats, after=1)
+            got = _run(handler, claim, stats, more, tenant, atomic)
+            if got:
+                claims, received = got, time.monotonic()
         if max_tasks is not None and stats.handled >= max_tasks:
             break
     for left in claims:  # stopped with claims in hand: give them back untouched
         with suppress(StaleClaim):
             left.release()
     return stats
+
+
+def _still_ours(claim: Claim, received: float, stats: WorkerStats) -> bool:
+    """Whether a claim of a batch may run now: one that waited its turn longer than a heartbeat
+    interval (``lease / 3``) is renewed first, so that a task whose lease ran out meanwhile (and
+    that another worker may have taken over) is never run here as well."""
+    if time.monotonic() - received <= claim.lease / 3:
+        return True  # its lease, stamped before the claim returned, has two thirds left at least
+    try:
+        claim.heartbeat()
+    except StaleClaim:
+        stats.fenced_off += 1
+        return False
+    return True
 
 
 def _unfinished(tenant: str | None, using: str | None) -> bool:

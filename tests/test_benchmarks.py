@@ -98,8 +98,13 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     assert "app / minimal hand-written claim" in report
     duplicates = re.search(r"^\| duplicates \| (.+) \|$", report, re.M)
     assert duplicates is not None, report
-    # django-taskclaim and the commit-limit loop of its statements (no peers in smoke size).
-    assert [cell.strip() for cell in duplicates.group(1).split("|")] == ["0", "0"], report
-    assert "commit limit (the same statements, psycopg)" in report
+    # django-taskclaim's one-task loop and batching worker, and the commit-limit loops of their
+    # statements (no peers in smoke size).
+    assert [cell.strip() for cell in duplicates.group(1).split("|")] == ["0", "0", "0", "0"], report
+    for system in ("django-taskclaim worker (batch 16)", "commit limit (the same statements, psycopg)",
+                   "commit limit, batch 16 (the same statements, psycopg)"):
+        assert f"| {system} |" in report or f"| {system} " in report, system
+    assert re.search(r"the worker, batch 16, as a fraction of the commit limit .* \| [\d.]+( \(max [\d.]+\))? \| "
+                     r"report \|", report), report
     assert "| duplicate executions, every system and W | 0 | = 0 | yes |" in report
     assert "Exactly one winner per key" in report

@@ -158,3 +158,53 @@ def test_every_hot_statement_fits_psycopgs_statement_cache(audit: bool) -> None:
     assert len(sent) >= 14
     too_long = [(len(sql.encode()), n, sql[:60]) for sql, n in sent if len(sql.encode()) > longest or n > most]
     assert not too_long, too_long
+
+
+def test_the_store_cursor_loads_timestamps_as_djangos_cursor_does() -> None:
+    """The store cursor's faster timestamptz loader gives the very values Django's gives: the
+    same instant, the same tzinfo (the connection's zone), for values with microseconds."""
+    from django_taskclaim.store import prepared
+
+    Task.objects.claim("stamped", owner="w", lease=12.345678)
+    sql = ("SELECT lease_expires_at, created_at, updated_at, '2001-02-03 04:05:06.789012+05:30'::timestamptz "
+           "FROM django_taskclaim_task WHERE \"key\" = %s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, ["stamped"])
+        djangos = cursor.fetchone()
+    with prepared.cursor(connection) as cursor:
+        assert cursor.cursor.adapters.get_loader(prepared._timestamptz_oid(), 0).__name__ == "FastTzLoader"
+        prepared.execute(cursor, sql, ["stamped"])
+        ours = cursor.fetchone()
+    assert ours == djangos
+    assert [v.tzinfo for v in ours] == [v.tzinfo for v in djangos] == [connection.timezone] * 4
+    assert ours[3].microsecond == 789012
+
+
+@pytest.mark.parametrize("zone_name", [None, "UTC", "Asia/Tokyo"])
+def test_the_fast_timestamp_loader_matches_djangos_in_every_zone(zone_name: str | None) -> None:
+    """As Django's loader for USE_TZ = False (zone None: naive wall-clock time of the session's
+    zone) and for a database TIME_ZONE other than UTC."""
+    import zoneinfo
+
+    import psycopg
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+    from django_taskclaim.store import prepared
+
+    zone = None if zone_name is None else zoneinfo.ZoneInfo(zone_name)
+    session = zone_name or "Europe/Paris"  # with USE_TZ = False Django sets the session to TIME_ZONE
+    params = connection.get_connection_params()
+    params.pop("context", None)
+    params.pop("cursor_factory", None)
+    values = ["2001-02-03 04:05:06.789012+05:30", "2026-07-01 23:59:59.999999+00", "1999-12-31 12:00:00-08"]
+    sql = "SELECT " + ", ".join(["%s::timestamptz"] * len(values))
+    loaded = []
+    with psycopg.connect(**params, options=f"-c TimeZone={session}") as raw:
+        for install in (lambda cur: register_tzloader(zone, cur),
+                        lambda cur: cur.adapters.register_loader("timestamptz", prepared._fast_tz_loader(zone))):
+            cur = raw.cursor()
+            install(cur)
+            loaded.append(cur.execute(sql, values).fetchone())
+    djangos, ours = loaded
+    assert ours == djangos
+    assert [v.tzinfo for v in ours] == [v.tzinfo for v in djangos] == [zone] * len(values)

@@ -186,3 +186,48 @@ def test_a_worker_paused_past_its_lease_is_fenced_off_on_waking(worker_env, tmp_
     assert Task.objects.get(key="slow000").fencing_token == 2
     assert reports[paused]["fenced_off"] == 1
     assert sum(r["succeeded"] for r in reports.values()) == len(keys)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_claim_taken_over_while_it_waited_is_not_run_again() -> None:
+    """With batch > 1 the leases of a batch start together. A task whose lease ran out while an
+    earlier one of its batch ran, and which another worker took over, must not run here too."""
+    queue(2, prefix="b")
+    ran: list[str] = []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        ran.append(claim.key)
+        if claim.key == "b000":
+            # Slow work: the second task's lease runs out meanwhile, and a rival takes it over.
+            wait_until(lambda: Task.objects.expired().filter(key="b001").exists(), timeout=10,
+                       interval=0.02, what="b001's lease to run out")
+            assert Task.objects.claim("b001", owner="rival", lease=60).claimed
+        return "done"
+
+    stats = work(handler, owner="batcher", lease=0.5, batch=2, max_tasks=2)
+    assert ran == ["b000"]
+    assert (stats.succeeded, stats.fenced_off) == (1, 1)
+    b001 = Task.objects.get(key="b001")
+    assert b001.status == Task.Status.RUNNING and b001.owner == "rival"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_claim_that_waited_long_is_renewed_before_it_runs() -> None:
+    queue(2, prefix="r")
+    leases: dict[str, object] = {}
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        leases[claim.key] = Task.objects.get(key=claim.key).lease_expires_at
+        if claim.key == "r000":
+            wait_until(lambda: Task.objects.expired().filter(key="r001").exists(), timeout=10,
+                       interval=0.02, what="r001's lease to run out")
+        return "done"
+
+    stats = work(handler, owner="batcher", lease=0.5, batch=2, max_tasks=2)
+    assert (stats.succeeded, stats.fenced_off) == (2, 0)
+    assert Task.objects.filter(key__in=["r000", "r001"], status=Task.Status.SUCCEEDED).count() == 2
+    # r001 ran on a renewed lease: later than the one its batch's claim had set.
+    from datetime import timedelta
+
+    claimed_at = Attempt.objects.get(task__key="r001", token=1).started_at
+    assert leases["r001"] > claimed_at + timedelta(seconds=0.5)  # type: ignore[operator]

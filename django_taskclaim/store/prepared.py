@@ -127,13 +127,42 @@ def cursor(db: Any) -> Any:
     entry = _DRIVERS.get(raw)
     if entry is None or entry[0].closed:
         with db.wrap_database_errors:
-            entry = _DRIVERS[raw] = (factory(raw), _timezone_of(raw))
+            driver, zone = factory(raw), _timezone_of(raw)
+            driver.adapters.register_loader("timestamptz", _fast_tz_loader(zone))
+            entry = _DRIVERS[raw] = (driver, zone)
     driver, zone = entry
     if zone != db.timezone:
         # Django gives such a cursor a time zone of its own (see create_cursor): a fresh one.
         return _fresh(db, factory)
     db.validate_thread_sharing()
     return db.make_debug_cursor(driver) if db.queries_logged else db.make_cursor(driver)
+
+
+@functools.cache
+def _fast_tz_loader(zone: Any) -> Any:
+    """A timestamptz loader giving what Django's gives, at a fraction of its cost.
+
+    Django loads timestamps with a subclass of psycopg's pure-Python loader (to set the
+    connection's time zone), about 11 µs each, three per claim. This one calls psycopg's own
+    loader for the session, compiled where psycopg has its C part, and sets the zone as Django's does.
+    """
+    from psycopg import adapt
+    from psycopg import adapters as defaults
+    from psycopg.pq import Format
+
+    base: Any = defaults.get_loader(_timestamptz_oid(), Format.TEXT)  # psycopg's, always registered
+
+    class FastTzLoader(adapt.Loader):
+        timezone = zone
+
+        def __init__(self, oid: int, context: Any = None) -> None:
+            super().__init__(oid, context)
+            self._load = base(oid, context).load
+
+        def load(self, data: Any) -> Any:
+            return self._load(data).replace(tzinfo=self.timezone)
+
+    return FastTzLoader
 
 
 def _timezone_of(raw: Any) -> Any:
