@@ -196,7 +196,6 @@ class _Starter:
     """One daemon thread per process that starts each block's heartbeat thread when it is due."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.cond = threading.Condition(threading.Lock())
         self.queue: list[tuple[float, int, _Beats]] = []
         self.order = itertools.count()
@@ -254,12 +253,12 @@ os.register_at_fork(after_in_child=_forget_starter)
 
 
 def _starter() -> _Starter:
-    """This process's starter (a forked child makes its own: threads do not survive a fork)."""
+    """This process's starter (a forked child makes its own: see ``_forget_starter``)."""
     global _STARTER
     starter = _STARTER
-    if starter is None or starter.pid != os.getpid():
+    if starter is None:
         with _STARTER_LOCK:
-            if _STARTER is None or _STARTER.pid != os.getpid():
+            if _STARTER is None:
                 _STARTER = _Starter()
             starter = _STARTER
     return starter
