@@ -81,18 +81,22 @@ def _best_per_round(r: Results, prefix: str, w: int) -> list[float]:
     return [max(column) for column in zip(*runs, strict=False)] if runs else []
 
 
+def _lowest(ratios: list[float]) -> str:
+    """The lowest per-round ratio, with the highest beside it when they differ."""
+    low, high = _spread(ratios)
+    return _fmt_ratio(low) if low == high else f"{_fmt_ratio(low)} (max {_fmt_ratio(high)})"
+
+
 def _target(name: str, ratios: list[float], threshold: float, at_least: bool) -> tuple[str, str, str, bool | None]:
     """A target row: the lowest per-round ratio decides (the issue's rule), the highest is shown."""
-    low, high = _spread(ratios)
-    measured = _fmt_ratio(low) if low == high else f"{_fmt_ratio(low)} (max {_fmt_ratio(high)})"
+    low, _ = _spread(ratios)
     met = None if low is None else (low >= threshold if at_least else low <= threshold)
-    return name, measured, f"{'≥' if at_least else '≤'} {threshold:.2f}", met
+    return name, _lowest(ratios), f"{'≥' if at_least else '≤'} {threshold:.2f}", met
 
 
 def _report(name: str, ratios: list[float]) -> tuple[str, str, str, bool | None]:
-    """A row reported beside the targets (no threshold): lowest per-round ratio, highest beside it."""
-    low, high = _spread(ratios)
-    return name, _fmt_ratio(low) if low == high else f"{_fmt_ratio(low)} (max {_fmt_ratio(high)})", "report", None
+    """A row reported beside the targets (no threshold)."""
+    return name, _lowest(ratios), "report", None
 
 
 def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
