@@ -5,7 +5,8 @@ one statement (:meth:`Claim.complete_and_claim_next`). Each handler call runs un
 ``keepalive()``. A handler's exception is recorded with ``retry=True`` (the task comes back
 while attempts remain); a result that cannot be stored ends its task FAILED, never running
 it again; a claim fenced off meanwhile (its lease expired and another worker took over)
-stores nothing.
+stores nothing. A handler may end its claim itself (publish its work and complete it in
+one ``claim.fenced()`` block of its own, say): the worker then stores nothing more.
 
     from django_taskclaim.worker import work
 
@@ -35,6 +36,7 @@ from .exceptions import InvalidResult, StaleClaim
 from .keys import lease_seconds, positive_int
 from .lifecycle import Claim, claim_next, default_owner
 from .models import Task
+from .status import Status
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -141,9 +143,9 @@ def _run(
                 # The handler's own writes, the completion and the next claims commit together,
                 # and only while this claim owns the task: the exactly-once recipe of fenced().
                 with claim.fenced():
-                    return _counted(stats, _finish(claim, handler(claim), more, tenant))
+                    return _counted(stats, claim, _finish(claim, handler(claim), more, tenant))
             result = handler(claim)
-        return _counted(stats, _finish(claim, result, more, tenant))
+        return _counted(stats, claim, _finish(claim, result, more, tenant))
     except StaleClaim:
         stats.fenced_off += 1
     except (InvalidResult, DataError) as exc:
@@ -156,14 +158,20 @@ def _run(
 
 
 def _finish(claim: Claim, result: Any, more: int, tenant: str | None) -> list[Claim]:
+    if claim._ended is not None:
+        return []  # the handler completed (or failed, or released) its claim itself
     if more:
         return claim.complete_and_claim_next(result, limit=more, tenant=tenant)
     claim.complete(result)
     return []
 
 
-def _counted(stats: WorkerStats, claims: list[Claim]) -> list[Claim]:
-    stats.succeeded += 1
+def _counted(stats: WorkerStats, claim: Claim, claims: list[Claim]) -> list[Claim]:
+    """Count a task that ran to its end: failed only if the handler itself failed or released it."""
+    if claim._ended in (None, Status.SUCCEEDED):
+        stats.succeeded += 1
+    else:
+        stats.failed += 1
     return claims
 
 

@@ -129,6 +129,33 @@ def test_work_atomic_rolls_back_the_handlers_writes_with_a_failure() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_handler_that_ends_its_claim_itself_is_not_completed_again() -> None:
+    queue(3)
+    ran: Counter[str] = Counter()
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        ran[claim.key] += 1
+        if claim.key == "t001":
+            claim.fail("no endpoint spec", retry=False)  # ended FAILED by the handler: counted failed
+            return "ignored"
+        with claim.fenced():  # the publish and the completion commit together, once
+            Effect.objects.create(task_key=claim.key, token=claim.token, worker="w")
+            claim.complete({"published": claim.key}, result_ref=f"suites/{claim.key}.py")
+        return "ignored"
+
+    stats = work(handler, owner="w", until_drained=True)
+    assert (stats.succeeded, stats.failed, stats.fenced_off) == (2, 1, 0)
+    assert ran == Counter({"t000": 1, "t001": 1, "t002": 1})
+    tasks = {t.key: t for t in Task.objects.all()}
+    assert tasks["t001"].status == Task.Status.FAILED and tasks["t001"].error == "no endpoint spec"
+    assert (tasks["t002"].result, tasks["t002"].result_ref) == ({"published": "t002"}, "suites/t002.py")
+    assert sorted(Effect.objects.values_list("task_key", flat=True)) == ["t000", "t002"]
+    # One completion per task: the worker did not store its own result over the handler's.
+    assert Attempt.objects.filter(outcome=Attempt.Outcome.SUCCEEDED).count() == 2
+    assert Attempt.objects.filter(stale_writes__gt=0).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_worker_command_reports_and_rejects_a_bad_handler(capsys) -> None:  # type: ignore[no-untyped-def]
     queue(3)
     call_command("taskclaim_worker", "tests.worker_handlers.effect", "--until-drained", "--json", "--atomic")

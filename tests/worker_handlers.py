@@ -28,9 +28,10 @@ def effect(claim: Claim) -> Any:
     return {"by": os.getpid(), "n": (claim.payload or {}).get("n")}
 
 
-def fenced_effect(claim: Claim) -> Any:
-    """For plain workers: the effect in the handler's own fenced() block, after the pause point."""
+def fenced_effect(claim: Claim) -> None:
+    """For plain workers: the effect and the completion in the handler's own fenced() block, after
+    the pause point (the worker then stores nothing more)."""
     _started(claim)
     with claim.fenced():
         Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
-    return {"by": os.getpid()}
+        claim.complete({"by": os.getpid()})

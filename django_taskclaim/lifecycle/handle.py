@@ -64,6 +64,9 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         self.lost_reason: BaseException | None = None
         # complete/fail/release under way or done: a refused heartbeat then means nothing was lost.
         self._finishing = False
+        # The status this claim's own complete/fail/release left the task in (for work(): a
+        # handler that ended its claim itself, inside its own fenced() block, say).
+        self._ended: str | None = None
         # This thread's open transaction holds the task row (fenced(), a heartbeat inside it):
         # nobody can take over until it ends, and a heartbeat from another connection would wait.
         # (Consulted on SQLite only; PostgreSQL asks the row's lock itself.)
@@ -102,7 +105,8 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         if status is None:
             self._finishing = finishing  # fenced off: this claim did not finish the task
             self._refuse(action)
-        return str(status)
+        self._ended = str(status)
+        return self._ended
 
     @staticmethod
     def _result_json(result: Any, result_ref: str) -> str | None:
@@ -171,6 +175,7 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         if status is None:
             self._finishing = finishing
             self._refuse("complete")
+        self._ended = str(status)
         if logger.isEnabledFor(logging.INFO):
             logger.info("task completed", extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)

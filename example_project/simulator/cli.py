@@ -4,6 +4,7 @@ past its lease and another killed mid-work — and every job takes effect exactl
     python3 -m example_project                      # SQLite under example_project/var/, no server
     DATABASE_URL=postgresql://u:p@host/db python3 -m example_project
     python3 -m example_project --celery --redis-url redis://127.0.0.1:6379/0
+    python3 -m example_project --worker             # queue workers claim the jobs from the database
 
 The driver plays the message queue: it requests the jobs through the project's own
 ``POST /api/jobs`` view, delivers each job ``--copies`` times to agent processes (prefetch 1),
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the agents as real Celery workers (needs Redis: --redis-url or REDIS_URL)",
     )
     p.add_argument(
+        "--worker",
+        action="store_true",
+        help="run the agents as queue workers (django_taskclaim.worker.work, as manage.py "
+        "taskclaim_worker): they claim the queued jobs from the database, no message queue",
+    )
+    p.add_argument(
         "--redis-url",
         default=os.environ.get("REDIS_URL", ""),
         help="Redis broker for --celery (default: $REDIS_URL)",
@@ -117,6 +124,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.agents < 2:
         parser.error("--agents must be at least 2: one agent is paused and another is killed")
+    if args.celery and args.worker:
+        parser.error("--celery and --worker are two ways to run the agents: choose one")
     if args.celery and not args.redis_url:
         parser.error("--celery needs a Redis URL: --redis-url redis://HOST:PORT/N or REDIS_URL")
     if args.visibility is None:

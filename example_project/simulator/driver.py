@@ -99,21 +99,21 @@ class QueueDriver:
         self.published = self.jobs = 0
 
     # agents ------------------------------------------------------------------------------
+    agent_stdin = subprocess.PIPE  # the deliveries, one per line
+
+    def agent_command(self, name: str) -> list[str]:
+        """The agent process's ``python -m`` arguments."""
+        # Every second agent runs its jobs through the LangGraph graph (testgen/graph.py).
+        langgraph = ["--langgraph"] if len(self.agents) % 2 else []
+        return ["example_project.simulator.worker", "--name", name, *langgraph]
+
     def start_agent(self) -> Agent:
         name = f"agent-{len(self.agents) + 1}"
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "example_project.simulator.worker",
-                "--name",
-                name,
-                # Every second agent runs its jobs through the LangGraph graph (testgen/graph.py).
-                *(["--langgraph"] if len(self.agents) % 2 else []),
-            ],
+            [sys.executable, "-m", *self.agent_command(name)],
             cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),  # with the TESTGEN_* settings of main()
-            stdin=subprocess.PIPE,
+            stdin=self.agent_stdin,
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -341,14 +341,7 @@ class QueueDriver:
                     self.errors.append(f"gave up after --timeout {self.args.timeout:.0f}s")
                     break
                 self.dispatch()
-                try:
-                    agent, ev = self.events.get(timeout=0.05)
-                    self.on_event(agent, ev)
-                    while True:  # drain what else arrived
-                        agent, ev = self.events.get_nowait()
-                        self.on_event(agent, ev)
-                except queue.Empty:
-                    pass
+                self.pump(0.05)
                 if time.monotonic() - last_poll > 0.1:
                     last_poll = time.monotonic()
                     self.maybe_resume()
@@ -357,6 +350,17 @@ class QueueDriver:
         finally:
             self.shutdown()
         return self.counts
+
+    def pump(self, timeout: float) -> None:
+        """Handle the agents' events: wait up to ``timeout`` for one, then take what else arrived."""
+        try:
+            agent, ev = self.events.get(timeout=timeout)
+            self.on_event(agent, ev)
+            while True:
+                agent, ev = self.events.get_nowait()
+                self.on_event(agent, ev)
+        except queue.Empty:
+            pass
 
     def shutdown(self) -> None:
         for agent in self.agents:

@@ -12,6 +12,7 @@ from .cli import parse_args
 from .client import next_run, request_jobs
 from .driver import QueueDriver
 from .report import Log, print_summary, summarize, vendor
+from .work_driver import WorkerDriver
 
 
 def setup_django() -> None:
@@ -43,7 +44,13 @@ def main(argv: list[str]) -> int:
 
     log = Log(args.quiet)
     run = args.run or next_run()
-    driver = CeleryDriver(args, run, log) if args.celery else QueueDriver(args, log)
+    driver: QueueDriver
+    if args.celery:
+        driver = CeleryDriver(args, run, log)
+    elif args.worker:
+        driver = WorkerDriver(args, log)
+    else:
+        driver = QueueDriver(args, log)
     print(f"{driver.banner()}, database {vendor()} ({settings.DATABASES['default']['NAME']})", flush=True)
     jobs = request_jobs(run, args.jobs, log)
     counts = driver.run(jobs)

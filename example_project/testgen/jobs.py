@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from django_taskclaim import TaskKey
 
@@ -44,6 +45,14 @@ class JobSpec:
             "spec_version": self.version,
             "framework": self.framework,
         }
+
+    @classmethod
+    def from_task(cls, tenant: str, key: str, payload: dict[str, Any]) -> JobSpec:
+        """The job a claimed task stands for: its run is the key's first part (``TaskKey`` layout)."""
+        spec = cls.from_payload(tenant, unquote(key.split(":", 1)[0]), payload)
+        if spec.task_key.key != key:
+            raise ValueError(f"task {key!r} is not a job of this payload ({spec.task_key.key!r})")
+        return spec
 
     @classmethod
     def from_payload(cls, tenant: str, run: str, payload: dict[str, Any]) -> JobSpec:

@@ -1,0 +1,65 @@
+"""``--worker``: the agents are queue workers; the database is the queue.
+
+:class:`WorkerDriver` starts ``--agents`` :mod:`.work_agent` processes, each running
+:func:`django_taskclaim.worker.work` (as ``manage.py taskclaim_worker`` does) until no job is left
+unfinished. Nothing is delivered: the jobs requested through ``POST /api/jobs`` are PENDING tasks,
+and each agent claims the next one with ``claim_next`` (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL). The chaos is the delivery demo's: the first agent is paused (SIGSTOP) on its first
+claim until its job is taken over, the second is killed (SIGKILL) mid-work and replaced; a
+job whose lease ran out goes to the next agent that asks for work.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+from .client import Job
+from .driver import Agent, QueueDriver
+
+
+class WorkerDriver(QueueDriver):
+    """Starts the queue workers and plays the chaos; :meth:`run` returns when they all stopped."""
+
+    deliveries_note = "none: each agent claims the next queued job itself (claim_next)"
+
+    agent_stdin = subprocess.DEVNULL  # nothing is delivered
+
+    def agent_command(self, name: str) -> list[str]:
+        return ["example_project.simulator.work_agent", "--name", name]
+
+    def banner(self) -> str:
+        a = self.args
+        return (
+            f"django-taskclaim demo (--worker): {a.jobs} jobs queued in the database, {a.agents} "
+            f"queue workers, lease {a.lease:g}s, work {a.work_seconds:g}s"
+        )
+
+    def on_event(self, agent: Agent, ev: dict[str, Any]) -> None:
+        if ev["event"] == "ready":
+            agent.ready = True
+            self.log(agent.name, "started", f"pid {ev['pid']} (queue worker: claim_next)")
+        elif ev["event"] == "stopped":
+            agent.closing = True  # drained: nothing left unfinished
+            self.log(agent.name, "drained", f"{ev['succeeded']} published, {ev['fenced_off']} fenced off")
+        else:
+            super().on_event(agent, ev)
+
+    def run(self, jobs: list[Job]) -> dict[str, int]:
+        for _ in range(self.args.agents):
+            self.start_agent()
+        self.jobs = len(jobs)
+        deadline = time.monotonic() + self.args.timeout
+        try:
+            while not self.errors:
+                if time.monotonic() > deadline:
+                    self.errors.append(f"gave up after --timeout {self.args.timeout:.0f}s")
+                    break
+                self.pump(0.1)
+                self.maybe_resume()
+                if self.pause is None and all(a.proc.poll() is not None for a in self.agents if not a.killed):
+                    break
+        finally:
+            self.shutdown()
+        return self.counts
