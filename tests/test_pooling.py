@@ -103,11 +103,9 @@ def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_abor
     transaction.set_autocommit(False)
     try:
         with connection.cursor() as cursor:
-            cursor.execute("DEALLOCATE ALL")  # psycopg still believes the completion is prepared
-        second = Task.objects.claim("second", owner="w").claim
-        assert second is not None
+            cursor.execute("DEALLOCATE ALL")  # psycopg still believes the claim is prepared
         with pytest.raises(DatabaseError, match="does not exist"):
-            second.complete()
+            Task.objects.claim("second", owner="w")
         transaction.rollback()
         third = Task.objects.claim("third", owner="w").claim  # prepared again in the new transaction
         assert third is not None
