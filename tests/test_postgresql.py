@@ -138,15 +138,22 @@ def test_every_hot_statement_fits_psycopgs_statement_cache(audit: bool) -> None:
         sent.append((sql, len(params or ())))
         return execute(sql, params, many, context)
 
+    from django_taskclaim.store.postgresql import store
+
+    def claim(key: str, owner: str, reads: bool):  # type: ignore[no-untyped-def]
+        store.meeting_duplicates = reads  # the claim statement with or without the duplicate's read
+        return Task.objects.claim(key, owner=owner)
+
     with override_settings(TASKCLAIM_AUDIT=audit), connection.execute_wrapper(record):
-        claim = Task.objects.claim("new", owner="a").claim
-        assert claim is not None
-        claim.heartbeat()
-        assert not Task.objects.claim("new", owner="b").claimed  # the duplicate
-        claim.complete({"n": 1})
-        with transaction.atomic():  # the variants a caller's transaction selects
-            assert Task.objects.claim("in-tx", owner="a").claimed
-            assert not Task.objects.claim("in-tx", owner="b").claimed
+        for reads in (False, True):
+            held = claim(f"new-{reads}", "a", reads).claim
+            assert held is not None
+            held.heartbeat()
+            assert not claim(f"new-{reads}", "b", reads).claimed  # the duplicate
+            held.complete({"n": 1})
+            with transaction.atomic():  # the variants a caller's transaction selects
+                assert claim(f"in-tx-{reads}", "a", reads).claimed
+                assert not claim(f"in-tx-{reads}", "b", reads).claimed
         for i in range(4):
             Task.objects.ensure(f"q{i}")
             Task.objects.ensure(f"q{i}", tenant="acme")

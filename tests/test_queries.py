@@ -67,11 +67,21 @@ def test_without_audit_trail(settings, django_assert_num_queries) -> None:  # ty
 
 
 def test_a_duplicate_delivery(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
-    # PostgreSQL: the claim statement claims nothing and writes nothing (no WAL flush at its
-    # commit), then one statement reads the task and records the duplicate, committed
-    # asynchronously. MySQL: the UPDATE and the INSERT both refused, then the read and the row.
+    # PostgreSQL, after a claim that claimed: the claim statement claims nothing and writes
+    # nothing (no WAL flush at its commit), then one statement reads the task and records the
+    # duplicate, committed asynchronously. After a claim that met a task it could not claim, the
+    # claim statement itself reads the task and records the duplicate (the task existed before
+    # the statement: the common duplicate, one round trip). MySQL: the UPDATE and the INSERT
+    # both refused, then the read and the duplicate's row.
     Task.objects.claim("job", owner="winner")
     with django_assert_num_queries(budget(2, 3, 4)):
         outcome = Task.objects.claim("job", owner="loser", delivery_id="d-2")
     assert not outcome.claimed and outcome.task.owner == "winner"
-    assert Task.objects.get(key="job").attempt_set.filter(outcome="duplicate", delivery_id="d-2").count() == 1
+    with django_assert_num_queries(budget(1, 3, 4)):
+        again = Task.objects.claim("job", owner="loser", delivery_id="d-3")
+    assert not again.claimed and again.task.owner == "winner"
+    attempts = Task.objects.get(key="job").attempt_set
+    assert attempts.filter(outcome="duplicate", delivery_id__in=["d-2", "d-3"]).count() == 2
+    Task.objects.claim("other", owner="w")  # a claim that claimed: the next is lean again
+    with django_assert_num_queries(budget(2, 3, 4)):
+        assert not Task.objects.claim("job", owner="loser").claimed

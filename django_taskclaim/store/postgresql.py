@@ -70,6 +70,7 @@ def _name(column: str) -> str:
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
 _INSERT_COLUMNS = ", ".join(_name(c) for c in TASK_COLUMNS[1:])
 _CLAIMED_COLUMNS = ", ".join(f"c.{_name(c)}" for c in TASK_COLUMNS)
+_CUR_COLUMNS = ", ".join(f"cur.{_name(c)}" for c in TASK_COLUMNS)
 _SELECT_WITH_PREVIOUS = (
     f" SELECT {_CLAIMED_COLUMNS}, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) "
     f"FROM claimed c ORDER BY c.id"
@@ -114,6 +115,11 @@ class PostgreSQLStore(SQLStore):
     def returning(self, table: str = "") -> str:
         return self.columns(table) + _CLAIMED_AT
 
+    #: Whether this process's last claim by key met a task it could not claim. The next claim then
+    #: reads and records a duplicate in its own statement (see _claim_key_sql); a hint only, shared
+    #: by the threads of the process: either statement gives the same answers.
+    meeting_duplicates = False
+
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
@@ -124,23 +130,65 @@ class PostgreSQLStore(SQLStore):
         ]
         if audit:
             params.append(delivery_id)
-        sql = self.statement(("claim_key", audit), lambda: self._claim_key_sql(audit))
+        reads = self.meeting_duplicates
+        if reads:
+            params += [tenant, key]  # the read when nothing was claimed
+            if audit:
+                params += [owner, delivery_id, fingerprint, fingerprint]
+        sql = self.statement(("claim_key", audit, in_transaction, reads),
+                             lambda: self._claim_key_sql(audit, in_transaction, reads))
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
+        n = len(TASK_COLUMNS)
+        self.meeting_duplicates = found is None or not found[n + 1]
         if found is None:
-            return None  # nothing claimed: the lifecycle reads the state (read_state) and decides
-        return Claimed(self.decode(found), found[len(TASK_COLUMNS)])
+            return None  # nothing claimed: the lifecycle reads the task (read_state) and decides
+        row = self.decode(found)
+        if found[n + 1]:
+            return Claimed(row, found[n])
+        expired, recorded = bool(found[n + 2]), bool(found[n + 3])
+        if not is_duplicate(row, expired, fingerprint) or (audit and not recorded):
+            # Not a duplicate as of this statement's snapshot (or the task vanished meanwhile):
+            # the lifecycle reads the task afresh and decides.
+            return None
+        return Found(row, expired, True)
 
-    def _claim_key_sql(self, audit: bool) -> str:
-        """The claim and its audit rows, nothing else: a claim that claims nothing wrote nothing
-        (no transaction id, no WAL flush at its commit), and the lifecycle's next statement,
-        :meth:`read_state`, reads the task and records the duplicate delivery. Reading and
-        recording in this statement as well saved the duplicate a round trip but cost every
-        claim ~35 µs of server CPU (the idle insert's executor set-up and the read's plan)."""
+    def _claim_key_sql(self, audit: bool, in_transaction: bool, reads: bool) -> str:
+        """The claim and its audit rows; with ``reads``, when it claims nothing, also the
+        duplicate's read and record (one round trip for the common duplicate: a task that
+        existed before).
+
+        Two statements because the read and the record cost every claim, duplicate or not, ~30
+        µs of server CPU (the executor sets up their nodes even when they do nothing). Without
+        them a claim that claims nothing wrote nothing, and the lifecycle's next statement,
+        :meth:`read_state`, reads the task and records the duplicate (a second round trip).
+        The store sends the one that suits what this process's claims met last.
+
+        The read sees the task as of this statement's snapshot: a task inserted by a racing
+        claim after that is invisible here, and the lifecycle then reads it with
+        :meth:`read_state`. Only a duplicate is answered here; anything else (pending, an
+        expired lease, a payload mismatch) goes to that fresh read too.
+        """
+        claim = (f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}" if audit
+                 else f"WITH {self.claim_key_sql()}")
+        previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL::text"
+        if not reads:
+            return f"{claim} SELECT {_CLAIMED_COLUMNS}, {previous}, true FROM claimed c"
+        read = (f', cur AS (SELECT {self.columns()}, (lease_expires_at < {self.now}) AS expired FROM {TASK} '
+                f'WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))')
+        recorded = "0::bigint"
         if audit:
-            return (f"WITH {self.claim_key_sql()}{_open_attempts(single=True)} SELECT {_CLAIMED_COLUMNS}, "
-                    f"(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) FROM claimed c")
-        return f"WITH {self.claim_key_sql()} SELECT {_CLAIMED_COLUMNS}, NULL::text FROM claimed c"
+            read += self._duplicate_sql()
+            recorded = "(SELECT count(*) FROM dup)"
+            if not in_transaction:
+                # Only a statement that recorded a duplicate (and so claimed nothing) commits
+                # asynchronously, as read_state's does; a claim always waits for its flush.
+                read += ", cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)"
+                recorded = "(SELECT count(*) FROM dup) + 0 * (SELECT count(*) FROM cfg)"
+        return (
+            f"{claim}{read} SELECT {_CLAIMED_COLUMNS}, {previous}, true, NULL::boolean, 0::bigint FROM claimed c "
+            f"UNION ALL SELECT {_CUR_COLUMNS}, NULL::text, false, cur.expired, {recorded} FROM cur"
+        )
 
     def _duplicate_sql(self) -> str:
         """A CTE ``dup`` recording a duplicate delivery of the task read into ``cur``.
