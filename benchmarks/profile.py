@@ -4,7 +4,10 @@
 
 One process runs each operation ``n`` times on a private PostgreSQL (``fsync=on``) with
 ``pg_stat_statements`` loaded. Per operation it reports the client's CPU time (this process's
-``time.process_time``), the server's execution time (``pg_stat_statements``), the round trips
+``time.process_time``), the server's execution time (``pg_stat_statements``: the executor's run,
+not its set-up), the CPU time of the server process serving the operations (read from
+``/proc`` when the server runs on this machine: parse, bind, plan set-up, locks, commit and
+all), the round trips
 (statements sent, counted with Django's ``execute_wrapper``) and the commits that wrote (the
 transaction ids the server handed out: each such commit waits for a WAL flush). Run it on a
 quiet machine: other work inflates the client CPU figures.
@@ -76,6 +79,16 @@ def stat_statements(cursor: Any) -> tuple[float, int]:
     return float(ms), int(calls)
 
 
+def backend_cpu(pid: int) -> float | None:
+    """CPU seconds the server process ``pid`` has used, from ``/proc``; ``None`` where it is not
+    on this machine (a remote server) or ``/proc`` is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def commits(cursor: Any) -> int:
     """The next transaction id: how many transactions that wrote (each a WAL flush at commit with
     fsync on) the server has begun. Read from a snapshot, which assigns no id itself."""
@@ -109,6 +122,9 @@ def profile(n: int) -> list[dict[str, Any]]:
         with monitor.cursor() as cur:
             monitor.execute("SELECT pg_stat_statements_reset()")
             before_commits = commits(cur)
+        connection.ensure_connection()
+        pid = connection.connection.info.backend_pid
+        backend0 = backend_cpu(pid)
         with connection.execute_wrapper(count):
             cpu0 = time.process_time()
             wall0 = time.perf_counter()
@@ -116,20 +132,25 @@ def profile(n: int) -> list[dict[str, Any]]:
                 operation(i)
             wall = time.perf_counter() - wall0
             cpu = time.process_time() - cpu0
+        backend1 = backend_cpu(pid)
+        backend_us = None if backend0 is None or backend1 is None else 1e6 * (backend1 - backend0) / n
         with monitor.cursor() as cur:
             server_ms, _ = stat_statements(cur)
             done_commits = commits(cur) - before_commits
         rows.append({"operation": name, "client_cpu_us": 1e6 * cpu / n, "server_us": 1e3 * server_ms / n,
-                     "wall_us": 1e6 * wall / n, "round_trips": sent / n, "commits": done_commits / n})
+                     "backend_cpu_us": backend_us, "wall_us": 1e6 * wall / n, "round_trips": sent / n,
+                     "commits": done_commits / n})
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| operation | client CPU µs | server µs | wall µs | round trips | writing commits |",
-           "|---|---:|---:|---:|---:|---:|"]
+    out = ["| operation | client CPU µs | server µs | server process CPU µs | wall µs | round trips "
+           "| writing commits |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['operation']} | {r['client_cpu_us']:.0f} | {r['server_us']:.0f} | {r['wall_us']:.0f} "
-                   f"| {r['round_trips']:.2f} | {r['commits']:.2f} |")
+        backend = "n/a" if r["backend_cpu_us"] is None else f"{r['backend_cpu_us']:.0f}"
+        out.append(f"| {r['operation']} | {r['client_cpu_us']:.0f} | {r['server_us']:.0f} | {backend} "
+                   f"| {r['wall_us']:.0f} | {r['round_trips']:.2f} | {r['commits']:.2f} |")
     return "\n".join(out)
 
 
