@@ -135,7 +135,8 @@ class PostgreSQLStore(SQLStore):
             params += [tenant, key]  # the read when nothing was claimed
             if audit:
                 params += [owner, delivery_id, fingerprint, fingerprint]
-        sql = self.statement(("claim_key", audit, in_transaction, reads),
+        # in_transaction changes only the statement that reads (its asynchronous commit).
+        sql = self.statement(("claim_key", audit, reads, reads and in_transaction),
                              lambda: self._claim_key_sql(audit, in_transaction, reads))
         self.execute(cursor, sql, params)
         found = cursor.fetchone()

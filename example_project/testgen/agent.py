@@ -6,9 +6,9 @@
 
 :func:`run_job` is the whole protocol for a plain worker. :func:`handle_claim` is the same agent
 as the handler of a queue worker (``manage.py taskclaim_worker``): the worker claims requested
-jobs from the task table and keeps the lease alive; the agent writes and publishes. The Celery task (:mod:`.tasks`) and
-the LangGraph node (:mod:`.graph`) get their claim and keepalive from the integration and call
-:func:`generate_and_publish`: the same work, the same fenced publish.
+jobs from the task table and keeps the lease alive; the agent writes and publishes. The Celery
+task (:mod:`.tasks`) and the LangGraph node (:mod:`.graph`) get their claim and keepalive from
+the integration and call :func:`generate_and_publish`: the same work, the same fenced publish.
 """
 
 from __future__ import annotations
