@@ -99,9 +99,7 @@ def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_abor
     and prepare afresh in the caller's next transaction."""
     from django.db import DatabaseError, transaction
 
-    from django_taskclaim.store.postgresql import store
-
-    store.meeting_duplicates = False  # "first" and "second" send the same claim statement
+    # "first" and "second" send the same claim statement (the lean one, see conftest.py).
     Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
     transaction.set_autocommit(False)
     try:
