@@ -10,6 +10,7 @@ start to the last end across processes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import queue as queue_module
 import threading
@@ -209,9 +210,14 @@ def check_identical_sql(url: str) -> int:
 
     from django.test import override_settings
 
+    from django_taskclaim.store.postgresql import store as pg
+
     checked = 0
-    for audit in (True, False):
+    # Which claim statement is sent follows what the process's last claim met (next_claim): each
+    # side starts from the same hint, and the fresh keys of the by-key loops send the insert alone.
+    for audit, kind in itertools.product((True, False), ("insert", "lean")):
         app_sql: list[str] = []
+        pg.next_claim = kind
 
         def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any,
                     log: list[str] = app_sql) -> Any:
@@ -219,17 +225,18 @@ def check_identical_sql(url: str) -> int:
             return execute(sql, params, many, context)
 
         with override_settings(TASKCLAIM_AUDIT=audit), connection.execute_wrapper(wrapper):
-            outcome = Task.objects.claim(f"sqlcheck:app:{audit}", owner="sqlcheck", lease=LEASE)
+            outcome = Task.objects.claim(f"sqlcheck:app:{audit}:{kind}", owner="sqlcheck", lease=LEASE)
             assert outcome.claim is not None
             outcome.claim.complete()
         raw_sql: list[str] = []
+        pg.next_claim = kind
         with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
-            raw_cycle(Recording(cursor, raw_sql), f"sqlcheck:raw:{audit}", "sqlcheck", audit)
+            raw_cycle(Recording(cursor, raw_sql), f"sqlcheck:raw:{audit}:{kind}", "sqlcheck", audit)
         # Both bind on the server; the app prepares its statements at once, psycopg the raw ones
         # after 5 runs. The statements' text is what must match.
         if app_sql != raw_sql:
             raise RuntimeError(
-                f"the raw phase no longer sends the app's SQL (audit={audit}):\n"
+                f"the raw phase no longer sends the app's SQL (audit={audit}, {kind}):\n"
                 f"app: {app_sql}\nraw: {raw_sql}"
             )
         checked += len(app_sql)

@@ -36,12 +36,13 @@ def require_module(module: str, what: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _lean_claim_statement_first() -> None:
-    """Every test starts as a fresh process does: the PostgreSQL store sends the lean claim
-    statement first (which one it sends follows what the process's last claim met), so that a
-    test counting statements or prepared statements does not depend on the test before it."""
+    """Every test starts as a fresh process does: the PostgreSQL store sends the full claim
+    statement without the duplicate's read first (which one it sends follows what the process's
+    last claim met), so that a test counting statements or prepared statements does not depend
+    on the test before it."""
     from django_taskclaim.store.postgresql import store
 
-    store.meeting_duplicates = False
+    store.next_claim = "lean"
 
 
 @pytest.fixture

@@ -99,7 +99,9 @@ def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_abor
     and prepare afresh in the caller's next transaction."""
     from django.db import DatabaseError, transaction
 
-    # "first" and "second" send the same claim statement (the lean one, see conftest.py).
+    # "first" and "second" send the same claim statement: after the claim of "zero" inserted a
+    # new task, the insert alone (see PostgreSQLStore.next_claim).
+    Task.objects.claim("zero", owner="w")
     Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
     transaction.set_autocommit(False)
     try:

@@ -140,20 +140,20 @@ def test_every_hot_statement_fits_psycopgs_statement_cache(audit: bool) -> None:
 
     from django_taskclaim.store.postgresql import store
 
-    def claim(key: str, owner: str, reads: bool):  # type: ignore[no-untyped-def]
-        store.meeting_duplicates = reads  # the claim statement with or without the duplicate's read
+    def claim(key: str, owner: str, kind: str):  # type: ignore[no-untyped-def]
+        store.next_claim = kind  # the insert alone, the claim statement with or without the duplicate's read
         return Task.objects.claim(key, owner=owner)
 
     with override_settings(TASKCLAIM_AUDIT=audit), connection.execute_wrapper(record):
-        for reads in (False, True):
-            held = claim(f"new-{reads}", "a", reads).claim
+        for kind in ("insert", "lean", "reading"):
+            held = claim(f"new-{kind}", "a", kind).claim
             assert held is not None
             held.heartbeat()
-            assert not claim(f"new-{reads}", "b", reads).claimed  # the duplicate
+            assert not claim(f"new-{kind}", "b", kind).claimed  # the duplicate
             held.complete({"n": 1})
             with transaction.atomic():  # the variants a caller's transaction selects
-                assert claim(f"in-tx-{reads}", "a", reads).claimed
-                assert not claim(f"in-tx-{reads}", "b", reads).claimed
+                assert claim(f"in-tx-{kind}", "a", kind).claimed
+                assert not claim(f"in-tx-{kind}", "b", kind).claimed
         for i in range(4):
             Task.objects.ensure(f"q{i}")
             Task.objects.ensure(f"q{i}", tenant="acme")
@@ -215,3 +215,23 @@ def test_the_fast_timestamp_loader_matches_djangos_in_every_zone(zone_name: str 
     djangos, ours = loaded
     assert ours == djangos
     assert [v.tzinfo for v in ours] == [v.tzinfo for v in djangos] == [zone] * len(values)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["insert", "lean", "reading"])
+def test_a_claim_gives_the_task_as_stored_whichever_statement_claimed(kind: str) -> None:
+    """Each of the three claim statements gives the task as a read of the row gives it (jsonb's
+    own form of the payload, the tenant, the max attempts, both time stamps), and a claim that
+    inserted makes the insert alone the next statement."""
+    from django_taskclaim.store.postgresql import store
+    from django_taskclaim.store.rows import TASK_COLUMNS
+
+    store.next_claim = kind
+    payload = {"b": [1e100, 0.5], "a": {"z": None, "é": "x"}}
+    outcome = Task.objects.claim(f"fresh-{kind}", tenant="acme", owner="w", payload=payload, max_attempts=7)
+    assert outcome.claim is not None
+    stored = Task.objects.get(key=f"fresh-{kind}", tenant="acme")
+    assert {c: getattr(outcome.task, c) for c in TASK_COLUMNS} == {c: getattr(stored, c) for c in TASK_COLUMNS}
+    assert outcome.claim.payload == stored.payload
+    assert outcome.claim.lease_expires_at == stored.lease_expires_at and outcome.claim.token == 1
+    assert store.next_claim == "insert"  # a claim that inserted: the insert alone comes next

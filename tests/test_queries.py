@@ -31,9 +31,37 @@ def test_claim_of_an_existing_key(django_assert_num_queries) -> None:  # type: i
 
 def test_takeover(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
     expire(Task.objects.claim("job").claim)
+    Task.objects.ensure("other")
+    Task.objects.claim("other")  # PostgreSQL: after a claim of an existing task, the full claim statement
     # MySQL: the UPDATE, a read of the row with the owner it took over, that attempt closed, the new one.
     with django_assert_num_queries(budget(1, 3, 4)):
         assert Task.objects.claim("job").claimed
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's claim statements")
+def test_the_claim_statement_follows_what_the_last_claim_met(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    # After a claim that inserted a new task, the next claim sends the insert alone (no update of
+    # an existing task in it): one round trip for a new key, two for an existing one, after which
+    # the full statement is sent again.
+    Task.objects.claim("first")
+    with django_assert_num_queries(1) as sent:
+        assert Task.objects.claim("new").claimed
+    assert "UPDATE" not in sent.captured_queries[0]["sql"]
+    expire(Task.objects.claim("job").claim)
+    with django_assert_num_queries(2) as sent:
+        taken = Task.objects.claim("job", owner="second")
+    assert taken.claimed and taken.claim.token == 2
+    assert "UPDATE" in sent.captured_queries[1]["sql"]
+    Task.objects.ensure("pending")
+    with django_assert_num_queries(1):
+        assert Task.objects.claim("pending").claimed  # after a takeover: the full statement
+    with django_assert_num_queries(1):
+        assert Task.objects.claim("new-2").claimed  # the full statement inserts too
+    with django_assert_num_queries(1) as sent:
+        assert Task.objects.claim("new-3").claimed  # and the insert alone again
+    assert "UPDATE" not in sent.captured_queries[0]["sql"]
+    attempts = Task.objects.get(key="job").attempt_set.order_by("token")
+    assert [a.outcome for a in attempts] == ["taken_over", "running"]
 
 
 def test_heartbeat_complete_fail_release(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
@@ -67,12 +95,12 @@ def test_without_audit_trail(settings, django_assert_num_queries) -> None:  # ty
 
 
 def test_a_duplicate_delivery(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
-    # PostgreSQL, after a claim that claimed: the claim statement claims nothing and writes
-    # nothing (no WAL flush at its commit), then one statement reads the task and records the
-    # duplicate, committed asynchronously. After a claim that met a task it could not claim, the
-    # claim statement itself reads the task and records the duplicate (the task existed before
-    # the statement: the common duplicate, one round trip). MySQL: the UPDATE and the INSERT
-    # both refused, then the read and the duplicate's row.
+    # PostgreSQL, after a claim that inserted a new task: the insert alone claims nothing and
+    # writes nothing (no WAL flush at its commit), then the full claim statement reads the task
+    # and records the duplicate, committed asynchronously. After a claim that met a task it could
+    # not claim, the full statement is sent first: the common duplicate (a task that existed
+    # before the statement) is one round trip. MySQL: the UPDATE and the INSERT both refused,
+    # then the read and the duplicate's row.
     Task.objects.claim("job", owner="winner")
     with django_assert_num_queries(budget(2, 3, 4)):
         outcome = Task.objects.claim("job", owner="loser", delivery_id="d-2")
@@ -82,6 +110,6 @@ def test_a_duplicate_delivery(django_assert_num_queries) -> None:  # type: ignor
     assert not again.claimed and again.task.owner == "winner"
     attempts = Task.objects.get(key="job").attempt_set
     assert attempts.filter(outcome="duplicate", delivery_id__in=["d-2", "d-3"]).count() == 2
-    Task.objects.claim("other", owner="w")  # a claim that claimed: the next is lean again
+    Task.objects.claim("other", owner="w")  # a claim that inserted: the insert alone comes first again
     with django_assert_num_queries(budget(2, 3, 4)):
         assert not Task.objects.claim("job", owner="loser").claimed

@@ -27,9 +27,10 @@ from .sql import (
 )
 
 
-def _open_attempts(single: bool) -> str:
+def _open_attempts(single: bool, takes_over: bool = True) -> str:
     """CTEs that close the attempt a claim took over (token - 1 still running) and open the new
     one, both at ``claimed_at``: the clock read once the row was claimed (see ``_CLAIMED_AT``).
+    Without ``takes_over`` (a claim that only inserts new tasks), only the new one.
 
     The attempt to close is looked up by its unique ``(task_id, token)``: for one claimed row
     (``single``) as values of scalar subqueries, which the planner turns into an index lookup
@@ -44,9 +45,10 @@ def _open_attempts(single: bool) -> str:
     else:
         match = "(a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)"
         stamp = "(SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)"
+    closed = (f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {stamp} "
+              f"WHERE {match} AND a.outcome = {RUNNING} RETURNING a.task_id, a.owner)")
     return (
-        f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {stamp} "
-        f"WHERE {match} AND a.outcome = {RUNNING} RETURNING a.task_id, a.owner), "
+        f"{closed if takes_over else ''}, "
         f"opened AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
         f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, "
         f"{RUNNING}, 0 FROM claimed c) "
@@ -115,22 +117,31 @@ class PostgreSQLStore(SQLStore):
     def returning(self, table: str = "") -> str:
         return self.columns(table) + _CLAIMED_AT
 
-    #: Whether this process's last claim by key met a task it could not claim. The next claim then
-    #: reads and records a duplicate in its own statement (see _claim_key_sql); a hint only, shared
-    #: by the threads of the process: either statement gives the same answers.
-    meeting_duplicates = False
+    #: Which claim statement this process sends first for a claim by key, after what its last
+    #: claim met (see _claim_key_sql): ``"insert"`` after a claim that inserted a new task,
+    #: ``"lean"`` after one that claimed an existing task, ``"reading"`` after one that met a
+    #: task it could not claim. A hint only, shared by the threads of the process: every
+    #: statement gives the same answers, at most one round trip later.
+    next_claim = "lean"
 
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
     ) -> Claimed | Found | None:
-        params: list[Any] = [
-            owner, lease, payload, fingerprint, tenant, key, fingerprint, fingerprint,  # update
-            tenant, key, owner, max_attempts, lease, payload, fingerprint,  # insert
-        ]
+        inserting = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
         if audit:
-            params.append(delivery_id)
-        reads = self.meeting_duplicates
+            inserting.append(delivery_id)
+        kind = self.next_claim
+        if kind == "insert":
+            sql = self.statement(("claim_new", audit), lambda: self._claim_new_sql(audit))
+            self.execute(cursor, sql, inserting)
+            found = cursor.fetchone()
+            if found is not None:
+                return Claimed(self.decode(found), None)
+            # The key exists (committed: the insert waited for a racing one): claim or read it.
+            kind = "reading"
+        params: list[Any] = [owner, lease, payload, fingerprint, tenant, key, fingerprint, fingerprint, *inserting]
+        reads = kind == "reading"
         if reads:
             params += [tenant, key]  # the read when nothing was claimed
             if audit:
@@ -141,18 +152,44 @@ class PostgreSQLStore(SQLStore):
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
         n = len(TASK_COLUMNS)
-        self.meeting_duplicates = found is None or not found[n + 1]
         if found is None:
+            self.next_claim = "reading"
             return None  # nothing claimed: the lifecycle reads the task (read_state) and decides
         row = self.decode(found)
         if found[n + 1]:
+            # A new task: both stamps are the one statement's (a claim of an existing task moves
+            # only updated_at).
+            self.next_claim = "insert" if row.created_at == row.updated_at else "lean"
             return Claimed(row, found[n])
+        self.next_claim = "reading"
         expired, recorded = bool(found[n + 2]), bool(found[n + 3])
         if not is_duplicate(row, expired, fingerprint) or (audit and not recorded):
             # Not a duplicate as of this statement's snapshot (or the task vanished meanwhile):
             # the lifecycle reads the task afresh and decides.
             return None
         return Found(row, expired, True)
+
+    def _claim_new_sql(self, audit: bool) -> str:
+        """The claim of a key that has no task yet, and its attempt row: the insert alone.
+
+        After a claim that inserted, the next key is most likely new too, and the claim
+        statement's update of an existing task (an index probe) and the close of a taken-over
+        attempt cost the server ~35 µs of CPU that a new key never needs. Where the key exists
+        this inserts nothing and writes nothing (no WAL flush), and claim_key sends the full
+        statement.
+        """
+        opened = _open_attempts(single=True, takes_over=False) if audit else " "
+        return (f"WITH claimed AS ({self._insert_sql()}){opened}"
+                f"SELECT {_CLAIMED_COLUMNS}, NULL::text, true FROM claimed c")
+
+    def _insert_sql(self, only_if: str = "") -> str:
+        """An insert of a new running task for the key, skipped where the key has a task."""
+        now = self.now
+        return (
+            f"INSERT INTO {TASK} ({_INSERT_COLUMNS}) SELECT %s::text, %s::text, {RUNNING}, %s::text, 1, 1, "
+            f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
+            f'{only_if}ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}'
+        )
 
     def _claim_key_sql(self, audit: bool, in_transaction: bool, reads: bool) -> str:
         """The claim and its audit rows; with ``reads``, when it claims nothing, also the
@@ -229,10 +266,7 @@ class PostgreSQLStore(SQLStore):
             f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, now)} '
             f"AND (%s::text = '' OR {t}.payload_fingerprint IN ('', %s::text)) "
             f"RETURNING {self.returning(t)}), "
-            f"ins AS (INSERT INTO {TASK} ({_INSERT_COLUMNS}) SELECT %s::text, %s::text, {RUNNING}, %s::text, 1, 1, "
-            f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
-            f'WHERE NOT EXISTS (SELECT 1 FROM upd) ON CONFLICT (tenant, "key") DO NOTHING '
-            f"RETURNING {self.returning()}), "
+            f"ins AS ({self._insert_sql('WHERE NOT EXISTS (SELECT 1 FROM upd) ')}), "
             f"claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)"
         )
 
