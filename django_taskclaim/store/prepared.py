@@ -56,6 +56,8 @@ def _cursor_class() -> Any:
                 prepare_next: bool | None = None
                 #: psycopg's record of the session's statements is known to be wrong (see execute()).
                 stale = False
+                #: Django logs the queries (DEBUG, CaptureQueriesContext): give it each statement's text.
+                shown = True
 
                 def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
                     if self.prepare_next is None:
@@ -81,7 +83,7 @@ def _cursor_class() -> Any:
                     # Django's query log (DEBUG, CaptureQueriesContext, debug toolbars) reads the
                     # statement from the cursor's last query, which psycopg leaves empty after a
                     # prepared execution: give it the statement, composed with its values on demand.
-                    if getattr(self, "_query", None) is None:
+                    if self.shown and getattr(self, "_query", None) is None:
                         self._query = _Shown(self.connection, query, params)
                     return done
 
@@ -135,7 +137,44 @@ def cursor(db: Any) -> Any:
         # Django gives such a cursor a time zone of its own (see create_cursor): a fresh one.
         return _fresh(db, factory)
     db.validate_thread_sharing()
-    return db.make_debug_cursor(driver) if db.queries_logged else db.make_cursor(driver)
+    driver.shown = logged = db.queries_logged
+    return db.make_debug_cursor(driver) if logged else _wrapper_class()(driver, db)
+
+
+_WRAPPER_CLASS: Any = None
+
+
+def _wrapper_class() -> Any:
+    """Django's cursor wrapper, with a shorter way for the store's statements (a tenth of each
+    statement's client CPU): the same checks and error classes, ``execute_wrapper`` hooks
+    whenever any are installed, no logging (a logging connection gets Django's own wrapper)."""
+    global _WRAPPER_CLASS
+    if _WRAPPER_CLASS is None:
+        from django.db.backends.utils import CursorWrapper
+
+        class StoreCursorWrapper(CursorWrapper):
+            def execute(self, sql: Any, params: Any = None) -> Any:
+                db = self.db
+                if db.execute_wrappers:
+                    return super().execute(sql, params)
+                db.validate_no_broken_transaction()
+                with db.wrap_database_errors:
+                    return self.cursor.execute(sql, params)
+
+            def fetchone(self) -> Any:
+                with self.db.wrap_database_errors:
+                    return self.cursor.fetchone()
+
+            def fetchall(self) -> Any:
+                with self.db.wrap_database_errors:
+                    return self.cursor.fetchall()
+
+            def __exit__(self, *exc_info: Any) -> None:
+                # Nothing to close: the driver cursor stays with its session (StoreCursor.close).
+                return None
+
+        _WRAPPER_CLASS = StoreCursorWrapper
+    return _WRAPPER_CLASS
 
 
 @functools.cache
