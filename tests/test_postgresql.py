@@ -235,3 +235,35 @@ def test_a_claim_gives_the_task_as_stored_whichever_statement_claimed(kind: str)
     assert outcome.claim.payload == stored.payload
     assert outcome.claim.lease_expires_at == stored.lease_expires_at and outcome.claim.token == 1
     assert store.next_claim == "insert"  # a claim that inserted: the insert alone comes next
+
+
+@pytest.mark.django_db
+def test_the_store_cursor_keeps_djangos_checks_hooks_and_error_classes() -> None:
+    """The store's shorter cursor wrapper (queries not logged) still refuses a statement in a
+    broken transaction, runs ``execute_wrapper`` hooks, and raises Django's error classes."""
+    from django.db import DatabaseError, IntegrityError, transaction
+    from django.db.transaction import TransactionManagementError
+
+    from django_taskclaim.store import prepared
+
+    assert not connection.queries_logged
+    with prepared.cursor(connection) as cursor:
+        assert type(cursor).__name__ == "StoreCursorWrapper"
+    seen: list[str] = []
+
+    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert Task.objects.claim("hooked", owner="w").claimed
+    assert any("django_taskclaim_task" in sql for sql in seen)
+    with pytest.raises(IntegrityError), transaction.atomic(), prepared.cursor(connection) as cursor:  # Django's class
+        cursor.execute("INSERT INTO django_taskclaim_task (id) VALUES (NULL)")
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(savepoint=False), prepared.cursor(connection) as cursor:
+            cursor.execute("SELECT 1/0")  # marks the outer block for rollback
+        with pytest.raises(TransactionManagementError):  # the transaction is broken
+            Task.objects.claim("after-an-error", owner="w")
+        transaction.set_rollback(True)
+    assert not Task.objects.filter(key="after-an-error").exists()
