@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import DatabaseError
+from django.db.backends.utils import CursorWrapper
 from django.utils.asyncio import async_unsafe
 
 from ..conf import settings
@@ -138,43 +139,33 @@ def cursor(db: Any) -> Any:
         return _fresh(db, factory)
     db.validate_thread_sharing()
     driver.shown = logged = db.queries_logged
-    return db.make_debug_cursor(driver) if logged else _wrapper_class()(driver, db)
+    return db.make_debug_cursor(driver) if logged else StoreCursorWrapper(driver, db)
 
 
-_WRAPPER_CLASS: Any = None
-
-
-def _wrapper_class() -> Any:
+class StoreCursorWrapper(CursorWrapper):
     """Django's cursor wrapper, with a shorter way for the store's statements (a tenth of each
     statement's client CPU): the same checks and error classes, ``execute_wrapper`` hooks
     whenever any are installed, no logging (a logging connection gets Django's own wrapper)."""
-    global _WRAPPER_CLASS
-    if _WRAPPER_CLASS is None:
-        from django.db.backends.utils import CursorWrapper
 
-        class StoreCursorWrapper(CursorWrapper):
-            def execute(self, sql: Any, params: Any = None) -> Any:
-                db = self.db
-                if db.execute_wrappers:
-                    return super().execute(sql, params)
-                db.validate_no_broken_transaction()
-                with db.wrap_database_errors:
-                    return self.cursor.execute(sql, params)
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        db = self.db
+        if db.execute_wrappers:
+            return super().execute(sql, params)
+        db.validate_no_broken_transaction()
+        with db.wrap_database_errors:
+            return self.cursor.execute(sql, params)
 
-            def fetchone(self) -> Any:
-                with self.db.wrap_database_errors:
-                    return self.cursor.fetchone()
+    def fetchone(self) -> Any:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchone()
 
-            def fetchall(self) -> Any:
-                with self.db.wrap_database_errors:
-                    return self.cursor.fetchall()
+    def fetchall(self) -> Any:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchall()
 
-            def __exit__(self, *exc_info: Any) -> None:
-                # Nothing to close: the driver cursor stays with its session (StoreCursor.close).
-                return None
-
-        _WRAPPER_CLASS = StoreCursorWrapper
-    return _WRAPPER_CLASS
+    def __exit__(self, *exc_info: Any) -> None:
+        # Nothing to close: the driver cursor stays with its session (StoreCursor.close).
+        return None
 
 
 @functools.cache
