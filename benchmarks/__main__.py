@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     if args.start_server:
         sys.path.insert(0, str(ROOT))
-        from django_taskclaim.testing.servers import PostgresServer
+        from devtools.servers import PostgresServer
 
         server = PostgresServer(settings={"fsync": "on", "full_page_writes": "on"}).start()
         log(f"started PostgreSQL on 127.0.0.1:{server.port} (fsync=on, full_page_writes=on)")

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     server = None
     if args.start_server:
-        from django_taskclaim.testing.servers import PostgresServer
+        from devtools.servers import PostgresServer
 
         server = PostgresServer(settings={"fsync": "on", "full_page_writes": "on",
                                           "shared_preload_libraries": "pg_stat_statements"}).start()

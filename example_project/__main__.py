@@ -1,7 +1,7 @@
 """``python3 -m example_project``: the demo, on a fresh clone with only the system Python.
 
 Like ``python3 -m tests``, it first creates ``.venv`` with the app installed (reusing the
-shared ``django_taskclaim.testing.venv.ensure_venv``), then runs :mod:`example_project.simulator.main`.
+shared ``devtools.venv.ensure_venv``), then runs :mod:`example_project.simulator.main`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def main() -> int:
     from example_project.simulator.cli import parse_args
 
     args = parse_args(sys.argv[1:])  # --help and bad options answer before any install
-    from django_taskclaim.testing.venv import ensure_venv
+    from devtools.venv import ensure_venv
 
     ensure_venv("postgresql,langgraph,celery" if args.celery else "postgresql,langgraph")
     from example_project.simulator.main import main as demo_main

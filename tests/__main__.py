@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
-    from django_taskclaim.testing.servers import MariaDBServer, PgBouncerServer, PostgresServer
+    from devtools.servers import MariaDBServer, PgBouncerServer, PostgresServer
 
     env = dict(os.environ, TASKCLAIM_TEST_DB=db, TASKCLAIM_TEST_CONFIG=config, PYTHONPATH=str(ROOT))
     # A file of its own per run, so that two runs on one machine never share a database.
@@ -65,7 +65,7 @@ def names_tests(pytest_args: list[str]) -> bool:
 
 
 def main() -> int:
-    from django_taskclaim.testing.venv import ensure_venv
+    from devtools.venv import ensure_venv
 
     ensure_venv()
     sys.path.insert(0, str(ROOT))

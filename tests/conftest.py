@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from django_taskclaim.testing.processes import Supervisor
+from devtools.processes import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 

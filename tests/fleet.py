@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django_taskclaim.testing.events import EventReader
+from devtools.events import EventReader
 
 Event = dict[str, Any]
 

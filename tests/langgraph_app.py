@@ -18,8 +18,8 @@ from typing import Annotated, Any, TypedDict
 from django.db import connection
 from langgraph.graph import END, START, StateGraph
 
+from devtools.events import emit
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim
-from django_taskclaim.testing.events import emit
 
 
 class State(TypedDict, total=False):

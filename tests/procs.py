@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from django_taskclaim.testing.events import emit
+from devtools.events import emit
 
 
 def setup() -> None:

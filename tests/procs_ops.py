@@ -17,7 +17,7 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from django_taskclaim.testing.events import emit
+from devtools.events import emit
 
 
 def setup() -> None:

@@ -10,7 +10,7 @@ import datetime as dt
 import sys
 import time
 
-from django_taskclaim.testing.events import emit
+from devtools.events import emit
 
 
 def main() -> None:

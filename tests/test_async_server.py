@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from devtools.servers import _wait_for_port, free_port
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.testing.servers import _wait_for_port, free_port
 from tests.conftest import ROOT
 from tests.testapp.models import Effect
 

@@ -29,8 +29,8 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import override_settings
 
+from devtools.polling import wait_until
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.testing.polling import wait_until
 from tests.conftest import ROOT, expire, requirement_missing
 from tests.testapp.models import Effect
 
@@ -66,7 +66,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def start_server(kind: str, **options: Any) -> Any:
     """A started Redis or RabbitMQ server; a missing binary skips locally, fails in CI."""
-    from django_taskclaim.testing.servers import RabbitMQServer, RedisServer
+    from devtools.servers import RabbitMQServer, RedisServer
 
     try:
         server = RedisServer() if kind == "redis" else RabbitMQServer(**options)

@@ -149,7 +149,7 @@ def chaos(tmp_path: Path, *args: str, timeout: float) -> tuple[int, str, dict[st
 
 
 def require_binaries() -> None:
-    from django_taskclaim.testing.servers import postgres_bindir
+    from devtools.servers import postgres_bindir
     from tests.chaos.harness import FAKETIME_LIB
     from tests.conftest import requirement_missing
 

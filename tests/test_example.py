@@ -152,7 +152,7 @@ def test_demo_with_queue_workers_claiming_from_the_database(tmp_path: Path) -> N
 @pytest.mark.usefixtures("demo_database")
 def test_demo_through_real_celery_workers_and_redis(tmp_path: Path) -> None:
     require_module("django_taskclaim.celery", "the Celery bridge (pip install 'django-taskclaim[celery]')")
-    from django_taskclaim.testing.servers import RedisServer
+    from devtools.servers import RedisServer
 
     if shutil.which("redis-server") is None:
         requirement_missing("redis-server")

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from devtools.polling import wait_until
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.testing.polling import wait_until
 from tests.conftest import expire
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,10 +20,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send, interrupt
 
+from devtools.polling import wait_until
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim, node_identity
 from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError, TaskFailed
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.testing.polling import wait_until
 from tests.conftest import ROOT
 from tests.langgraph_app import acheckpointer, build, build_async, checkpointer
 from tests.test_async import run

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from django_taskclaim.testing.events import parse
-from django_taskclaim.testing.polling import wait_until
-from django_taskclaim.testing.processes import Supervisor
+from devtools.events import parse
+from devtools.polling import wait_until
+from devtools.processes import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 

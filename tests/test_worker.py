@@ -12,9 +12,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from devtools.polling import wait_until
 from django_taskclaim.exceptions import InvalidResult, StaleClaim
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.testing.polling import wait_until
 from django_taskclaim.worker import work
 from tests.conftest import expire, spawning
 from tests.testapp.models import Effect

@@ -16,7 +16,7 @@ import argparse
 import os
 from typing import Any
 
-from django_taskclaim.testing.events import emit
+from devtools.events import emit
 
 from .worker import Reporter
 

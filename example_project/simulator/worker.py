@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from django_taskclaim.testing.events import emit
+from devtools.events import emit
 
 
 class Reporter:

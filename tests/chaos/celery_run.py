@@ -93,7 +93,7 @@ class CeleryHarness(Harness):
         self.paused: dict[int, float] = {}  # pool process pid -> resume at
         self.events_dir = os.path.join(self.rundir, "events")
         os.makedirs(self.events_dir)
-        from django_taskclaim.testing.servers import RabbitMQServer, RedisServer
+        from devtools.servers import RabbitMQServer, RedisServer
 
         self.broker_kind = broker
         if broker == "rabbitmq":

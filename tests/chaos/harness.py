@@ -1,7 +1,7 @@
 """The run: a database server of its own, W worker processes, the nemesis, the quiet period.
 
 Everything the run needs is started here and stopped at the end: a throwaway PostgreSQL
-(``django_taskclaim.testing.servers.PostgresServer``) or a SQLite file, the schema (``migrate``), the workers
+(``devtools.servers.PostgresServer``) or a SQLite file, the schema (``migrate``), the workers
 (``tests.chaos.worker``) and the tasks. The nemesis draws every decision (which fault, which
 worker, how long) from one ``random.Random(seed)``; the timing of the processes is not
 deterministic, so a seed reproduces the fault schedule, not the interleaving.
@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from django_taskclaim.testing.servers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from django_taskclaim.testing.events import emit
+from devtools.events import emit
 
 DB_RETRIES = 3
 
