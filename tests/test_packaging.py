@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,9 +16,17 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     out = tmp_path_factory.mktemp("wheel")
-    # No build isolation: the virtualenv's setuptools builds it, with no download.
+    # From a copy of what the build reads (git's files, so nothing untracked): setuptools writes
+    # build/ and *.egg-info beside the sources. No build isolation: the virtualenv's setuptools
+    # builds it, with no download.
+    source = out / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for name in tracked.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], check=True, cwd=out)
+                    "-w", str(out), str(source)], check=True, cwd=out)
     [wheel] = out.glob("django_taskclaim-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         return archive.namelist()
