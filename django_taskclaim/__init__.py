@@ -13,9 +13,8 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 __all__ = ["TaskKey", "arun_once", "run_once"]
 
 if TYPE_CHECKING:
-    from .aio import arun_once
     from .keys import TaskKey
-    from .runner import run_once
+    from .once import arun_once, run_once
 
 
 def __getattr__(name: str) -> Any:
@@ -25,11 +24,11 @@ def __getattr__(name: str) -> Any:
 
         return TaskKey
     if name == "arun_once":
-        from .aio import arun_once
+        from .once import arun_once
 
         return arun_once
     if name == "run_once":
-        from .runner import run_once
+        from .once import run_once
 
         return run_once
     raise AttributeError(f"module 'django_taskclaim' has no attribute {name!r}")

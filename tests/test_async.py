@@ -163,51 +163,6 @@ def test_akeepalive_notices_a_takeover_and_raises_at_the_end() -> None:
     run(scenario())
 
 
-def test_akeepalive_survives_a_dropped_connection() -> None:
-    """The server kills the connection the heartbeats use; the next heartbeat reconnects."""
-    from django.db import connection
-
-    if connection.vendor == "sqlite":
-        pytest.skip("needs a database server whose connections can be dropped (PostgreSQL, MySQL)")
-    pg = connection.vendor == "postgresql"
-
-    def backend_pid() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()" if pg else "SELECT CONNECTION_ID()")
-            return int(cursor.fetchone()[0])
-
-    def terminate(pid: int) -> None:  # from another connection, on another thread
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(%s)" if pg else "KILL CONNECTION %s", [pid])
-        finally:
-            connection.close()
-
-    async def scenario() -> None:
-        claim = (await Task.objects.aclaim("job", lease=0.9)).claim
-        assert claim is not None
-        async with claim.akeepalive():
-            dropped = await sync_to_async(backend_pid)()
-            await sync_to_async(terminate, thread_sensitive=False)(dropped)
-            seen: set[Any] = set()
-
-            def lease_expiry() -> Any:  # read on a connection of its own: the shared one is dropped
-                try:
-                    return Task.objects.get(key="job").lease_expires_at
-                finally:
-                    connection.close()
-
-            async def renewed_on_a_new_connection() -> bool:
-                seen.add(await sync_to_async(lease_expiry, thread_sensitive=False)())
-                return len(seen) >= 4 and await sync_to_async(backend_pid)() != dropped
-
-            await poll(renewed_on_a_new_connection)
-        assert not claim.lost.is_set()
-        await claim.acomplete("ok")
-
-    run(scenario())
-
-
 # -- arun_once -------------------------------------------------------------------------------
 
 def test_arun_once_with_many_callers_in_one_event_loop_runs_once_and_all_get_the_result() -> None:

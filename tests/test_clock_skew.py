@@ -24,7 +24,7 @@ from django.db import connection
 from django.utils import timezone
 
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.runner import run_once
+from django_taskclaim.once import run_once
 from django_taskclaim.store import DbNowPlus
 from tests.conftest import db_now, lease_left, requirement_missing
 

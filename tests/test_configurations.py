@@ -238,3 +238,29 @@ def test_autocommit_off_a_stale_claim_writes_nothing(autocommit_off: str) -> Non
     transaction.commit(using=autocommit_off)
     assert not Effect.objects.filter(task_key="job").exists()
     assert Attempt.objects.get(task__key="job", token=1).stale_writes == 1
+
+
+@only_in("pgbouncer")
+def test_keepalive_inside_a_transaction_changes_no_setting_of_other_clients() -> None:
+    """Issue 25.8: the heartbeats of a keepalive inside the caller's transaction limit their own
+    lock waits; behind PgBouncer in transaction mode another client's statements ran on the same
+    server sessions, and got ``canceling statement due to lock timeout``."""
+    claim = Task.objects.claim("job", lease=0.6).claim  # committed before the transaction
+    assert claim is not None
+    seen: set[str] = set()
+    expiries: set[Any] = set()
+
+    def other_client() -> None:
+        deadline = dt.datetime.now() + dt.timedelta(seconds=30)
+        with task_db().cursor() as cursor:
+            while len(expiries) < 6:  # several heartbeats, each in a transaction of its own
+                assert dt.datetime.now() < deadline, "the keepalive did not heartbeat"
+                cursor.execute("SHOW lock_timeout")
+                seen.add(str(cursor.fetchone()[0]))
+                cursor.execute("SELECT lease_expires_at FROM django_taskclaim_task WHERE id = %s", [claim.task_id])
+                expiries.add(cursor.fetchone()[0])
+
+    with transaction.atomic(using=tc_settings.DATABASE), claim.keepalive(interval=0.05):
+        in_other_thread(other_client)
+    assert seen == {"0"}, seen
+    claim.complete("ok")

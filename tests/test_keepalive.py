@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 
 from devtools.polling import wait_until
 from django_taskclaim.exceptions import StaleClaim
@@ -131,8 +133,26 @@ class Thief:
         self.thread.join(30)
 
 
-def test_keepalive_inside_atomic_keeps_a_committed_claim_alive() -> None:
+def alive(claim, kind: str, interval: float, body) -> None:  # type: ignore[no-untyped-def]
+    """Run ``body()`` under ``claim.keepalive()`` (``sync``), or under ``claim.akeepalive()`` in a
+    coroutine that this sync caller runs through ``async_to_sync``, the body going back to this
+    thread through ``sync_to_async`` (a sync view inside ``atomic()`` running async work)."""
+    if kind == "sync":
+        with claim.keepalive(interval=interval):
+            body()
+        return
+
+    async def main() -> None:
+        async with claim.akeepalive(interval=interval):
+            await sync_to_async(body)()
+
+    async_to_sync(main)()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_keepalive_inside_atomic_keeps_a_committed_claim_alive(kind: str) -> None:
     """Claimed (and committed) before the transaction: the thread heartbeats on its own connection.
+    The async twin the same (issue 25.2: it used to rest, trusting a row lock nobody held).
 
     (The block reads nothing itself: on SQLite without WAL, a transaction that has read holds a
     shared lock that stops every other connection's commit, heartbeats and takeovers alike.)
@@ -143,20 +163,24 @@ def test_keepalive_inside_atomic_keeps_a_committed_claim_alive() -> None:
 
     claim = Task.objects.claim("job", owner="me", lease=1).claim
     start = claim.lease_expires_at
-    with transaction.atomic(), claim.keepalive(interval=0.2), Thief("job") as thief:
-        # Three lease lengths by the database clock, while another connection keeps trying.
-        until(lambda: thief.tries >= 5 and thief.latest is not None
-                   and thief.latest > start + dt.timedelta(seconds=3), timeout=30)  # type: ignore[operator]
-        assert not thief.took, "another worker took over a task whose owner was alive"
+
+    def work() -> None:
+        with Thief("job") as thief:
+            # Three lease lengths by the database clock, while another connection keeps trying.
+            until(lambda: thief.tries >= 5 and thief.latest is not None
+                       and thief.latest > start + dt.timedelta(seconds=3), timeout=30)  # type: ignore[operator]
+            assert not thief.took, "another worker took over a task whose owner was alive"
+
+    with transaction.atomic():
+        alive(claim, kind, 0.2, work)
     assert not claim.lost.is_set()
     claim.complete("mine")
     assert Task.objects.values_list("owner", "status", "result").get() == ("me", "succeeded", "mine")
 
 
-def test_keepalive_inside_atomic_reports_a_takeover() -> None:
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_keepalive_inside_atomic_reports_a_takeover(kind: str) -> None:
     """Never lose silently: a committed claim taken over while the transaction runs ends in StaleClaim."""
-    import threading
-
     from django.db import connection, transaction
 
     claim = Task.objects.claim("job", owner="me", lease=1).claim
@@ -168,26 +192,47 @@ def test_keepalive_inside_atomic_reports_a_takeover() -> None:
         finally:
             connection.close()
 
-    with pytest.raises(StaleClaim, match="keepalive"), transaction.atomic(), claim.keepalive(interval=0.1):
+    def work() -> None:
         thread = threading.Thread(target=take_over)
         thread.start()
         thread.join(30)
         assert claim.lost.wait(30), "the keepalive thread did not notice the takeover"
+
+    with pytest.raises(StaleClaim, match="keepalive"), transaction.atomic():
+        alive(claim, kind, 0.1, work)
     assert Task.objects.get(key="job").owner == "thief"
 
 
-@pytest.mark.parametrize("action", ["complete", "fail", "release"])
-def test_finishing_inside_keepalive_raises_nothing(action: str) -> None:
-    """Heartbeats refused because *this* claim finished are no loss, and no fenced-off write."""
+def _fenced_complete(claim) -> None:  # type: ignore[no-untyped-def]
+    with claim.fenced():
+        claim.complete("inside")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("action", ["complete", "fail", "release", "fenced complete"])
+def test_finishing_inside_keepalive_raises_nothing(action: str, kind: str) -> None:
+    """Heartbeats refused because *this* claim finished are no loss, and no fenced-off write;
+    the async twin the same (issue 25.6: it raised StaleClaim and sent heartbeat_lost)."""
+    from django_taskclaim.signals import heartbeat_lost
+
+    lost: list[object] = []
+    heartbeat_lost.connect(lambda **kw: lost.append(kw), weak=False, dispatch_uid="lost")
     claim = Task.objects.claim("job", lease=0.3).claim
-    with claim.keepalive(interval=0.01):
-        getattr(claim, action)(*(["boom"] if action == "fail" else []))
-        # Let the thread try to heartbeat the finished task a few times.
-        deadline = time.monotonic() + 0.3
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
-    assert not claim.lost.is_set()
+    end = {"complete": claim.complete, "fail": lambda: claim.fail("boom"), "release": claim.release,
+           "fenced complete": lambda: _fenced_complete(claim)}[action]
+    try:
+        alive(claim, kind, 0.01, lambda: (end(), refused_a_few_times(claim)))
+    finally:
+        heartbeat_lost.disconnect(dispatch_uid="lost")
+    assert not claim.lost.is_set() and not lost
     assert Attempt.objects.get().stale_writes == 0
+
+
+def refused_a_few_times(claim) -> None:  # type: ignore[no-untyped-def]
+    """Let the heartbeat thread try the finished task a few times (past the lease)."""
+    deadline = time.monotonic() + 0.4
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def test_fenced_then_complete_inside_atomic_and_keepalive_does_not_deadlock() -> None:
@@ -232,7 +277,8 @@ def test_keepalive_inside_atomic_holds_off_other_processes(spawn) -> None:  # ty
     assert Task.objects.get(key="job").owner == "me"
 
 
-def test_keepalive_reconnects_after_its_connection_is_dropped() -> None:
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_keepalive_reconnects_after_its_connection_is_dropped(kind: str) -> None:
     """A heartbeat connection killed by the server (failover, idle kill) is replaced, not retried to death."""
     from django.db import connection
 
@@ -240,7 +286,8 @@ def test_keepalive_reconnects_after_its_connection_is_dropped() -> None:
         pytest.skip("terminating a server session needs a database server (PostgreSQL, MySQL)")
     claim = Task.objects.claim("job", lease=0.9).claim
     seen = set()
-    with claim.keepalive():
+
+    def work() -> None:
         until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 2)
         with connection.cursor() as cursor:  # every session but ours: the keepalive thread's
             if connection.vendor == "postgresql":
@@ -259,6 +306,8 @@ def test_keepalive_reconnects_after_its_connection_is_dropped() -> None:
         seen.clear()
         # Renewed several times after the drop, for longer than one lease: a new connection.
         until(lambda: bool(seen.add(Task.objects.get(key="job").lease_expires_at)) or len(seen) >= 5)
+
+    alive(claim, kind, 0.3, work)
     assert not claim.lost.is_set(), claim.lost_reason
     claim.complete("ok")
 

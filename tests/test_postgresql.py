@@ -66,6 +66,25 @@ def synchronous_commit() -> str:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_lock_wait_limit_of_a_heartbeat_is_transaction_local() -> None:
+    """Issue 25.8: keepalive inside a transaction limited its lock waits with a session-level
+    setting, which behind PgBouncer in transaction mode reached other clients' statements."""
+    from django.db import transaction
+
+    from django_taskclaim.store import get_store
+
+    def lock_timeout() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            return str(cursor.fetchone()[0])
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        get_store("default").limit_lock_waits(cursor, 1.0)
+        assert lock_timeout() == "1s"
+    assert lock_timeout() == "0"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_duplicate_records_commit_asynchronously_without_leaking_the_setting() -> None:
     from django.db import transaction
 

@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 from django_taskclaim import run_once, signals
 from django_taskclaim.exceptions import TaskBusy
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.runner import run_once_with
+from django_taskclaim.once import run_once_with
 from tests.conftest import MYSQL_LOCK_WAITS
 from tests.testapp.models import Effect
 

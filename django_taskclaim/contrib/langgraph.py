@@ -25,7 +25,6 @@ Requires the ``langgraph`` extra: ``pip install django-taskclaim[langgraph]``.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -41,10 +40,18 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 
 from ..conf import settings
-from ..exceptions import InvalidTaskKey, StaleClaim, TaskClaimError
+from ..exceptions import InvalidTaskKey, TaskClaimError
 from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
-from ..lifecycle import Claim, complete_or_fail
-from ..runner import ON_BUSY
+from ..lifecycle import Claim, claim
+from ..lifecycle.execution import (
+    Policy,
+    aexecute,
+    arun_by_key,
+    check_on_busy,
+    current_claim,
+    execute,
+    run_by_key,
+)
 
 __all__ = ["claimed_node", "current_claim", "node_identity"]
 
@@ -60,16 +67,9 @@ STEP, NODE, PATH, CHECKPOINT_NS = "langgraph_step", "langgraph_node", "langgraph
 PUSH, NS_SEP = "__pregel_push", "|"
 CHECKPOINTER, CHECKPOINT_MAP = "__pregel_checkpointer", "checkpoint_map"
 
-_UNSET = object()
-_current: contextvars.ContextVar[Claim] = contextvars.ContextVar("taskclaim_langgraph_claim")
-
-
-def current_claim() -> Claim:
-    """The claim of the ``claimed_node`` running in this context (thread or asyncio task)."""
-    try:
-        return _current.get()
-    except LookupError:
-        raise TaskClaimError("current_claim() is only available inside a node wrapped by claimed_node") from None
+# interrupt() (or a Command to the parent graph): the node runs again on resume, so giving the
+# claim back does not spend an attempt. A failure is recorded, PENDING while attempts remain.
+POLICY = Policy(give_back=(GraphBubbleUp,))
 
 
 def node_identity(config: RunnableConfig, version: str = "", *, forks: int = 0) -> TaskKey:
@@ -194,8 +194,7 @@ def claimed_node(
     failure (retry while attempts remain) and re-raises; an ``interrupt()`` releases the claim.
     ``owner`` names the worker in claims and audits (default: ``host:pid:random``).
     """
-    if on_busy not in ON_BUSY:
-        raise ValueError(f"on_busy must be one of {ON_BUSY}, not {on_busy!r}")
+    check_on_busy(on_busy)
     if not isinstance(version, str):
         raise InvalidTaskKey(f"version must be a string, not {type(version).__name__}")
     if lease is not None:
@@ -229,40 +228,30 @@ def _wrap(
 
     wrapper: Callable[..., Any]
     if inspect.iscoroutinefunction(fn):
+        aclaim = sync_to_async(claim)
 
         async def async_node(state: Any, config: RunnableConfig) -> Any:
-            from ..models import Task
-
             task_key = await aidentity(state, config)
-            while True:
-                outcome = await Task.objects.aclaim(task_key, owner=owner, lease=lease)
-                if outcome.claim is not None:
-                    args, kwargs = call_args(state, config)
-                    return await _arun(outcome.claim, fn, args, kwargs)
-                await _settle_async(outcome.task, on_busy)
-                if outcome.task.status == Task.Status.SUCCEEDED:
-                    return outcome.task.result
+            args, kwargs = call_args(state, config)
+
+            async def run(held: Claim) -> Any:
+                return (await aexecute(held, fn, args, kwargs, policy=POLICY)).outcome()
+
+            return await arun_by_key(lambda: aclaim(task_key, owner=owner, lease=lease), run, on_busy)
 
         wrapper = async_node
     else:
 
         def sync_node(state: Any, config: RunnableConfig) -> Any:
-            from ..models import Task
-
             # LangGraph runs sync nodes on threads of its own pool: a connection this call
             # opens on such a thread is closed again, not left to the thread's end.
             conn = connections[settings.DATABASE]
             opened_here = conn.connection is None
             try:
                 task_key = identity(state, config)
-                while True:
-                    outcome = Task.objects.claim(task_key, owner=owner, lease=lease)
-                    if outcome.claim is not None:
-                        args, kwargs = call_args(state, config)
-                        return _run(outcome.claim, fn, args, kwargs)
-                    _settle(outcome.task, on_busy)
-                    if outcome.task.status == Task.Status.SUCCEEDED:
-                        return outcome.task.result
+                args, kwargs = call_args(state, config)
+                return run_by_key(lambda: claim(task_key, owner=owner, lease=lease),
+                                  lambda held: execute(held, fn, args, kwargs, policy=POLICY).outcome(), on_busy)
             finally:
                 if opened_here and not conn.in_atomic_block:
                     conn.close()
@@ -278,99 +267,3 @@ def _wrap(
         inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=RunnableConfig),
     ])
     return wrapper  # type: ignore[return-value]
-
-
-def _settle(task: Any, on_busy: str) -> None:
-    """For a step someone else holds or finished: return to read it, wait, or raise."""
-    from ..runner import WAIT, _wait_while_busy, stored_answer
-
-    if stored_answer(task, on_busy) is WAIT:
-        _wait_while_busy(task)
-
-
-async def _settle_async(task: Any, on_busy: str) -> None:
-    from ..aio import _await_while_busy
-    from ..runner import WAIT, stored_answer
-
-    if stored_answer(task, on_busy) is WAIT:
-        await _await_while_busy(task)
-
-
-def _completed_by_body(claim: Claim) -> bool:
-    """Whether the body completed its own claim (the effect and the update in one fenced block)."""
-    from ..models import Task
-
-    return Task.objects.using(claim.using).filter(
-        pk=claim.task_id, fencing_token=claim.token, status=Task.Status.SUCCEEDED).exists()
-
-
-def _run(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    token = _current.set(claim)
-    update: Any = _UNSET
-    try:
-        with claim.keepalive():
-            update = fn(*args, **kwargs)
-    except StaleClaim:
-        # A heartbeat that failed (the database was unreachable) after the body had completed
-        # its own claim in fenced() loses nothing: that completion was token-checked.
-        if update is not _UNSET and _completed_by_body(claim):
-            return update
-        raise
-    except GraphBubbleUp:
-        # interrupt() (or a Command to the parent graph): the node runs again on resume; giving
-        # the claim back does not spend an attempt.
-        _give_back(claim)
-        raise
-    except Exception as exc:
-        _record_failure(claim, exc)
-        raise
-    finally:
-        _current.reset(token)
-    if not _completed_by_body(claim):
-        _store(claim, update)
-    return update
-
-
-async def _arun(claim: Claim, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    token = _current.set(claim)
-    update: Any = _UNSET
-    try:
-        async with claim.akeepalive():
-            update = await fn(*args, **kwargs)
-    except StaleClaim:
-        if update is not _UNSET and await sync_to_async(_completed_by_body)(claim):
-            return update
-        raise
-    except GraphBubbleUp:
-        await sync_to_async(_give_back)(claim)
-        raise
-    except Exception as exc:
-        await sync_to_async(_record_failure)(claim, exc)
-        raise
-    finally:
-        _current.reset(token)
-    if not await sync_to_async(_completed_by_body)(claim):
-        await sync_to_async(_store)(claim, update)
-    return update
-
-
-def _store(claim: Claim, update: Any) -> None:
-    """Complete with the update; one that cannot be stored ends the step FAILED, never re-run."""
-    # The body ran (its effects may have landed): running it again is not an option.
-    complete_or_fail(claim, update)
-
-
-def _give_back(claim: Claim) -> None:
-    try:
-        claim.release()
-    except StaleClaim:  # taken over meanwhile: the interrupt still propagates, not this
-        logger.warning("release of a fenced-off node claim refused",
-                       extra={"key": claim.key, "tenant": claim.tenant, "token": claim.token})
-
-
-def _record_failure(claim: Claim, exc: BaseException) -> None:
-    try:
-        claim.fail(exc, retry=True)
-    except StaleClaim:
-        logger.warning("failure of a fenced-off node claim not recorded",
-                       extra={"key": claim.key, "tenant": claim.tenant, "token": claim.token})

@@ -1,6 +1,6 @@
 """The claim API: validate what the caller asks, run the transition, hand back claims and tasks.
 
-``Task.objects.claim(...)`` and friends call these; so do the runner and the integrations.
+``Task.objects.claim(...)`` and friends call these; so does the execution protocol's caller.
 """
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ import logging
 import os
 import secrets
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
-from django.db import DataError
-
 from ..conf import settings
-from ..exceptions import InvalidResult, PayloadMismatch, StaleClaim, TaskClaimError
+from ..exceptions import PayloadMismatch, TaskClaimError
 from ..keys import (
     MAX_OWNER_LENGTH,
     TaskKey,
@@ -31,7 +30,7 @@ from ..status import Status
 from ..store.rows import Claimed, Moved, TaskRow
 from . import transitions
 from .handle import Claim
-from .transitions import in_transaction, to_task
+from .transitions import to_task
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -135,13 +134,15 @@ def claim(
     # A task deleted by taskclaim_purge meanwhile (even between the read and the duplicate's
     # audit row) reads as absent: the next round creates it afresh and claims it.
     for _ in range(3):
+        sent = time.monotonic()
         result = transitions.claim_key(using, tenant=tenant, key=key, owner=owner, lease=seconds,
                                        payload=stored, fingerprint=fp, max_attempts=limit,
                                        delivery_id=delivery_id)
         if result is None:
             continue  # purged between the statements: gone, so claim it afresh
         if isinstance(result, Claimed):
-            return ClaimOutcome(True, Claim.taken(result, using, seconds, delivery_id), row=result.row, using=using)
+            claim_ = Claim.taken(result, using, seconds, delivery_id, sent=sent)
+            return ClaimOutcome(True, claim_, row=result.row, using=using)
         row, expired = result.row, result.expired
         if fp and row.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
@@ -169,9 +170,10 @@ def claim_next(
     owner = _owner(owner)
     validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
     using = using or settings.DATABASE
+    sent = time.monotonic()
     claimed = transitions.claim_next(using, owner=owner, lease=seconds, tenant=tenant, limit=limit,
                                      delivery_id=delivery_id)
-    return [Claim.taken(c, using, seconds, delivery_id) for c in claimed]
+    return [Claim.taken(c, using, seconds, delivery_id, sent=sent) for c in claimed]
 
 
 def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) -> list[Moved]:
@@ -184,32 +186,3 @@ def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) 
 def reclaim_expired(limit: int | None = None, *, using: str | None = None) -> int:
     """How many expired RUNNING tasks :func:`reclaim_expired_rows` moved."""
     return len(reclaim_expired_rows(limit, using=using))
-
-
-def complete_or_fail(claim: Claim, result: Any = None, result_ref: str = "") -> None:
-    """Complete ``claim`` for work that already ran; a result that cannot be stored ends it FAILED.
-
-    ``complete()`` alone leaves the task RUNNING when it refuses a result, and the next claim
-    after the lease would run the work a second time. Here the refusal is recorded as the
-    final failure (the error names the problem) and ``InvalidResult`` propagates; a later call
-    finds the task FAILED. Used by ``run_once`` and the Celery bridge.
-    """
-    try:
-        claim.complete(result, result_ref)
-    except InvalidResult as exc:
-        _fail_quietly(claim, exc)
-        raise
-    except DataError as exc:
-        # Something the checks above did not foresee; inside a transaction the database has
-        # aborted it, and the caller's rollback decides.
-        if in_transaction(claim.using):
-            raise
-        _fail_quietly(claim, exc)
-        raise InvalidResult(f"the database refused the result: {exc}") from exc
-
-
-def _fail_quietly(claim: Claim, error: BaseException) -> None:
-    try:
-        claim.fail(error, retry=False)
-    except StaleClaim:
-        logger.warning("failure of a fenced-off claim not recorded", extra=claim._log_extra())

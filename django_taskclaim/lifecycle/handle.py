@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from .. import signals
@@ -18,10 +21,11 @@ from ..keys import clean_text, lease_seconds, positive_int, resolve_identity, to
 from ..status import Status
 from ..store.rows import Claimed
 from . import transitions
-from .asynchronous import AsyncClaimMixin
 from .keepalive import KeepaliveMixin
 
 logger = logging.getLogger("django_taskclaim")
+
+T = TypeVar("T")
 
 MAX_ERROR_LENGTH = 10_000
 MAX_RESULT_REF_LENGTH = 1024
@@ -36,16 +40,18 @@ def error_text(error: object) -> str:
     return clean_text(text, MAX_ERROR_LENGTH)
 
 
-class Claim(KeepaliveMixin, AsyncClaimMixin):
+class Claim(KeepaliveMixin):
     """Proof that this worker owns a task until its lease expires: the token fences every write.
 
     Every method that writes has an awaitable twin (``acomplete``…, ``akeepalive``,
-    ``afenced``).
+    ``afenced``), which runs the sync method on Django's ORM thread (``sync_to_async``, as
+    Django's own ``a*`` queryset methods do): one implementation of each rule.
     """
 
     def __init__(
         self, *, task_id: int, key: str, tenant: str, token: int, owner: str, lease: float,
         lease_expires_at: datetime | None, attempt: int, using: str, delivery_id: str = "",
+        sent: float | None = None,
     ) -> None:
         self.task_id = task_id
         self.key = key
@@ -64,21 +70,31 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         self.lost_reason: BaseException | None = None
         # complete/fail/release under way or done: a refused heartbeat then means nothing was lost.
         self._finishing = False
-        # The status this claim's own complete/fail/release left the task in (for work(): a
-        # handler that ended its claim itself, inside its own fenced() block, say).
+        # The status this claim's own complete/fail/release left the task in, and whether that
+        # write is known to have committed (see ended()).
         self._ended: str | None = None
+        self._ended_committed = False
+        self._rolled_back = 0  # endings of this claim that were rolled back
+        self._stored: str | None = None  # the JSON its complete() stored
+        # By this process's monotonic clock, the earliest the lease can run out: counted from
+        # before the statement that set it was sent. Timers of this worker go by it (a worker's
+        # clock may only make it stop early); the database decides expiry.
+        self._deadline = (time.monotonic() if sent is None else sent) + lease
         # This thread's open transaction holds the task row (fenced(), a heartbeat inside it):
         # nobody can take over until it ends, and a heartbeat from another connection would wait.
         # (Consulted on SQLite only; PostgreSQL asks the row's lock itself.)
         self._row_held = False
+        # The keepalive thread beating now, whose own short transactions hold nothing after.
+        self._beating: threading.Thread | None = None
 
     @classmethod
-    def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "") -> Claim:
-        """The claim for a row this worker just claimed, announced to logs and receivers."""
+    def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "", *, sent: float) -> Claim:
+        """The claim for a row this worker just claimed (by a statement sent at ``sent``, this
+        process's monotonic clock), announced to logs and receivers."""
         row = claimed.row
         new = cls(task_id=row.id, tenant=row.tenant, key=row.key, owner=row.owner, token=row.fencing_token,
                   attempt=row.attempts, lease=lease, lease_expires_at=row.lease_expires_at, using=using,
-                  delivery_id=delivery_id)
+                  delivery_id=delivery_id, sent=sent)
         new.payload = row.payload
         transitions.announce_claim(new, claimed.previous_owner)
         return new
@@ -105,7 +121,45 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         if status is None:
             self._finishing = finishing  # fenced off: this claim did not finish the task
             self._refuse(action)
-        self._ended = str(status)
+        self._record_ending(str(status))
+        return str(status)
+
+    def _record_ending(self, status: str) -> None:
+        self._ended = status
+        # Outside a transaction the write has committed; inside one, it commits with it (or not).
+        self._ended_committed = not transitions.in_transaction(self.using)
+
+    def _forget_ending(self) -> None:
+        """This claim's ending was rolled back: the claim holds the task again."""
+        self._ended, self._ended_committed, self._finishing = None, False, False
+        self._rolled_back += 1
+
+    @property
+    def completed_with(self) -> Any:
+        """The result this claim's ``complete()`` stored, as a later read returns it (JSON)."""
+        return None if self._stored is None else json.loads(self._stored)
+
+    def remaining(self) -> float:
+        """Seconds of lease left at least, by this process's clock (negative once it may have run out)."""
+        return self._deadline - time.monotonic()
+
+    def ended(self) -> str | None:
+        """The status this claim's own complete, fail or release left the task in, if it holds.
+
+        ``None`` when the claim has not ended itself, or its ending was rolled back with the
+        transaction it was written in (a ``complete()`` inside an ``atomic()`` block that then
+        rolled back): the claim then still holds the task. An ending written inside a
+        transaction that is still open counts, as it commits or rolls back with it. Costs one
+        read only for an ending written inside a transaction that has ended since.
+        """
+        if self._ended is None or self._ended_committed:
+            return self._ended
+        if transitions.in_transaction(self.using):
+            return self._ended  # still open: it ends (commits or not) with the caller's transaction
+        if transitions.check(self):  # running under our token again: the ending was rolled back
+            self._forget_ending()
+            return None
+        self._ended_committed = True
         return self._ended
 
     @staticmethod
@@ -123,14 +177,15 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
     def heartbeat(self, lease: float | timedelta | None = None) -> datetime | None:
         """Extend the lease from the database's now; ``StaleClaim`` if another worker took over."""
         seconds = lease_seconds(self.lease if lease is None else lease)
+        sent = time.monotonic()
         expires = transitions.heartbeat(self, seconds)
         if expires is None:
             if self._finishing:  # keepalive raced our own completion: nothing to count
                 raise StaleClaim(self.key, self.tenant, self.token, "heartbeat")
             self._refuse("heartbeat")
-        if transitions.in_transaction(self.using):
-            self._row_held = True  # the row stays locked by this transaction until it ends
-        self.lease, self.lease_expires_at = seconds, expires
+        if transitions.in_transaction(self.using) and threading.current_thread() is not self._beating:
+            self._row_held = True  # the owner's transaction keeps the row locked until it ends
+        self.lease, self.lease_expires_at, self._deadline = seconds, expires, sent + seconds
         return expires
 
     def complete(self, result: Any = None, result_ref: str = "") -> None:
@@ -143,6 +198,7 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         """
         result_json = self._result_json(result, result_ref)
         self._finishing_write("complete", transitions.complete, result_json, result_ref)
+        self._stored = result_json
         if logger.isEnabledFor(logging.INFO):
             logger.info("task completed", extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
@@ -165,6 +221,7 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         if tenant is not None:
             _, tenant = resolve_identity("-", tenant)
         finishing, self._finishing = self._finishing, True
+        sent = time.monotonic()
         try:
             status, claimed = transitions.complete_and_claim_next(
                 self, result_json, result_ref, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
@@ -175,11 +232,12 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
         if status is None:
             self._finishing = finishing
             self._refuse("complete")
-        self._ended = str(status)
+        self._record_ending(str(status))
+        self._stored = result_json
         if logger.isEnabledFor(logging.INFO):
             logger.info("task completed", extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
-        return [Claim.taken(c, self.using, seconds, self.delivery_id) for c in claimed]
+        return [Claim.taken(c, self.using, seconds, self.delivery_id, sent=sent) for c in claimed]
 
     def fail(self, error: BaseException | str, retry: bool = False) -> str:
         """Record a failure: back to PENDING when ``retry`` and attempts remain, else FAILED.
@@ -220,6 +278,7 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
             # The caller turned autocommit off: the block joins its transaction, and the writes
             # commit (or roll back) with the caller's commit() (or rollback()).
             transitions.join_callers_transaction(self.using)
+        ending = self._ended
         with transaction.atomic(using=self.using):
             if transitions.lock(self):
                 held = self._row_held
@@ -229,9 +288,49 @@ class Claim(KeepaliveMixin, AsyncClaimMixin):
                     yield self
                 except BaseException:
                     self._row_held = held  # the savepoint rolled back, and its lock with it
+                    if self._ended is not None and ending is None:
+                        self._forget_ending()  # an ending written in the block rolled back with it
                     raise
             else:
                 refused = True
+        if not nested and self._ended is not None and ending is None:
+            self._ended_committed = True  # written in this block, which has just committed
         # Recorded after the (empty) transaction ended, so the count is not rolled back with it.
         if refused:
             self._refuse("fenced write")
+
+    # -- the awaitable twins: each runs its sync method on Django's ORM thread ------------------
+    async def aheartbeat(self, lease: float | timedelta | None = None) -> datetime | None:
+        """:meth:`heartbeat`, awaitable."""
+        return await sync_to_async(self.heartbeat)(lease)
+
+    async def acomplete(self, result: Any = None, result_ref: str = "") -> None:
+        """:meth:`complete`, awaitable."""
+        await sync_to_async(self.complete)(result, result_ref)
+
+    async def afail(self, error: BaseException | str, retry: bool = False) -> str:
+        """:meth:`fail`, awaitable; returns the new status."""
+        return await sync_to_async(self.fail)(error, retry)
+
+    async def arelease(self) -> None:
+        """:meth:`release`, awaitable."""
+        await sync_to_async(self.release)()
+
+    async def acheck(self) -> None:
+        """:meth:`check`, awaitable: ``StaleClaim`` unless this claim still owns the task."""
+        await sync_to_async(self.check)()
+
+    async def afenced(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run the sync ``func(*args, **kwargs)`` inside :meth:`fenced` on the ORM's thread.
+
+        Django has no async transactions, so the fenced block cannot span ``await``\\ s: put
+        the effect's ORM writes (and ``claim.complete(...)``, to commit them together) in one
+        sync function. Its writes commit only if this claim still owns the task; otherwise
+        ``StaleClaim`` is raised and nothing is written. Returns what ``func`` returns.
+        """
+
+        def run() -> T:
+            with self.fenced():
+                return func(*args, **kwargs)
+
+        return await sync_to_async(run)()

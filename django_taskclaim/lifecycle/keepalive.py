@@ -1,19 +1,38 @@
-"""``Claim.keepalive()``: heartbeats from a background thread while the work runs."""
+"""``Claim.keepalive()`` and ``Claim.akeepalive()``: heartbeats from a background thread while
+the work runs, one rule for both.
+
+The sync block and the async block differ only in how they are entered and left; the
+heartbeats, and the three rules that decide what a block's end means, are written once here:
+
+- **Inside a transaction** (``atomic()``, ``ATOMIC_REQUESTS``, autocommit off, or an async
+  block whose ORM thread is inside one), the heartbeats commit on the thread's own connection,
+  which keeps a claim committed before the transaction alive. While a transaction holds the
+  task's row (the caller's ``fenced()``, a claim made inside the still-open transaction), no one
+  can take over, and the thread only watches.
+- **Ended by itself**: a claim completed, failed or released inside the block ends the
+  heartbeats; a heartbeat refused because of that ending is no loss.
+- **Lost**: a heartbeat refused because another worker took over, or a database out of reach
+  until the lease has surely run out by this worker's clock, sets ``claim.lost`` and makes the
+  block end in ``StaleClaim``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections
+from asgiref.sync import sync_to_async
+from django.db import Error as DbError  # DatabaseError, and InterfaceError of a closed connection
+from django.db import connections, transaction
 
 from .. import signals
 from ..exceptions import StaleClaim
@@ -22,9 +41,13 @@ from . import transitions
 
 logger = logging.getLogger("django_taskclaim")
 
+#: A heartbeat from inside a caller's transaction waits at most this long for the task's row
+#: (the caller's transaction may take it, and waits for this thread at the end of the block).
+HELD_ROW_WAIT = 1.0
+
 
 class KeepaliveMixin:
-    """The keepalive of :class:`~django_taskclaim.lifecycle.handle.Claim`."""
+    """The keepalive of :class:`~django_taskclaim.lifecycle.handle.Claim`, sync and async."""
 
     if TYPE_CHECKING:  # provided by Claim
         task_id: int
@@ -38,6 +61,8 @@ class KeepaliveMixin:
         lost_reason: BaseException | None
         _finishing: bool
         _row_held: bool
+        _deadline: float
+        _beating: threading.Thread | None
 
         def heartbeat(self, lease: float | timedelta | None = None) -> datetime | None: ...
         def _log_extra(self) -> dict[str, Any]: ...
@@ -50,80 +75,89 @@ class KeepaliveMixin:
         until the lease would have run out by this worker's own clock, ``claim.lost`` is set and
         ``StaleClaim`` is raised when the block ends: the work must not be published. Completing
         (or failing, releasing) the claim inside the block ends the heartbeats, with no error.
-
-        Inside a transaction (``atomic()``, ``ATOMIC_REQUESTS``, autocommit off) the thread's
-        heartbeats commit on its own connection, which works for a claim committed before the
-        transaction began. A claim made inside the still-open transaction is invisible to other
-        connections; its row lock holds the task until commit, so the thread only watches.
+        Inside a transaction see the module's rules.
         """
-        every = self.lease / 3 if interval is None else interval
-        if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < float("inf"):
-            raise ValueError(f"keepalive interval must be a positive number of seconds, not {every!r}")
-        beats = _Beats(self, every, transitions.in_transaction(self.using))
-        _starter().add(beats)
+        beats = self._begin(interval, transitions.in_transaction(self.using))
         try:
             yield self
         finally:
             beats.end()
+        self._raise_if_lost()
+
+    @asynccontextmanager
+    async def akeepalive(self, interval: float | None = None) -> AsyncIterator[Any]:
+        """:meth:`keepalive` for async code: the same heartbeat thread and the same rules.
+
+        The transaction it looks at is the one of the thread Django runs this context's ORM
+        calls on (``sync_to_async``), which is the caller's ``atomic()`` when a sync view runs
+        async work through ``async_to_sync``.
+        """
+        outer = await sync_to_async(transitions.in_transaction)(self.using)
+        beats = self._begin(interval, outer)
+        try:
+            yield self
+        finally:
+            thread = beats.end(join=False)
+            if thread is not None:  # a heartbeat may be in flight: wait for it off the event loop
+                await asyncio.to_thread(thread.join)
+        self._raise_if_lost()
+
+    def _begin(self, interval: float | None, outer: bool) -> _Beats:
+        every = self.lease / 3 if interval is None else interval
+        if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < float("inf"):
+            raise ValueError(f"keepalive interval must be a positive number of seconds, not {every!r}")
+        beats = _Beats(self, every, outer)
+        _starter().add(beats)
+        return beats
+
+    def _raise_if_lost(self) -> None:
+        # A claim that ended itself lost nothing, whatever its heartbeats met afterwards.
         if self.lost.is_set() and not self._finishing:
             raise StaleClaim(self.key, self.tenant, self.token, "keepalive")
 
-    def _beat(self, stop: threading.Event, every: float, outer: bool, started: float) -> None:
+    def _beat(self, beats: _Beats) -> None:
+        """The heartbeat thread's loop (its own database connection, closed at the end)."""
         # The local deadline may only make us give up early; the database decides expiry.
-        deadline = started + self.lease
-        limited = not outer
-        wait = max(0.0, started + every - time.monotonic())  # the first beat: `every` after the start
+        give_up_at = self._deadline
+        wait = max(0.0, beats.due - time.monotonic())
+        self._beating = threading.current_thread()
         try:
-            while not stop.wait(wait):
-                wait = every
+            while not beats.stop.wait(wait):
+                wait = beats.every
                 if self._finishing:
                     return
                 try:
-                    if not limited:  # on first use: a short block never opens this connection
-                        self._limit_lock_waits(min(every, 1.0))
-                        limited = True
-                    if outer and not self._free_to_beat():
-                        # Held by the caller's open transaction: nobody can take over before it ends.
-                        deadline = time.monotonic() + self.lease
-                        continue
-                    self.heartbeat()
-                    deadline = time.monotonic() + self.lease
+                    if beats.outer:
+                        if not self._free_to_beat():
+                            # Held by a transaction: nobody can take over before it ends.
+                            give_up_at = time.monotonic() + self.lease
+                            continue
+                        self._heartbeat_beside_a_transaction()
+                    else:
+                        self.heartbeat()
+                    give_up_at = self._deadline
                 except StaleClaim as exc:
                     if not self._finishing:
                         self._lose(exc)
                     return
-                except DatabaseError as exc:
+                except DbError as exc:
                     logger.warning("heartbeat failed: %s", exc, extra=self._log_extra())
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() >= give_up_at:
                         self._lose(exc)
                         return
-                    # A session the server dropped never works again: close it so the next
-                    # heartbeat opens a new one (whose lock-wait limit must be set again).
-                    conn = connections[self.using]
-                    conn.close_if_unusable_or_obsolete()
-                    if conn.connection is None:
-                        limited = not outer
+                    # A session the server dropped never works again: close it, the next
+                    # heartbeat opens a new one.
+                    connections[self.using].close_if_unusable_or_obsolete()
         finally:
-            if outer and limited:
-                self._limit_lock_waits(None)
             connections[self.using].close()
 
-    def _limit_lock_waits(self, seconds: float | None) -> None:
-        """On this thread's connection: wait at most ``seconds`` for a lock (the caller's
-        transaction may hold the task row, and waits for this thread at the end of the block).
-
-        ``None`` restores the default before the connection goes back (to a pool, perhaps).
-        """
-        conn = connections[self.using]
-        if seconds is None and conn.connection is None:
-            return  # never opened, or gone: nothing to restore
-        try:
-            with conn.cursor() as cursor:
-                get_store(self.using).limit_lock_waits(cursor, seconds)
-        except DatabaseError:
-            if seconds is not None:
-                raise
-            # The connection is gone: nothing to restore.
+    def _heartbeat_beside_a_transaction(self) -> None:
+        """A heartbeat that waits at most ``HELD_ROW_WAIT`` for the row, in a transaction of its
+        own so that the limit is transaction-local (nothing leaks to a pooled session)."""
+        with transaction.atomic(using=self.using):
+            with connections[self.using].cursor() as cursor:
+                get_store(self.using).limit_lock_waits(cursor, HELD_ROW_WAIT)
+            self.heartbeat()
 
     def _free_to_beat(self) -> bool:
         """From this thread's own connection: whether a heartbeat can and should be sent now.
@@ -150,21 +184,24 @@ class KeepaliveMixin:
 
 
 # -- deferred heartbeat threads ----------------------------------------------------------------
-# A block's heartbeat thread starts only once the block has run for one interval: most blocks
-# of a busy queue end long before (a 30 s lease beats every 10 s), and starting and joining a
-# thread for each of them cost more client CPU than the task's own claim and completion. One
-# starter thread per process holds the blocks that may still need one, soonest first.
+# A block's heartbeat thread starts only once its first heartbeat is due: most blocks of a busy
+# queue end long before (a 30 s lease beats every 10 s), and a thread started and joined for
+# each of them would cost more than the task's own claim and completion. One starter thread per
+# process holds the blocks that may still need one, soonest first.
 
 _WAITING, _STARTED, _ENDED = range(3)
 
 
 class _Beats:
-    """The heartbeats of one ``keepalive()`` block: not started, started (a thread), or ended."""
+    """The heartbeats of one keepalive block: not started, started (a thread), or ended.
+
+    The first heartbeat is due one interval after the claim was made (not after the block
+    began): a claim that waited its turn has that much less of its lease left.
+    """
 
     def __init__(self, claim: KeepaliveMixin, every: float, outer: bool) -> None:
         self.claim, self.every, self.outer = claim, every, outer
-        self.started = time.monotonic()
-        self.due = self.started + every
+        self.due = claim._deadline - claim.lease + every
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.state = _WAITING
@@ -175,21 +212,23 @@ class _Beats:
         with self.lock:
             if self.state != _WAITING:
                 return
-            self.thread = threading.Thread(
-                target=self.claim._beat, args=(self.stop, self.every, self.outer, self.started),
-                daemon=True, name=f"taskclaim-keepalive-{self.claim.token}")
+            self.thread = threading.Thread(target=self.claim._beat, args=(self,), daemon=True,
+                                           name=f"taskclaim-keepalive-{self.claim.token}")
             self.thread.start()
             self.state = _STARTED
 
-    def end(self) -> None:
-        """The block is over: no thread will start; one that did is stopped and joined."""
+    def end(self, join: bool = True) -> threading.Thread | None:
+        """The block is over: no thread will start; one that did is stopped (and joined, or
+        returned for the caller to join)."""
         with self.lock:
             thread, self.state = self.thread, _ENDED
         self.stop.set()
-        if thread is not None:
-            thread.join()
-        else:
+        if thread is None:
             _starter().ended()
+        elif join:
+            thread.join()
+            return None
+        return thread
 
 
 class _Starter:

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from django.apps import apps
-from django.db import OperationalError, connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import signals
 from ..conf import settings
@@ -123,6 +123,58 @@ def _write(using: str, operation: Callable[[Any], T], *, operator: bool = False)
     return _retried(using, once, store)
 
 
+def _reconnecting(using: str, operation: Callable[[], T]) -> T:
+    """Run ``operation``, once more on a new connection if the server dropped this one.
+
+    A worker survives a dropped session (a restart, a failover, ``pg_terminate_backend``, an
+    idle-session kill) instead of dying with the claim it holds: outside a transaction the
+    statement simply runs again. Inside one, the transaction went with its connection, and the
+    caller's rollback comes first.
+    """
+    try:
+        return operation()
+    except (OperationalError, InterfaceError):
+        db = connections[using]
+        if in_transaction(using):
+            raise
+        db.close_if_unusable_or_obsolete()
+        if db.connection is not None:
+            raise  # the connection works: the error was the statement's own
+    logger.warning("database connection lost; running the statement again on a new one")
+    return operation()
+
+
+def _ending(holder: Holder, operation: Callable[[], T], status_of: Callable[[T], str | None]) -> T:
+    """An owner's ending write (complete, fail, release), reconnecting if its session was dropped.
+
+    A write whose session dropped may have committed before the client heard of it: the one
+    sent again then matches nothing. Where the task is no longer running under this token
+    since, the first write took effect, and its status is the answer (``status_of`` reads the
+    status from the operation's return value).
+    """
+    calls = 0
+
+    def once() -> T:
+        nonlocal calls
+        calls += 1
+        return operation()
+
+    done = _reconnecting(holder.using, once)
+    if calls == 1 or status_of(done) is not None:
+        return done
+    with cursor_for(holder.using) as cursor:
+        row = get_store(holder.using).read_task(cursor, tenant=holder.tenant, key=holder.key)
+    if row is not None and row.fencing_token == holder.token and row.status != Status.RUNNING:
+        logger.info("the ending sent before the connection dropped had committed", extra=_log(holder))
+        return _ended_as(done, str(row.status))
+    return done
+
+
+def _ended_as(done: Any, status: str) -> Any:
+    """``done`` (a status, or ``(status, claims)``) with ``status`` in place of ``None``."""
+    return (status, []) if isinstance(done, tuple) else status
+
+
 def _log(holder: Holder, **extra: Any) -> dict[str, Any]:
     return {"key": holder.key, "tenant": holder.tenant, "token": holder.token, "owner": holder.owner, **extra}
 
@@ -157,10 +209,15 @@ def claim_key(
 def claim_next(
     using: str, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str,
 ) -> list[Claimed]:
-    """Queue style: up to ``limit`` tasks, expired leases first, then the oldest pending."""
+    """Queue style: up to ``limit`` tasks, expired leases first, then the oldest pending.
+
+    Sent again on a new connection if the session was dropped: tasks a lost first statement
+    may have claimed come back to the queue when their lease runs out.
+    """
     store = get_store(using)
-    return _write(using, lambda cursor: store.claim_next(
-        cursor, owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id, audit=settings.AUDIT))
+    return _reconnecting(using, lambda: _write(using, lambda cursor: store.claim_next(
+        cursor, owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
+        audit=settings.AUDIT)))
 
 
 def announce_claim(holder: Holder, previous_owner: str | None) -> None:
@@ -202,15 +259,19 @@ def ensure(
 # -- an owner's writes -----------------------------------------------------------------------
 def heartbeat(holder: Holder, lease: float) -> datetime | None:
     """Extend the lease from the database clock; ``None`` if fenced off."""
-    with cursor_for(holder.using) as cursor:
-        return get_store(holder.using).heartbeat(cursor, holder.task_id, holder.token, lease)
+    return _reconnecting(holder.using, lambda: _plain(holder.using, lambda cursor: get_store(holder.using).heartbeat(
+        cursor, holder.task_id, holder.token, lease)))
+
+
+def _status(status: str | None) -> str | None:
+    return status
 
 
 def complete(holder: Holder, result: str | None, result_ref: str) -> str | None:
     """RUNNING -> SUCCEEDED with the encoded result; ``None`` if fenced off."""
     store = get_store(holder.using)
-    return _write(holder.using, lambda cursor: store.complete(
-        cursor, holder.task_id, holder.token, result, result_ref, settings.AUDIT))
+    return _ending(holder, lambda: _write(holder.using, lambda cursor: store.complete(
+        cursor, holder.task_id, holder.token, result, result_ref, settings.AUDIT)), _status)
 
 
 def complete_and_claim_next(
@@ -219,28 +280,29 @@ def complete_and_claim_next(
 ) -> tuple[str | None, list[Claimed]]:
     """Complete the holder's task and claim the next ones in one commit; ``(None, [])`` if fenced off."""
     store = get_store(holder.using)
-    return _write(holder.using, lambda cursor: store.complete_and_claim_next(
+    return _ending(holder, lambda: _write(holder.using, lambda cursor: store.complete_and_claim_next(
         cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
-        limit=limit, delivery_id=delivery_id, audit=settings.AUDIT))
+        limit=limit, delivery_id=delivery_id, audit=settings.AUDIT)), lambda done: done[0])
 
 
 def fail(holder: Holder, error: str, retry: bool) -> str | None:
     """RUNNING -> PENDING (retry, attempts left) or FAILED; ``None`` if fenced off."""
     store = get_store(holder.using)
-    return _write(holder.using, lambda cursor: store.fail(
-        cursor, holder.task_id, holder.token, error, retry, settings.AUDIT))
+    return _ending(holder, lambda: _write(holder.using, lambda cursor: store.fail(
+        cursor, holder.task_id, holder.token, error, retry, settings.AUDIT)), _status)
 
 
 def release(holder: Holder) -> str | None:
     """RUNNING -> PENDING, the attempt not counted; ``None`` if fenced off."""
     store = get_store(holder.using)
-    return _write(holder.using, lambda cursor: store.release(cursor, holder.task_id, holder.token, settings.AUDIT))
+    return _ending(holder, lambda: _write(holder.using, lambda cursor: store.release(
+        cursor, holder.task_id, holder.token, settings.AUDIT)), _status)
 
 
 def check(holder: Holder) -> bool:
     """Whether the holder's token still owns the task."""
-    with cursor_for(holder.using) as cursor:
-        return get_store(holder.using).check(cursor, holder.task_id, holder.token)
+    return _reconnecting(holder.using, lambda: _plain(holder.using, lambda cursor: get_store(holder.using).check(
+        cursor, holder.task_id, holder.token)))
 
 
 def lock(holder: Holder) -> bool:

@@ -103,10 +103,10 @@ class PostgreSQLStore(SQLStore):
         prepared.execute(cursor, sql, params)
 
     def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
-        if seconds is None:
-            cursor.execute("RESET lock_timeout")
-        else:
-            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
+        # Transaction-local (is_local = true): behind PgBouncer in transaction mode, or in
+        # Django's pool, a session-level setting would outlive us on another client's session.
+        if seconds is not None:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(seconds * 1000)}ms"])
 
     def column_list(self, table: str) -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.

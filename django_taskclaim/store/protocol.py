@@ -48,7 +48,11 @@ class Store(Protocol):
         """Whether ``error`` rolled back the whole transaction and it may simply run again (a deadlock)."""
 
     def limit_lock_waits(self, cursor: Any, seconds: float | None) -> None:
-        """Wait at most ``seconds`` for a row lock on this session; ``None`` restores the default."""
+        """Inside a transaction: wait at most ``seconds`` for a row lock until it ends.
+
+        Transaction-local where the database allows it (PostgreSQL); elsewhere the setting is
+        made on the session of the keepalive thread's own connection, which is closed after use
+        (``None`` restores the default)."""
 
     # -- claims ----------------------------------------------------------------------------
     def claim_key(

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +19,16 @@ from ... import lifecycle
 from ...exceptions import StaleClaim, TaskFailed
 from ...keys import TaskKey, lease_seconds, positive_int
 from ...lifecycle import Claim
+from ...lifecycle.execution import (
+    FENCED_OFF,
+    WAIT,
+    Fenced,
+    Policy,
+    current_claim_or_none,
+    execute,
+    record_failure,
+    run_by_key,
+)
 from ...status import Status
 from .broker import consumer_timeout, visibility_timeout
 from .options import ON_BUSY, ClaimOptions, KeySpec, _check_template, register
@@ -28,15 +36,23 @@ from .options import ON_BUSY, ClaimOptions, KeySpec, _check_template, register
 logger = logging.getLogger("django_taskclaim")
 
 
-@dataclass
-class _Run:
-    """The claim of one body execution; ``settled`` once its outcome was written."""
-
-    claim: Claim
-    settled: bool = False
+def _retries(error: BaseException) -> bool:
+    """Celery decides retries: its ``Retry`` (autoretry, ``self.retry()``) and a requeued ``Reject``."""
+    return isinstance(error, Retry) or (isinstance(error, Reject) and bool(error.requeue))
 
 
-_FENCED_OFF = object()
+def _recorded(error: BaseException) -> BaseException | str:
+    """What is stored for a failure: the exception a ``Retry`` carries, a ``Reject``'s reason."""
+    if isinstance(error, Retry):
+        return error.exc or error.message or "retry"
+    if isinstance(error, Reject):
+        return error.reason or "rejected"
+    return error
+
+
+# Celery retries what it decides to (autoretry and self.retry() raise Retry); any other error
+# is final. Ignore gives the task back untouched, as a shutdown does.
+POLICY = Policy(retry=_retries, give_back=(Ignore,), error=_recorded)
 
 
 class ClaimedTask(celery.Task):
@@ -47,23 +63,14 @@ class ClaimedTask(celery.Task):
 
     abstract = True
     taskclaim: ClaimOptions | None = None
-    _taskclaim_local = threading.local()
-
-    # -- the claim of the running body ---------------------------------------------------
-    @classmethod
-    def _runs(cls) -> list[_Run]:
-        stack: list[_Run] | None = getattr(cls._taskclaim_local, "runs", None)
-        if stack is None:
-            stack = cls._taskclaim_local.runs = []
-        return stack
 
     @property
     def claim(self) -> Claim:
         """The claim the body runs under (for ``self.claim.fenced()``, ``.check()``, ``.key``)."""
-        runs = self._runs()
-        if not runs:
+        claim = current_claim_or_none()
+        if claim is None:
             raise RuntimeError(f"{self.name}.claim is only available while the task body runs")
-        return runs[-1].claim
+        return claim
 
     # -- execution -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -86,106 +93,32 @@ class ClaimedTask(celery.Task):
         return self.taskclaim
 
     def _claimed_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # Imported here, as everywhere in the bridge that needs the models: a project's Celery
-        # module imports the bridge before django.setup() has loaded the apps.
-        from ...models import Task
-        from ...runner import WAIT, _wait_while_busy, stored_answer
-
         opts = self._options()
         key, tenant = opts.identity(args, kwargs)
         request = self.request
         delivery_id = str(request.id or "")
         # Direct and eager calls cannot re-publish themselves: they wait instead of "retry".
         direct = bool(request.called_directly or request.is_eager)
-        while True:
-            outcome = lifecycle.claim(key, tenant, lease=opts.lease, max_attempts=opts.max_attempts,
-                                      delivery_id=delivery_id)
-            if outcome.claim is not None:
-                value = self._run_under(outcome.claim, args, kwargs)
-                if value is not _FENCED_OFF:
-                    return value
-                # Fenced off: another worker took over; from here on this is a duplicate.
-                task = Task.objects.using(outcome.claim.using).get(pk=outcome.claim.task_id)
-            else:
-                task = outcome.task
-            answer = stored_answer(task, "wait")  # the stored result, or TaskFailed
-            if answer is not WAIT:
-                return answer
-            if task.status == Status.PENDING:
-                continue
+
+        def run(claim: Claim) -> Any:
+            executed = execute(claim, self.run, args, kwargs, policy=POLICY)
+            if executed.ending == FENCED_OFF:
+                return Fenced(claim)  # another worker took over: from here on a duplicate
+            if executed.by_body and executed.ending == Status.SUCCEEDED and executed.error is None:
+                return claim.completed_with  # the body completed inside self.claim.fenced()
+            return executed.outcome()
+
+        def busy(task: Any) -> Any:
             if opts.on_busy == "skip":
                 logger.info("duplicate delivery skipped", extra={"key": key, "tenant": tenant,
                                                                   "delivery_id": delivery_id})
                 raise Ignore()
             if opts.on_busy == "retry" and not direct:
                 raise self._busy_retry(task, opts)
-            _wait_while_busy(task)
+            return WAIT
 
-    def _run_under(self, claim: Claim, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        run = _Run(claim)
-        runs = self._runs()
-        runs.append(run)
-        try:
-            with claim.keepalive():
-                result = self.run(*args, **kwargs)
-        except StaleClaim:
-            return _FENCED_OFF
-        except Retry as exc:
-            # Raised by self.retry() (already settled there) or by the body itself.
-            self._settle(run, exc.exc or exc.message or "retry", retry=True)
-            raise
-        except Reject as exc:
-            self._settle(run, exc.reason or "rejected", retry=bool(exc.requeue))
-            raise
-        except Ignore:
-            if not run.settled:
-                run.settled = True
-                self._quietly(claim.release)
-            raise
-        except Exception as exc:
-            # Celery will not retry this one (autoretry and self.retry() raise Retry).
-            self._settle(run, exc, retry=False)
-            raise
-        except BaseException:
-            # Worker shutdown or interruption: give the task back untouched.
-            if not run.settled:
-                run.settled = True
-                self._quietly(claim.release)
-            raise
-        finally:
-            runs.remove(run)
-        if run.settled:  # self.retry(throw=False) scheduled a retry and the body returned
-            return result
-        return self._store(claim, result)
-
-    def _store(self, claim: Claim, result: Any) -> Any:
-        from ...models import Task
-
-        done = (Task.objects.using(claim.using).filter(pk=claim.task_id, status=Status.SUCCEEDED,
-                                                        fencing_token=claim.token)
-                .values_list("result", flat=True))
-        for stored in done:
-            return stored  # the body completed inside self.claim.fenced(): keep what it stored
-        try:
-            lifecycle.complete_or_fail(claim, result)  # a result it cannot store ends the task FAILED
-        except StaleClaim:
-            return _FENCED_OFF
-        return result
-
-    def _settle(self, run: _Run, error: BaseException | str, *, retry: bool) -> str | None:
-        if run.settled:
-            return None
-        run.settled = True
-        try:
-            return run.claim.fail(error, retry=retry)
-        except StaleClaim:
-            logger.warning("failure of a fenced-off claim not recorded", extra=run.claim._log_extra())
-            return None
-
-    @staticmethod
-    def _quietly(action: Callable[[], Any]) -> None:
-        with suppress(StaleClaim):  # fenced off already: nothing of ours to give back
-            action()
+        return run_by_key(lambda: lifecycle.claim(key, tenant, lease=opts.lease, max_attempts=opts.max_attempts,
+                                                  delivery_id=delivery_id), run, busy)
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
               throw: bool = True, eta: Any = None, countdown: Any = None,
@@ -196,9 +129,8 @@ class ClaimedTask(celery.Task):
         spent, in which case it ends FAILED and no retry is published. When Celery gives up
         (``max_retries``), the task ends FAILED.
         """
-        runs = self._runs()
-        run = runs[-1] if runs else None
-        if run is None or run.settled:
+        claim = current_claim_or_none()
+        if claim is None or claim.ended() is not None:
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         request = self.request
         limit = self.max_retries if max_retries is None else max_retries
@@ -206,17 +138,17 @@ class ClaimedTask(celery.Task):
             limit is not None and request.retries + 1 > limit)
         error: BaseException | str = exc if exc is not None else "retry requested"
         if celery_retries:
-            run.settled = True
-            status = run.claim.fail(error, retry=True)  # StaleClaim: fenced off, publish nothing
+            status = claim.fail(error, retry=True)  # StaleClaim: fenced off, publish nothing
             if status != Status.PENDING:
-                logger.info("max_attempts reached: not retrying", extra=run.claim._log_extra())
+                logger.info("max_attempts reached: not retrying", extra=claim._log_extra())
                 if exc is not None:
                     raise exc
                 from ...models import Task
 
-                raise TaskFailed(Task.objects.using(run.claim.using).get(pk=run.claim.task_id))
+                raise TaskFailed(Task.objects.using(claim.using).get(pk=claim.task_id))
         else:
-            self._settle(run, error, retry=False)
+            with suppress(StaleClaim):  # fenced off: nothing of ours to record (logged there)
+                record_failure(claim, error, retry=False)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def _busy_retry(self, task: Any, opts: ClaimOptions) -> Retry:
