@@ -47,7 +47,9 @@ class System:
 # OURS: django_taskclaim.tasks.ClaimBackend (issue 24). The phase skips it, with the reason, while
 # `django_taskclaim.tasks` cannot be imported, and measures it as soon as it can. Once the
 # backend lands, check the worker arguments below against taskclaim_worker's final options, and
-# `tables()` / `counts()` further down against the task table the backend writes.
+# `tables()` / `counts()` further down against the task table the backend writes. The peers are
+# measured at their best, django-ox's bulk enqueue through its own `enqueue_many`: a bulk call of
+# ours goes into `bulks` (and `bulk_enqueue()`) beside `Task.enqueue()`.
 OURS_SYSTEM = System(
     key=OURS,
     name="django-taskclaim",
