@@ -16,7 +16,12 @@ them. Phases:
    queue filter; persistent connections for both Django-based systems);
 3. claim latency with 10 thousand, 1 million and 10 million finished rows in the table;
 4. contention: 32 processes racing on each of 500 keys, vs the bare claim statement's race;
-5. the cost of the attempt audit trail (TASKCLAIM_AUDIT on vs off).
+5. the cost of the attempt audit trail (TASKCLAIM_AUDIT on vs off);
+6. the Django Tasks API (``tasks``): 5,000 no-op tasks enqueued with ``Task.enqueue()`` and drained
+   by 4 worker processes, and 10,000 enqueues in one transaction: django_taskclaim.tasks.ClaimBackend
+   (skipped, with the reason, while it cannot be imported) vs django-tasks-db (Python 3.11, Django
+   5.2) and django-ox (Python 3.12, Django 6.1), each peer in its own virtualenv, made on first use
+   (``--smoke`` runs this phase only when ``--phases`` names it).
 
 Every comparison runs 3 interleaved rounds; each target is the lowest of its per-round ratios.
 """
@@ -35,6 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, SMOKE, WORKER_BATCH, WORKER_DRAIN, Results, Sizes
 
 ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("bykey", "drain", "size", "race", "audit", "tasks")
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
 
@@ -58,6 +64,7 @@ class Bench:
         self.url = url
         self.sizes = sizes
         self.run_peers = run_peers and sizes.peers
+        self.tasks_peers = run_peers  # the Django Tasks phase measures peers in smoke size too
         self.results = Results()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -321,6 +328,11 @@ class Bench:
             log(f"  {label} ({racers} process(es) × {s.race_keys} keys) round {n + 1}/{s.rounds}: decision p50 "
                 f"{p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms")
 
+    def tasks_api(self) -> None:
+        from . import tasks_phase
+
+        tasks_phase.run(self.url, self.sizes, self.results.tasks, peers=self.tasks_peers, log=log)
+
     def audit(self) -> None:
         from .workers import bykey_app, run_workers
 
@@ -442,6 +454,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="largest table size of the latency phase (default: 10,000,000; smoke 10,000)")
     parser.add_argument("--drain-tasks", type=int, default=None,
                         help="tasks drained per system and W (default: 5,000; smoke 300)")
+    parser.add_argument("--tasks-drain", type=int, default=None,
+                        help="tasks drained per system in the Django Tasks phase (default: 5,000; smoke 100)")
     parser.add_argument("--db-name", default="taskclaim_bench",
                         help="database created (dropped first) for the run (default: %(default)r)")
     parser.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
@@ -449,15 +463,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="Markdown report (default: docs/benchmarks.md); '-' for none")
     parser.add_argument("--chart", default=str(ROOT / "docs" / "benchmarks.png"),
                         help="PNG chart (default: docs/benchmarks.png); '-' for none")
-    parser.add_argument("--phases", default="bykey,drain,size,race,audit",
-                        help="comma-separated subset of bykey,drain,size,race,audit (default: all)")
+    parser.add_argument("--phases", default=None,
+                        help=f"comma-separated subset of {','.join(PHASES)} (default: all; with --smoke all "
+                             "but tasks)")
     args = parser.parse_args(argv)
     args.argv = argv
     if args.max_rows is not None and args.max_rows < 1:
         parser.error("--max-rows must be positive")
     if args.drain_tasks is not None and args.drain_tasks < 1:
         parser.error("--drain-tasks must be positive")
-    unknown = set(args.phases.split(",")) - {"bykey", "drain", "size", "race", "audit"}
+    if args.tasks_drain is not None and args.tasks_drain < 1:
+        parser.error("--tasks-drain must be positive")
+    if args.phases is None:
+        args.phases = ",".join(p for p in PHASES if not (args.smoke and p == "tasks"))
+    unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     return args
@@ -468,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SMOKE if args.smoke else Sizes()
     if args.drain_tasks is not None:
         sizes.drain_tasks = args.drain_tasks
+    if args.tasks_drain is not None:
+        sizes.tasks_drain = args.tasks_drain
     if args.max_rows is not None:
         sizes.table_rows = tuple(r for r in sizes.table_rows if r < args.max_rows) + (args.max_rows,)
     server = None
@@ -519,6 +540,8 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         ("size", bench.table_size, "claim latency by table size"),
         ("race", bench.contention, f"contention: {sizes.racers} processes × {sizes.race_keys} keys"),
         ("audit", bench.audit, "attempt audit trail on vs off"),
+        ("tasks", bench.tasks_api, f"Django Tasks API: drain of {sizes.tasks_drain:,} tasks at "
+                                   f"W={sizes.tasks_workers}, bulk enqueue of {sizes.tasks_bulk:,}"),
     ):
         if name not in phases:
             continue

@@ -1,4 +1,6 @@
-"""The no-op task that django-tasks-db's worker drains (imported by the worker by path)."""
+"""The no-op task the Tasks-framework workers drain, imported by them by its path: django-tasks-db's
+in the queue-drain phase, every system's in the Django Tasks phase (bound to the ``default``
+backend of whichever settings the process runs with)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ try:
 except ImportError:
     from django_tasks import task  # type: ignore[import-not-found,no-redef,unused-ignore]
 
-# Executions seen by this worker process, to count duplicates across workers.
+# Executions seen by this worker process (by any of its threads), to count duplicates across workers.
 EXECUTED: list[int] = []
 
 

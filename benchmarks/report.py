@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .results import Results, Sizes
 
+from . import tasks_report
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, WORKER_BATCH, WORKER_DRAIN
 
 APP = APP_DRAIN  # every configuration of ours in the drain is named APP…
@@ -149,6 +150,7 @@ def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
         racers = int(r.race.get("racers", 32))
         out.append(_target(f"{racers} racers on one key: contended p99 / the bare claim statement's contended p99",
                            ratios, 1.5, False))
+    out.extend(tasks_report.targets(r.tasks))
     return out
 
 
@@ -164,7 +166,8 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
     add("Reproduce with `pip install -e '.[bench]'` then `python -m benchmarks --start-server` (a private "
         "PostgreSQL with `fsync=on` and `full_page_writes=on`) or `python -m benchmarks --pg-url URL`; "
         "`--smoke` runs tiny sizes without the peers in seconds (CI does, in `tests/test_benchmarks.py`), "
-        "`--max-rows` caps the table-size phase, `--drain-tasks` the queue drain, `--phases` picks phases.")
+        "`--max-rows` caps the table-size phase, `--drain-tasks` the queue drain, `--tasks-drain` the Django Tasks "
+        "phase's drain, `--phases` picks phases (`--smoke` leaves out the Django Tasks phase unless named).")
     add("")
     if r.warnings:
         add("> **The machine was too busy to conclude.** " + " ".join(r.warnings))
@@ -254,6 +257,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
             spread = ", ".join(f"W={w}: {min(v):,.0f} – {max(v):,.0f}" for w, v in sorted(per_w.items()))
             add(f"- {name}: {spread}")
         add("")
+    lines.extend(tasks_report.section(r.tasks))
     if r.sizes:
         add("## Claim latency by table size (ms)")
         add("")

@@ -28,11 +28,37 @@ class Sizes:
     audit_workers: int = 4
     audit_seconds: float = 3.0
     peers: bool = True
+    # The Django Tasks phase: W worker processes drain this many tasks enqueued through the Tasks
+    # API, and this many are enqueued in one transaction (benchmarks/tasks_phase.py).
+    tasks_workers: int = 4
+    tasks_drain: int = 5_000
+    tasks_bulk: int = 10_000
 
 
 SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
               table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
-              audit_workers=2, audit_seconds=0.3, peers=False)
+              audit_workers=2, audit_seconds=0.3, peers=False, tasks_workers=2, tasks_drain=100, tasks_bulk=200)
+
+
+@dataclass
+class TasksResults:
+    """What the Django Tasks phase found; a configuration is known by its label."""
+
+    workers: int = 0
+    drain_tasks: int = 0
+    bulk_tasks: int = 0
+    #: configuration label -> system key (benchmarks.tasks_systems), in the order measured
+    system_of: dict[str, str] = field(default_factory=dict)
+    #: drain configuration label -> tasks/s of each round, rounds in order
+    drain_runs: dict[str, list[float]] = field(default_factory=dict)
+    #: drain configuration label -> executions beyond one per task, over all rounds
+    duplicates: dict[str, int] = field(default_factory=dict)
+    #: bulk configuration label -> seconds of each round for bulk_tasks enqueues in one transaction
+    bulk_runs: dict[str, list[float]] = field(default_factory=dict)
+    #: system key -> why it was not measured
+    skipped: dict[str, str] = field(default_factory=dict)
+    #: system key -> its interpreter's and packages' versions
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,5 +78,6 @@ class Results:
     #: Every round of the table-size phase: rows -> [{"bykey_p50": ..., ...}, ...], rounds in order.
     size_runs: dict[int, list[dict[str, float]]] = field(default_factory=dict)
     audit: dict[str, float] = field(default_factory=dict)
+    tasks: TasksResults = field(default_factory=TasksResults)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -112,3 +112,47 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
                      r"report \|", report), report
     assert "| duplicate executions, every system and W | 0 | = 0 | yes |" in report
     assert "Exactly one winner per key" in report
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_benchmark_tasks_phase_smoke_run(tmp_path: Path) -> None:
+    """``--smoke --phases tasks``: each peer drains through its own worker command in its own
+    virtualenv (made on first use: django-ox under Python 3.12), with zero duplicates; ours is
+    measured when ``django_taskclaim.tasks`` imports, and named as not measured otherwise."""
+    import importlib.util
+
+    settings_dict = connection.settings_dict
+    url = (f"postgresql://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}"
+           f"/{settings_dict['NAME']}")
+    out = tmp_path / "benchmarks.md"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PGPASSWORD"] = str(settings_dict["PASSWORD"] or "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--pg-url", url, "--smoke", "--phases", "tasks",
+         "--db-name", f"taskclaim_bench_tasks_{os.getpid()}", "--out", str(out), "--chart", "-"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = out.read_text()
+    assert "## Django Tasks API: drain of 100 no-op tasks at W = 2, bulk enqueue of 200" in report, report
+    # Every configuration of each peer drained every task once: a rate, and 0 duplicates.
+    peers = ["django-tasks-db (db_worker, one queue)", "django-tasks-db (db_worker, all queues)"] + [
+        f"django-ox (ox_worker --concurrency {c})" for c in (1, 2, 4)]
+    for label in peers:
+        row = rf"^\| django-(tasks-db|ox) \| {re.escape(label)} \| [\d,]+ \| [\d,]+ \| 0 \|$"
+        assert re.search(row, report, re.M), label
+    for label in ("django-tasks-db (Task.enqueue)", "django-ox (Task.enqueue)", "django-ox (enqueue_many)"):
+        assert re.search(rf"^\| django-(tasks-db|ox) \| {re.escape(label)} \| [\d.]+ \| [\d,]+ \| [\d.]+ \|$", report,
+                         re.M), label
+    assert re.search(r"^- django-ox: Python 3\.1[2-9]\.\d+, Django 6\.1\.\d+, django-ox ", report, re.M), report
+    assert re.search(r"^- django-tasks-db: Python 3\.11\.\d+, Django 5\.2\.\d+, django-tasks 0\.12", report, re.M)
+    assert "| duplicate executions, Django Tasks drain, every system | 0 | = 0 | yes |" in report
+    if importlib.util.find_spec("django_taskclaim.tasks") is None:
+        assert ("- **django-taskclaim** (`django_taskclaim.tasks.ClaimBackend`): not measured: "
+                "django_taskclaim.tasks cannot be imported") in report, report
+        assert "| Django Tasks API: drain at W=2, django-taskclaim (ClaimBackend) at its best vs django-ox at its " \
+               "best | not measured (django-taskclaim: " in report
+    else:
+        assert re.search(r"^\| Django Tasks API: drain at W=2, django-taskclaim \(ClaimBackend\) at its best vs "
+                         r"django-ox at its best \| [\d.]+", report, re.M), report

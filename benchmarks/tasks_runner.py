@@ -1,0 +1,166 @@
+"""One step of the Django Tasks phase, in a child process under a system's own interpreter.
+
+    python -m benchmarks.tasks_runner SYSTEM setup
+    python -m benchmarks.tasks_runner SYSTEM prepare N        # empty the tables, enqueue N, analyse
+    python -m benchmarks.tasks_runner SYSTEM bulk N HOW       # empty the tables, time N enqueues
+    python -m benchmarks.tasks_runner SYSTEM worker COMMAND [ARG ...]
+    python -m benchmarks.tasks_runner SYSTEM count
+
+SYSTEM is a key of ``benchmarks.tasks_systems.SYSTEMS``; ``TASKCLAIM_BENCH_URL`` names the
+database. Each step prints one ``@@result`` line of JSON; a worker first prints ``@@ready`` and
+waits for a line on its standard input (the driver's start signal, sent to all workers at once).
+Needs only the standard library, Django and the system, so it runs in the peers' virtualenvs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+READY, RESULT = "@@ready", "@@result "
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def setup(system: str) -> dict[str, Any]:
+    """Can this interpreter run the system? If so, migrate its tables; its versions either way."""
+    import importlib.util
+    import platform
+
+    from benchmarks.tasks_systems import OURS, SYSTEMS
+
+    found: dict[str, Any] = {"python": platform.python_version()}
+    # django-taskclaim is found from the checkout in every process: it is only ours to report.
+    for dist in ("Django", "django-tasks", "django-tasks-db", "django-ox", "psycopg") + (
+            ("django-taskclaim",) if system == OURS else ()):
+        with contextlib.suppress(PackageNotFoundError):
+            found[dist] = version(dist)
+    backend = SYSTEMS[system].backend
+    if system == OURS and importlib.util.find_spec(backend.rpartition(".")[0]) is None:
+        return {**found, "error": f"{backend.rpartition('.')[0]} cannot be imported (no such module)"}
+    try:
+        import django
+        from django.core.management import call_command
+        from django.utils.module_loading import import_string
+
+        django.setup()
+        import_string(backend)
+        import benchmarks.dtdb_tasks  # noqa: F401  (the task, built by the backend's task_class)
+
+        call_command("migrate", verbosity=0)
+    except Exception as exc:
+        return {**found, "error": f"{type(exc).__name__}: {exc}"}
+    return found
+
+
+def truncate(system: str) -> list[str]:
+    from django.db import connection
+
+    from benchmarks.tasks_systems import tables
+
+    names = tables(system)
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE " + ", ".join(connection.ops.quote_name(t) for t in names) + " CASCADE")
+    return names
+
+
+def prepare(system: str, count: int) -> dict[str, Any]:
+    """Empty the system's tables, enqueue ``count`` no-op tasks through ``Task.enqueue()`` (one
+    transaction, for speed: the drain is what is measured), then ``VACUUM ANALYZE``."""
+    from django.db import connection, transaction
+
+    from benchmarks.dtdb_tasks import noop
+
+    names = truncate(system)
+    with transaction.atomic():
+        for i in range(count):
+            noop.enqueue(i)
+    with connection.cursor() as cursor:
+        for name in names:
+            cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(name)}")
+    return {"enqueued": count}
+
+
+def bulk(system: str, count: int, how: str) -> dict[str, Any]:
+    """Time ``count`` enqueues in one transaction, from its start to its commit."""
+    from django.db import connection, transaction
+
+    from benchmarks.dtdb_tasks import noop
+    from benchmarks.tasks_systems import bulk_enqueue
+
+    truncate(system)
+    connection.ensure_connection()
+    with transaction.atomic():  # one enqueue, rolled back: code paths and statements warm
+        bulk_enqueue(system, how, noop, 1)
+        transaction.set_rollback(True)
+    start = time.perf_counter()
+    with transaction.atomic():
+        bulk_enqueue(system, how, noop, count)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds}
+
+
+def worker(command: str, args: list[str]) -> dict[str, Any]:
+    """The system's own worker command, as ``manage.py COMMAND ARGS`` runs it, timed from the start
+    signal to its return; the task ids (arguments) it executed."""
+    from django.core.management import call_command, get_commands, load_command_class
+    from django.db import connection
+
+    from benchmarks.dtdb_tasks import EXECUTED
+
+    load_command_class(get_commands()[command], command)  # its module imported before the start
+    connection.ensure_connection()
+    say(READY)
+    if not sys.stdin.readline():
+        raise SystemExit("no start signal: the driver went away")
+    start = time.perf_counter()
+    try:
+        call_command(command, *args, verbosity=0)
+    except SystemExit as exc:  # ox_worker ends its handle() with sys.exit(0)
+        if exc.code not in (0, None):
+            raise
+    end = time.perf_counter()
+    return {"executed": list(EXECUTED), "start": start, "end": end}
+
+
+def count(system: str) -> dict[str, Any]:
+    from benchmarks.tasks_systems import counts
+
+    done, unfinished = counts(system)
+    return {"succeeded": done, "unfinished": unfinished}
+
+
+def main(argv: list[str]) -> int:
+    system, role, *rest = argv
+    os.environ["TASKCLAIM_BENCH_TASKS_SYSTEM"] = system
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.tasks_settings"
+    if role == "setup":
+        out = setup(system)
+    else:
+        import django
+
+        django.setup()
+        if role == "prepare":
+            out = prepare(system, int(rest[0]))
+        elif role == "bulk":
+            out = bulk(system, int(rest[0]), rest[1])
+        elif role == "worker":
+            out = worker(rest[0], rest[1:])
+        elif role == "count":
+            out = count(system)
+        else:
+            raise SystemExit(f"unknown role {role!r}")
+    say(RESULT + json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
