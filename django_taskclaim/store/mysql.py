@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from django.core.checks import CheckMessage
 from django.db import DatabaseError, IntegrityError
 
+from ..checkspec import spec
 from ..status import Outcome, Status
 from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
 from .sql import (
@@ -33,6 +35,12 @@ from .sql import (
 
 MINIMUM_MYSQL = (8, 0, 1)  # FOR UPDATE SKIP LOCKED
 MINIMUM_MARIADB = (10, 6)  # FOR UPDATE SKIP LOCKED
+W021 = spec("django_taskclaim.W021", "MySQL database {alias!r} runs transactions at isolation level "
+            "{level!r}.",
+            "Remove OPTIONS['isolation_level'] (Django's default for MySQL is 'read committed') or set it "
+            "to 'read committed': under 'repeatable read' a claim that lost a race can read an old "
+            "snapshot of the task inside the caller's transaction, and InnoDB's gap locks make racing "
+            "claims deadlock more often.")
 _DUPLICATE_KEY = 1062
 _DEADLOCK = 1213
 
@@ -52,6 +60,7 @@ BY_ROW = "FORCE INDEX (PRIMARY)"
 
 class MySQLStore(SQLStore):
     vendor = "mysql"
+    naive_datetimes = "MySQL/MariaDB"
     now = "UTC_TIMESTAMP(6)"
     needs_transaction = True
     row_locks = True
@@ -86,6 +95,14 @@ class MySQLStore(SQLStore):
             return (f"MySQL {'.'.join(map(str, version))} is too old: claims need MySQL "
                     f"{'.'.join(map(str, MINIMUM_MYSQL))} or newer (FOR UPDATE SKIP LOCKED)")
         return None
+
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        found = super().system_check(alias, connection, query=query)
+        options: dict[str, Any] = connection.settings_dict.get("OPTIONS") or {}
+        level = options.get("isolation_level", "read committed")
+        if str(level or "").lower() != "read committed":
+            found.append(W021.warning(alias=alias, level=level))
+        return found
 
     def retryable(self, error: Exception) -> bool:
         return _code(error) == _DEADLOCK

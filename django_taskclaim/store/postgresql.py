@@ -9,6 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.core.checks import CheckMessage
+
+from ..checkspec import spec
+from ..conf import settings
 from ..status import Outcome, Status
 from . import prepared
 from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved
@@ -81,6 +85,14 @@ _SELECT_PLAIN = f" SELECT {_CLAIMED_COLUMNS}, NULL FROM claimed c ORDER BY c.id"
 _MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
 
 
+E010 = spec("django_taskclaim.E010", "Database {alias!r} is set up for a transaction-mode connection pooler "
+            "(DISABLE_SERVER_SIDE_CURSORS = True) and TASKCLAIM_PREPARED_STATEMENTS is on.",
+            "Set TASKCLAIM_PREPARED_STATEMENTS = False. A pooler in transaction mode (PgBouncer's "
+            "pool_mode = transaction, and the like) runs each transaction on any server session, where "
+            "the statements django-taskclaim prepared in another session do not exist (PgBouncer "
+            "1.21+ with max_prepared_statements may carry them: untested, see docs/configurations.md).")
+
+
 class PostgreSQLStore(SQLStore):
     vendor = "postgresql"
     # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
@@ -93,11 +105,29 @@ class PostgreSQLStore(SQLStore):
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        """E010: prepared statements cannot live behind a transaction-mode pooler.
+
+        Django asks for ``DISABLE_SERVER_SIDE_CURSORS = True`` exactly there (PgBouncer in
+        transaction mode), so that setting is the sign; a session-mode pooler or Django's own
+        pool keeps a session per connection, where prepared statements work.
+        """
+        found = super().system_check(alias, connection, query=query)
+        if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS") and settings.PREPARED_STATEMENTS:
+            found.append(E010.error(alias=alias))
+        return found
+
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         return f"({self.lease_sql()})", [float(seconds)]
 
     def cursor(self, db: Any) -> Any:
         return prepared.cursor(db)
+
+    def estimated_rows(self, cursor: Any, table: str) -> int | None:
+        # pg_class.reltuples, kept by ANALYZE and autovacuum: -1 (or NULL) before the first.
+        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        row = cursor.fetchone()
+        return None if row is None or row[0] is None or row[0] < 0 else int(row[0])
 
     def execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
         prepared.execute(cursor, sql, params)

@@ -15,15 +15,25 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.checks import CheckMessage
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from ..checkspec import spec
 from ..status import Outcome, Status
 from .rows import ATTEMPT, DATETIME_COLUMNS, JSON_COLUMNS, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
 
 _WIDTH = len(TASK_COLUMNS)
 _JSON_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in JSON_COLUMNS)
 _DATETIME_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in DATETIME_COLUMNS)
+
+
+E002 = spec("django_taskclaim.E002", "Database {alias!r} cannot hold the task table: {problem}.",
+            "Upgrade the database server (or the SQLite library) to a supported version; see "
+            "docs/databases.md.")
+E003 = spec("django_taskclaim.E003", "USE_TZ is False with {vendor}.",
+            "Leases are compared with the database's UTC clock, and {vendor} stores datetimes without "
+            "a time zone: set USE_TZ = True, so that Django stores them in UTC too.")
 
 
 def word(choice: str) -> str:
@@ -81,6 +91,8 @@ class SQLStore:
     for_update = ""
     #: Appended to the read of the task a duplicate's audit row is inserted for (see record_duplicate).
     share_lock = ""
+    #: The database's name in check E003 when it stores datetimes without a time zone.
+    naive_datetimes: str | None = None
 
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
@@ -107,10 +119,24 @@ class SQLStore:
         return seconds
 
     def unsupported(self, connection: Any) -> str | None:
+        """Why this server cannot hold the task table (too old…), or ``None``: check E002."""
         return None
+
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        """E002 (a server :meth:`unsupported` refuses) and E003; stores add their own checks."""
+        found: list[CheckMessage] = []
+        if (problem := self.unsupported(connection)) is not None:
+            found.append(E002.error(alias=alias, problem=problem))
+        if self.naive_datetimes and not settings.USE_TZ:
+            found.append(E003.error(vendor=self.naive_datetimes))
+        return found
 
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         return self.lease_sql(), [self.lease_param(seconds)]
+
+    def estimated_rows(self, cursor: Any, table: str) -> int | None:
+        """The database's own estimate of ``table``'s rows without counting them; ``None`` where it keeps none."""
+        return None
 
     def columns(self, table: str = "") -> str:
         """The task columns in ``TASK_COLUMNS`` order (qualified by ``table`` if given)."""
