@@ -129,6 +129,13 @@ class Store(Protocol):
         """Count a fenced-off write on the attempt that made it."""
 
     # -- the sweeper and operators ---------------------------------------------------------
+    def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
+                older_than: float | None) -> bool:
+        """A pending task whose message is about to be sent again: store ``dispatch`` (JSON) and move
+        ``updated_at`` to now, only while it is still pending with ``token`` (a task the sweeper just
+        reclaimed) or, without a token, last updated more than ``older_than`` seconds ago by the
+        database clock. Whether it matched: two sweepers never send one task twice in a round."""
+
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
         """Expired RUNNING tasks to PENDING (FAILED with no attempts left)."""
 

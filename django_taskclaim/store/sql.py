@@ -408,6 +408,21 @@ class SQLStore:
         )
 
     # -- the sweeper and operators ---------------------------------------------------------
+    def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
+                older_than: float | None) -> bool:
+        guard, params = "fencing_token = %s", [token]
+        if token is None:
+            if older_than is None:
+                raise ValueError("requeue needs the token of a reclaimed task or an age (older_than)")
+            cutoff, params = self.shifted_now(-older_than)
+            guard = f"updated_at < {cutoff}"
+        cursor.execute(
+            f"UPDATE {TASK} SET dispatch = {self.json_param}, updated_at = {self.now} "
+            f"WHERE id = %s AND status = {PENDING} AND {guard}",
+            [dispatch, task_id, *params],
+        )
+        return bool(cursor.rowcount == 1)
+
     def reclaim_set_sql(self, table: str = TASK) -> str:
         # The owner is cleared with the lease; the attempt log keeps who held it.
         left = f"{table}.attempts < {table}.max_attempts"
