@@ -42,7 +42,6 @@ def word(choice: str) -> str:
 
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (word(s) for s in Status.values)
-INSERT_COLUMNS = ", ".join(f'"{c}"' for c in TASK_COLUMNS[1:])
 EXHAUSTED_ERROR = "lease expired with no attempts left"
 # A release gives the task back untouched: this attempt does not count. Owners and operators
 # (force-release) release alike.
@@ -154,6 +153,49 @@ class SQLStore:
         """What a statement that writes a task row returns: its columns, in order."""
         return self.columns(table)
 
+    def param(self, sql_type: str) -> str:
+        """A parameter of ``sql_type`` (``text``, ``integer``): a bare ``%s`` where the database infers it."""
+        return "%s"
+
+    # -- the statements' shared parts: each vendor's claims and inserts are built from these ----
+    def insert_columns(self) -> str:
+        """The columns of a new task row, in ``TASK_COLUMNS`` order without ``id``."""
+        return self.statement(("insert_columns",), lambda: ", ".join(self.quote(c) for c in TASK_COLUMNS[1:]))
+
+    def task_values(self, *, running: bool) -> str:
+        """A new task row's values for :meth:`insert_columns`: a claim's (``running``: RUNNING under a
+        lease, its first attempt) or ``ensure()``'s (PENDING). Parameters: tenant, key, owner
+        (``running``), max_attempts, lease (``running``), payload, payload fingerprint, dispatch
+        (not ``running``)."""
+        text, now = self.param("text"), self.now
+        if running:
+            state = f"{RUNNING}, {text}, 1, 1, {self.param('integer')}, {self.lease_sql()}"
+        else:
+            state = f"{PENDING}, '', 0, 0, {self.param('integer')}, NULL"
+        dispatch = "NULL" if running else self.json_param
+        return f"{text}, {text}, {state}, {self.json_param}, {text}, NULL, '', '', {dispatch}, {now}, {now}"
+
+    def claim_set(self, table: str, owner: str = "%s", lease: str = "") -> str:
+        """The SET clause of every claim, by key or queue style: RUNNING for ``owner``, the next
+        fencing token and attempt, a lease from the database clock (``lease``: SQL for the expiry;
+        by default the lease parameter added to the clock). ``table``: the task table's name or
+        alias in the statement."""
+        return (f"status = {RUNNING}, owner = {owner}, fencing_token = {table}.fencing_token + 1, "
+                f"attempts = {table}.attempts + 1, lease_expires_at = {lease or self.lease_sql()}, "
+                f"updated_at = {self.now}")
+
+    def adopt_payload_set(self, table: str, payload: str = "", fingerprint: str = "%s") -> str:
+        """The SET clause by which a claim stores its payload on a task created without one (and only then)."""
+        return (f"payload = CASE WHEN {table}.payload_fingerprint = '' THEN {payload or self.json_param} "
+                f"ELSE {table}.payload END, payload_fingerprint = CASE WHEN {table}.payload_fingerprint = '' "
+                f"THEN {fingerprint} ELSE {table}.payload_fingerprint END")
+
+    def same_payload(self, table: str) -> str:
+        """A claim's payload fits the task's: none given, none stored, or the same (two parameters:
+        the fingerprint twice)."""
+        text = self.param("text")
+        return f"({text} = '' OR {table}.payload_fingerprint IN ('', {text}))"
+
     def begin_write(self, cursor: Any) -> None:
         """Nothing to do where row locks serialise writers; SQLite overrides it."""
 
@@ -198,21 +240,14 @@ class SQLStore:
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
     ) -> Claimed | Found | None:
-        now, t = self.now, TASK
-        cursor.execute(
-            f"INSERT INTO {t} ({INSERT_COLUMNS}) VALUES (%s, %s, {RUNNING}, %s, 1, 1, %s, "
-            f"{self.lease_sql()}, {self.json_param}, %s, NULL, '', '', NULL, {now}, {now}) "
-            f'ON CONFLICT (tenant, "key") DO UPDATE SET status = {RUNNING}, owner = excluded.owner, '
-            f"fencing_token = {t}.fencing_token + 1, attempts = {t}.attempts + 1, "
-            f"lease_expires_at = excluded.lease_expires_at, updated_at = excluded.updated_at, "
-            f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN excluded.payload ELSE {t}.payload END, "
-            f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' "
-            f"THEN excluded.payload_fingerprint ELSE {t}.payload_fingerprint END "
-            f"WHERE {claimable(t, now)} AND (excluded.payload_fingerprint = '' "
-            f"OR {t}.payload_fingerprint IN ('', excluded.payload_fingerprint)) "
-            f"RETURNING {self.returning()}",
-            [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint],
-        )
+        sql = self.statement(("claim_key",), lambda: (
+            f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=True)}) "
+            f"ON CONFLICT (tenant, {self.quote('key')}) DO UPDATE SET "
+            f"{self.claim_set(TASK, 'excluded.owner', 'excluded.lease_expires_at')}, "
+            f"{self.adopt_payload_set(TASK, 'excluded.payload', 'excluded.payload_fingerprint')} "
+            f"WHERE {claimable(TASK, self.now)} AND (excluded.payload_fingerprint = '' "
+            f"OR {TASK}.payload_fingerprint IN ('', excluded.payload_fingerprint)) RETURNING {self.returning()}"))
+        cursor.execute(sql, [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
         found = cursor.fetchone()
         if found is None:
             return None
@@ -277,8 +312,7 @@ class SQLStore:
         tenant_sql, params = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
         # Expired leases first (older work), then the oldest pending tasks.
         cursor.execute(
-            f"UPDATE {t} SET status = {RUNNING}, owner = %s, fencing_token = fencing_token + 1, "
-            f"attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now} "
+            f"UPDATE {t} SET {self.claim_set(t)} "
             f"WHERE id IN (SELECT id FROM {t} WHERE {claimable(t, now)} {tenant_sql} "
             f"ORDER BY status = {PENDING}, id LIMIT %s) AND {claimable(t, now)} "
             f"RETURNING {self.returning()}",
@@ -304,9 +338,9 @@ class SQLStore:
     ) -> TaskRow | None:
         self.execute(
             cursor,
-            f"INSERT INTO {TASK} ({INSERT_COLUMNS}) VALUES (%s, %s, {PENDING}, '', 0, 0, %s, NULL, "
-            f"{self.json_param}, %s, NULL, '', '', {self.json_param}, {self.now}, {self.now}) "
-            f'ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}',
+            self.statement(("ensure",), lambda: (
+                f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=False)}) "
+                f"ON CONFLICT (tenant, {self.quote('key')}) DO NOTHING RETURNING {self.returning()}")),
             [tenant, key, max_attempts, payload, fingerprint, dispatch],
         )
         found = cursor.fetchone()
