@@ -331,6 +331,15 @@ def reclaim(using: str, limit: int | None) -> list[Moved]:
     return moved
 
 
+def requeue(using: str, task_id: int, dispatch: str, *, token: int | None = None,
+            older_than: float | None = None) -> bool:
+    """A pending task's lost message is about to be sent again: record it (``dispatch``, JSON) if the
+    task is still pending with ``token``, or unchanged for ``older_than`` seconds; whether it was."""
+    store = get_store(using)
+    return _write(using, lambda cursor: store.requeue(cursor, task_id, dispatch, token=token,
+                                                      older_than=older_than))
+
+
 def fail_exhausted(using: str, row: TaskRow) -> bool:
     """A task whose lease expired on its last attempt to FAILED, never claimed again."""
     store = get_store(using)

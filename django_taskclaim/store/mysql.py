@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from django.core.checks import CheckMessage
 from django.db import DatabaseError, IntegrityError
 
+from ..checkspec import spec
 from ..status import Outcome, Status
-from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
+from .rows import ATTEMPT, TASK, Claimed, Found, Moved, TaskRow
 from .sql import (
     CANCELLED,
     FAILED,
@@ -33,6 +35,12 @@ from .sql import (
 
 MINIMUM_MYSQL = (8, 0, 1)  # FOR UPDATE SKIP LOCKED
 MINIMUM_MARIADB = (10, 6)  # FOR UPDATE SKIP LOCKED
+W021 = spec("django_taskclaim.W021", "MySQL database {alias!r} runs transactions at isolation level "
+            "{level!r}.",
+            "Remove OPTIONS['isolation_level'] (Django's default for MySQL is 'read committed') or set it "
+            "to 'read committed': under 'repeatable read' a claim that lost a race can read an old "
+            "snapshot of the task inside the caller's transaction, and InnoDB's gap locks make racing "
+            "claims deadlock more often.")
 _DUPLICATE_KEY = 1062
 _DEADLOCK = 1213
 
@@ -52,6 +60,7 @@ BY_ROW = "FORCE INDEX (PRIMARY)"
 
 class MySQLStore(SQLStore):
     vendor = "mysql"
+    naive_datetimes = "MySQL/MariaDB"
     now = "UTC_TIMESTAMP(6)"
     needs_transaction = True
     row_locks = True
@@ -87,6 +96,14 @@ class MySQLStore(SQLStore):
                     f"{'.'.join(map(str, MINIMUM_MYSQL))} or newer (FOR UPDATE SKIP LOCKED)")
         return None
 
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        found = super().system_check(alias, connection, query=query)
+        options: dict[str, Any] = connection.settings_dict.get("OPTIONS") or {}
+        level = options.get("isolation_level", "read committed")
+        if str(level or "").lower() != "read committed":
+            found.append(W021.warning(alias=alias, level=level))
+        return found
+
     def retryable(self, error: Exception) -> bool:
         return _code(error) == _DEADLOCK
 
@@ -95,9 +112,6 @@ class MySQLStore(SQLStore):
             cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
         else:  # whole seconds, at least 1: the variable's unit
             cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, round(seconds))])
-
-    def insert_columns(self) -> str:
-        return ", ".join(self.quote(c) for c in TASK_COLUMNS[1:])
 
     def _rows_by_id(self, cursor: Any, ids: Sequence[int]) -> list[TaskRow]:
         return [row for row, _ in self._claimed_rows(cursor, f"id IN ({placeholders(len(ids))})", ids, False)]
@@ -132,12 +146,8 @@ class MySQLStore(SQLStore):
         # Take the existing row when it is claimable: a conditional UPDATE, re-checked by InnoDB
         # on the latest committed version of the row it locks.
         cursor.execute(
-            f"UPDATE {t} SET status = {RUNNING}, owner = %s, fencing_token = fencing_token + 1, "
-            f"attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now}, "
-            f"payload = CASE WHEN payload_fingerprint = '' THEN %s ELSE payload END, "
-            f"payload_fingerprint = CASE WHEN payload_fingerprint = '' THEN %s ELSE payload_fingerprint END "
-            f"WHERE tenant = %s AND {k} = %s AND {claimable(t, now)} "
-            f"AND (%s = '' OR payload_fingerprint IN ('', %s))",
+            f"UPDATE {t} SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
+            f"WHERE tenant = %s AND {k} = %s AND {claimable(t, now)} AND {self.same_payload(t)}",
             [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
         )
         previous = None
@@ -145,11 +155,8 @@ class MySQLStore(SQLStore):
             # The row is ours (locked) until this transaction commits.
             [(row, previous)] = self._claimed_rows(cursor, f"t.tenant = %s AND t.{k} = %s", [tenant, key], audit)
         else:
-            new_id = self._insert(
-                cursor,
-                f"%s, %s, {RUNNING}, %s, 1, 1, %s, {self.lease_sql()}, %s, %s, NULL, '', '', NULL, {now}, {now}",
-                [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint],
-            )
+            new_id = self._insert(cursor, self.task_values(running=True),
+                                  [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
             if new_id is None:
                 return None
             [row] = self._rows_by_id(cursor, [new_id])
@@ -197,9 +204,7 @@ class MySQLStore(SQLStore):
         if not ids:
             return []
         cursor.execute(
-            f"UPDATE {t} SET status = {RUNNING}, owner = %s, fencing_token = fencing_token + 1, "
-            f"attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now} "
-            f"WHERE id IN ({placeholders(len(ids))}) AND {claimable(t, now)}",
+            f"UPDATE {t} SET {self.claim_set(t)} WHERE id IN ({placeholders(len(ids))}) AND {claimable(t, now)}",
             [owner, self.lease_param(lease), *ids],
         )
         claimed = [Claimed(row, previous) for row, previous in
@@ -224,11 +229,8 @@ class MySQLStore(SQLStore):
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
         max_attempts: int, dispatch: str | None,
     ) -> TaskRow | None:
-        now = self.now
-        new_id = self._insert(
-            cursor, f"%s, %s, {PENDING}, '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, {now}, {now}",
-            [tenant, key, max_attempts, payload, fingerprint, dispatch],
-        )
+        new_id = self._insert(cursor, self.task_values(running=False),
+                              [tenant, key, max_attempts, payload, fingerprint, dispatch])
         if new_id is None:
             return None
         [row] = self._rows_by_id(cursor, [new_id])

@@ -9,6 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.core.checks import CheckMessage
+
+from ..checkspec import spec
+from ..conf import settings
 from ..status import Outcome, Status
 from . import prepared
 from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved
@@ -70,7 +74,6 @@ def _name(column: str) -> str:
 # the task columns by position; the final SELECTs leave this column out (one timestamp less
 # to send and parse per claim).
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
-_INSERT_COLUMNS = ", ".join(_name(c) for c in TASK_COLUMNS[1:])
 _CLAIMED_COLUMNS = ", ".join(f"c.{_name(c)}" for c in TASK_COLUMNS)
 _CUR_COLUMNS = ", ".join(f"cur.{_name(c)}" for c in TASK_COLUMNS)
 _SELECT_WITH_PREVIOUS = (
@@ -79,6 +82,14 @@ _SELECT_WITH_PREVIOUS = (
 )
 _SELECT_PLAIN = f" SELECT {_CLAIMED_COLUMNS}, NULL FROM claimed c ORDER BY c.id"
 _MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
+
+
+E010 = spec("django_taskclaim.E010", "Database {alias!r} is set up for a transaction-mode connection pooler "
+            "(DISABLE_SERVER_SIDE_CURSORS = True) and TASKCLAIM_PREPARED_STATEMENTS is on.",
+            "Set TASKCLAIM_PREPARED_STATEMENTS = False. A pooler in transaction mode (PgBouncer's "
+            "pool_mode = transaction, and the like) runs each transaction on any server session, where "
+            "the statements django-taskclaim prepared in another session do not exist (PgBouncer "
+            "1.21+ with max_prepared_statements may carry them: untested, see docs/configurations.md).")
 
 
 class PostgreSQLStore(SQLStore):
@@ -93,11 +104,29 @@ class PostgreSQLStore(SQLStore):
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        """E010: prepared statements cannot live behind a transaction-mode pooler.
+
+        Django asks for ``DISABLE_SERVER_SIDE_CURSORS = True`` exactly there (PgBouncer in
+        transaction mode), so that setting is the sign; a session-mode pooler or Django's own
+        pool keeps a session per connection, where prepared statements work.
+        """
+        found = super().system_check(alias, connection, query=query)
+        if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS") and settings.PREPARED_STATEMENTS:
+            found.append(E010.error(alias=alias))
+        return found
+
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         return f"({self.lease_sql()})", [float(seconds)]
 
     def cursor(self, db: Any) -> Any:
         return prepared.cursor(db)
+
+    def estimated_rows(self, cursor: Any, table: str) -> int | None:
+        # pg_class.reltuples, kept by ANALYZE and autovacuum: -1 (or NULL) before the first.
+        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        row = cursor.fetchone()
+        return None if row is None or row[0] is None or row[0] < 0 else int(row[0])
 
     def execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
         prepared.execute(cursor, sql, params)
@@ -116,6 +145,13 @@ class PostgreSQLStore(SQLStore):
 
     def returning(self, table: str = "") -> str:
         return self.columns(table) + _CLAIMED_AT
+
+    def quote(self, name: str) -> str:
+        return _name(name)
+
+    def param(self, sql_type: str) -> str:
+        # Typed: in INSERT … SELECT and CASE a bare parameter's type cannot be inferred.
+        return f"%s::{sql_type}"
 
     #: Which claim statement this process sends first for a claim by key, after what its last
     #: claim met (see _claim_key_sql): ``"insert"`` after a claim that inserted a new task,
@@ -184,10 +220,8 @@ class PostgreSQLStore(SQLStore):
 
     def _insert_sql(self, only_if: str = "") -> str:
         """An insert of a new running task for the key, skipped where the key has a task."""
-        now = self.now
         return (
-            f"INSERT INTO {TASK} ({_INSERT_COLUMNS}) SELECT %s::text, %s::text, {RUNNING}, %s::text, 1, 1, "
-            f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
+            f"INSERT INTO {TASK} ({self.insert_columns()}) SELECT {self.task_values(running=True)} "
             f'{only_if}ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}'
         )
 
@@ -256,16 +290,11 @@ class PostgreSQLStore(SQLStore):
         committed after this statement's snapshot makes it claim nothing; the lifecycle reads
         the row and tries again when it is claimable.
         """
-        t, now = "t", self.now  # the task table's alias: shorter texts (see _name)
+        t = "t"  # the task table's alias: shorter texts (see _name)
         return (
-            f"upd AS (UPDATE {TASK} t SET status = {RUNNING}, owner = %s, fencing_token = {t}.fencing_token + 1, "
-            f"attempts = {t}.attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now}, "
-            f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN %s::jsonb ELSE {t}.payload END, "
-            f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' THEN %s "
-            f"ELSE {t}.payload_fingerprint END "
-            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, now)} '
-            f"AND (%s::text = '' OR {t}.payload_fingerprint IN ('', %s::text)) "
-            f"RETURNING {self.returning(t)}), "
+            f"upd AS (UPDATE {TASK} t SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
+            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, self.now)} '
+            f"AND {self.same_payload(t)} RETURNING {self.returning(t)}), "
             f"ins AS ({self._insert_sql('WHERE NOT EXISTS (SELECT 1 FROM upd) ')}), "
             f"claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)"
         )
@@ -313,9 +342,7 @@ class PostgreSQLStore(SQLStore):
             f"pending AS MATERIALIZED (SELECT id FROM {t} WHERE status = {PENDING} {tenant_sql} "
             f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
             f"picked AS (SELECT id FROM (SELECT id FROM expired UNION ALL SELECT id FROM pending) u LIMIT %s), "
-            f"claimed AS (UPDATE {t} q SET status = {RUNNING}, owner = %s, "
-            f"fencing_token = q.fencing_token + 1, attempts = q.attempts + 1, "
-            f"lease_expires_at = {self.lease_sql()}, updated_at = {now} FROM picked p "
+            f"claimed AS (UPDATE {t} q SET {self.claim_set('q')} FROM picked p "
             f"WHERE q.id = p.id AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         return sql + _open_attempts(single=False) if audit else sql

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from django.core.checks import CheckMessage
+
 from .rows import Claimed, Found, Moved, TaskRow
 
 
@@ -29,11 +31,17 @@ class Store(Protocol):
     def cursor(self, db: Any) -> Any:
         """A cursor on Django connection ``db`` for this store's statements (a ``CursorWrapper``)."""
 
-    def unsupported(self, connection: Any) -> str | None:
-        """Why this server cannot hold the task table (too old…), or ``None``: for the system check."""
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        """The system check of database ``alias`` (Django connection ``connection``) for this store:
+        a server too old, settings that break claims. ``query``: Django asked for the database
+        checks of this alias (``check --database``, ``migrate``), so the check may query the server."""
 
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         """SQL and parameters for the database clock plus ``seconds`` (negative: the past)."""
+
+    def estimated_rows(self, cursor: Any, table: str) -> int | None:
+        """The database's own estimate of ``table``'s rows (PostgreSQL's planner statistics), without
+        counting them; ``None`` where the database keeps none or has not estimated yet."""
 
     def to_datetime(self, value: Any) -> datetime | None:
         """A datetime column's value as an aware datetime."""
@@ -125,6 +133,13 @@ class Store(Protocol):
         """Count a fenced-off write on the attempt that made it."""
 
     # -- the sweeper and operators ---------------------------------------------------------
+    def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
+                older_than: float | None) -> bool:
+        """A pending task whose message is about to be sent again: store ``dispatch`` (JSON) and move
+        ``updated_at`` to now, only while it is still pending with ``token`` (a task the sweeper just
+        reclaimed) or, without a token, last updated more than ``older_than`` seconds ago by the
+        database clock. Whether it matched: two sweepers never send one task twice in a round."""
+
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
         """Expired RUNNING tasks to PENDING (FAILED with no attempts left)."""
 
