@@ -24,6 +24,9 @@ Setting                              Type       Default       Meaning
 ``TASKCLAIM_DATABASE``               str        default       Database alias that holds the task table.
 ``TASKCLAIM_AUDIT``                  bool       ``True``      Record an ``Attempt`` row for every claim.
 ``TASKCLAIM_POLL_INTERVAL``          float      ``0.5``       Seconds between polls of ``on_busy="wait"``.
+``TASKCLAIM_RETRY_BACKOFF``          dict       ``{}``        A failed queued task's wait before its retry:
+                                                              ``Backoff`` fields ``base`` (1.0 s), ``factor``
+                                                              (2.0), ``cap`` (300 s), ``jitter`` (0.5).
 ``TASKCLAIM_PREPARED_STATEMENTS``    bool       ``True``      PostgreSQL: run the claim, heartbeat and
                                                               completion statements as prepared statements
                                                               (planned once per server session). Set
@@ -38,11 +41,14 @@ Setting                              Type       Default       Meaning
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS
+
+if TYPE_CHECKING:
+    from .retries import Backoff
 
 _MISSING = object()
 
@@ -102,6 +108,17 @@ class TaskClaimSettings:
     @property
     def POLL_INTERVAL(self) -> float:
         return float(self._get("POLL_INTERVAL", 0.5))  # type: ignore[arg-type]
+
+    @property
+    def RETRY_BACKOFF(self) -> Backoff:
+        """How long a failed queued task waits before its retry (a dict of ``Backoff``'s fields)."""
+        from .retries import Backoff
+
+        value = self._get("RETRY_BACKOFF", None)
+        if not isinstance(value, Backoff):
+            value = self._values["RETRY_BACKOFF"] = Backoff() if value is None else Backoff.of(
+                value, "TASKCLAIM_RETRY_BACKOFF")
+        return value
 
     @property
     def PREPARED_STATEMENTS(self) -> bool:

@@ -37,6 +37,12 @@ class InvalidArgument(TaskClaimError, ValueError):
     holds a NUL, an integer out of its column's range."""
 
 
+class WorkerLost(TaskClaimError):
+    """An attempt's worker stopped (killed, paused, cut off) and its lease ran out: the task was
+    taken over, or ended FAILED on its last attempt. Never raised: named in a Django task's
+    result as the error of such an attempt."""
+
+
 class _Rebuildable(TaskClaimError):
     """An error with structured fields that can also be rebuilt from its message alone.
 

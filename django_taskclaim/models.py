@@ -19,6 +19,7 @@ from .status import TERMINAL, Outcome, Status
 from .store import DbNow
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from datetime import datetime
 
     from .keys import TaskKey
@@ -53,6 +54,24 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
     def unfinished(self) -> TaskQuerySet:
         return self.exclude(status__in=TERMINAL)
+
+    def queued(self, queues: str | Sequence[str] | None = None, path: str | None = None) -> TaskQuerySet:
+        """Queued work (never a task claimed by key): of ``queues`` when given, and with
+        ``path`` ``""`` work for a handler, ``"*"`` tasks that name the callable that runs them."""
+        found = self.filter(queue__isnull=False)
+        if queues is not None:
+            found = found.filter(queue__in=[queues] if isinstance(queues, str) else list(queues))
+        if path == "":
+            found = found.filter(task_path="")
+        elif path == "*":
+            found = found.exclude(task_path="")
+        elif path is not None:
+            found = found.filter(task_path=path)
+        return found
+
+    def due(self) -> TaskQuerySet:
+        """Pending tasks whose "not before" time has come, by the database clock."""
+        return self.filter(Q(run_after__isnull=True) | Q(run_after__lte=DbNow()), status=Status.PENDING)
 
     # -- operator actions: the lifecycle's guarded transitions, fencing as for workers --------
     def force_release(self) -> int:
@@ -155,10 +174,18 @@ class Task(models.Model):
     result = models.JSONField(_("result"), null=True, blank=True)
     result_ref = models.CharField(_("result reference"), max_length=1024, blank=True, default="")
     error = models.TextField(_("error"), blank=True, default="")
-    # What the Celery bridge needs to publish the task again (name, args, kwargs, options).
+    # What the Celery bridge needs to publish the task again (name, args, kwargs, options), or
+    # which Django task backend enqueued it.
     dispatch = models.JSONField(_("dispatch"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
     updated_at = models.DateTimeField(_("updated at"), default=timezone.now)
+    # Queued work: the queue claim_next() hands it out from (NULL: claimed by key only, as
+    # run_once, the Celery bridge and LangGraph nodes claim), the highest priority first,
+    # not before run_after, run by the callable at task_path ('' for a worker's handler).
+    queue = models.CharField(_("queue"), max_length=100, null=True, blank=True, default=None)  # noqa: DJ001
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    run_after = models.DateTimeField(_("not before"), null=True, blank=True)
+    task_path = models.CharField(_("task path"), max_length=255, blank=True, default="")
 
     objects = TaskManager()
 
@@ -185,8 +212,10 @@ class Task(models.Model):
             ),
         ]
         indexes = [
-            # Match the claim queries: the oldest pending first, and expired running ones.
-            models.Index(fields=["id"], condition=Q(status=Status.PENDING), name="taskclaim_task_pending_idx"),
+            # Match the queue claim: a queue's pending tasks, the highest priority first, then the
+            # oldest (finished and by-key tasks are in no entry); and expired running ones.
+            models.Index(fields=["queue", "-priority", "id"], condition=Q(status=Status.PENDING, queue__isnull=False),
+                         name="taskclaim_task_queued_idx"),
             models.Index(fields=["id"], condition=Q(status=Status.RUNNING), name="taskclaim_task_running_idx"),
         ]
 
@@ -219,6 +248,10 @@ class Attempt(models.Model):
     ended_at = models.DateTimeField(_("ended at"), null=True, blank=True)
     outcome = models.CharField(_("outcome"), max_length=16, choices=Outcome.choices, default=Outcome.RUNNING)
     stale_writes = models.PositiveIntegerField(_("fenced-off writes"), default=0)
+    # Why this attempt failed, kept with it (the task's own error is the latest one's).
+    error = models.TextField(_("error"), blank=True, default="")
+    error_class = models.CharField(_("error class"), max_length=255, blank=True, default="")
+    traceback = models.TextField(_("traceback"), blank=True, default="")
 
     objects = AttemptManager()
 

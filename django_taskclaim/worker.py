@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,7 +37,8 @@ from .conf import settings
 from .exceptions import StaleClaim
 from .keys import lease_seconds, positive_int
 from .lifecycle import Claim, claim_next, default_owner
-from .lifecycle.execution import FENCED_OFF, Executed, Policy, execute
+from .lifecycle.api import DEFAULT_QUEUE, queue_names
+from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute
 from .models import Task
 from .status import Status
 
@@ -72,14 +73,39 @@ class WorkerStats:
             self.failed += 1
 
 
-def work(
-    handler: Handler, *, owner: str | None = None, lease: float | timedelta | None = None,
-    tenant: str | None = None, batch: int = 1, poll: float | None = None, max_tasks: int | None = None,
-    until_drained: bool = False, atomic: bool = False, stop: threading.Event | None = None,
-    using: str | None = None,
-) -> WorkerStats:
-    """Run ``handler(claim)`` on queued tasks until ``stop`` is set (or idle, or ``max_tasks``).
+class Runner:
+    """How a worker runs one claimed task. A plain handler runs under the execution protocol
+    (:class:`HandlerRunner`); a subclass may know more about the task it is given (the Django
+    Tasks backend's ``TaskRunner`` imports the task its row names)."""
 
+    #: ``claim_next(path=...)``: ``""`` takes work for a handler (tasks that name no callable),
+    #: ``"*"`` tasks that name the callable that runs them.
+    path = ""
+
+    def execute(self, claim: Claim, finish: Finish) -> Executed:
+        raise NotImplementedError
+
+
+class HandlerRunner(Runner):
+    """``handler(claim)`` under the execution protocol (``atomic``: inside ``claim.fenced()``)."""
+
+    def __init__(self, handler: Handler, *, atomic: bool = False) -> None:
+        self.handler, self.policy = handler, Policy(atomic=atomic)
+
+    def execute(self, claim: Claim, finish: Finish) -> Executed:
+        return execute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
+
+
+def work(
+    handler: Handler | Runner, *, owner: str | None = None, lease: float | timedelta | None = None,
+    tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int = 1,
+    poll: float | None = None, max_tasks: int | None = None, until_drained: bool = False, atomic: bool = False,
+    stop: threading.Event | None = None, using: str | None = None,
+) -> WorkerStats:
+    """Run ``handler(claim)`` on the tasks queued in ``queue`` (one name or several) until
+    ``stop`` is set (or idle, or ``max_tasks``).
+
+    ``handler`` may also be a :class:`Runner` (the Django Tasks backend's ``TaskRunner``).
     ``batch`` tasks are claimed at a time; the last completion of a batch claims the next one.
     A claim that waited its turn until less than two thirds of its lease may be left (counted
     from before the claim was sent, not from when the call returned) is renewed before its
@@ -93,18 +119,20 @@ def work(
     positive_int(batch, "batch")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
+    queues = queue_names(queue)
     owner = owner or default_owner()
     stop = stop or threading.Event()
     wait = settings.POLL_INTERVAL if poll is None else poll
-    policy = Policy(atomic=atomic)
+    runner = handler if isinstance(handler, Runner) else HandlerRunner(handler, atomic=atomic)
     stats = WorkerStats()
     claims: list[Claim] = []
     while not stop.is_set():
         if not claims:
             close_old_connections()
             try:
-                claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), using=using)
-                if not claims and until_drained and not _unfinished(tenant, using):
+                claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), queue=queues,
+                                    path=runner.path, using=using)
+                if not claims and until_drained and not _unfinished(tenant, queues, runner.path, using):
                     break
             except _UNREACHABLE as exc:
                 logger.warning("cannot claim: %s; trying again in %.1fs", exc, wait)
@@ -114,7 +142,7 @@ def work(
         claim = claims.pop(0)
         if _still_ours(claim, stats):
             more = 0 if claims or stop.is_set() else _room(batch, max_tasks, stats, after=1)
-            claims += _run(handler, claim, stats, policy, _finisher(more, tenant))
+            claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
         if max_tasks is not None and stats.handled >= max_tasks:
             break
     for left in claims:  # stopped with claims in hand: give them back untouched
@@ -123,10 +151,10 @@ def work(
     return stats
 
 
-def _run(handler: Handler, claim: Claim, stats: WorkerStats, policy: Policy, finish: Any) -> list[Claim]:
+def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> list[Claim]:
     """Run one task by the execution protocol; the claims its completion made."""
     try:
-        executed = execute(claim, handler, (claim,), policy=policy, finish=finish)
+        executed = runner.execute(claim, finish)
     except _UNREACHABLE as exc:
         # Not even a new connection could record the end: the claim runs out and the task
         # comes back after its lease, by the rules.
@@ -134,16 +162,19 @@ def _run(handler: Handler, claim: Claim, stats: WorkerStats, policy: Policy, fin
         stats.unrecorded += 1
         return []
     stats.count(executed)
+    if executed.given_back and not isinstance(executed.error, Exception):
+        raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops
     if executed.error is not None and executed.ending != FENCED_OFF:
         logger.warning("task handler failed", exc_info=executed.error, extra=claim._log_extra())
     return executed.next_claims
 
 
-def _finisher(more: int, tenant: str | None) -> Callable[[Claim, Any], list[Claim] | None]:
+def _finisher(more: int, tenant: str | None, queues: list[str], path: str) -> Finish:
     """How a result is stored: with the next claims in the same statement when ``more`` are wanted."""
     if not more:
         return lambda claim, result: claim.complete(result)
-    return lambda claim, result: claim.complete_and_claim_next(result, limit=more, tenant=tenant)
+    return lambda claim, result: claim.complete_and_claim_next(result, limit=more, tenant=tenant, queue=queues,
+                                                               path=path)
 
 
 def _still_ours(claim: Claim, stats: WorkerStats) -> bool:
@@ -160,9 +191,10 @@ def _still_ours(claim: Claim, stats: WorkerStats) -> bool:
     return True
 
 
-def _unfinished(tenant: str | None, using: str | None) -> bool:
-    """Whether any task (of ``tenant``) is still pending or running: held elsewhere, it may come back."""
-    tasks = Task.objects.db_manager(using).unfinished() if using else Task.objects.unfinished()
+def _unfinished(tenant: str | None, queues: list[str], path: str, using: str | None) -> bool:
+    """Whether any task of these queues (of ``tenant``) is still pending or running: held
+    elsewhere, it may come back. Tasks claimed by key and other kinds of work do not count."""
+    tasks = (Task.objects.db_manager(using) if using else Task.objects).unfinished().queued(queues, path)
     return (tasks.filter(tenant=tenant) if tenant is not None else tasks).exists()
 
 

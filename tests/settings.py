@@ -6,6 +6,7 @@ variables ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGPASSWORD``, ``PGDATABASE``. Wo
 processes started by the tests set ``TASKCLAIM_TEST_DB_NAME`` to the test database's name.
 """
 
+import importlib.util
 import os
 import tempfile
 from typing import Any
@@ -110,6 +111,18 @@ INSTALLED_APPS = [
     "django_taskclaim",
     "tests.testapp",
 ]
+# Django's Tasks framework: built in from Django 6.0, the django_tasks backport (an app) before.
+if importlib.util.find_spec("django.tasks") is None:
+    INSTALLED_APPS.append("django_tasks")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_taskclaim.tasks.ClaimBackend",
+        "QUEUES": ["default", "emails"],
+        # Retries come back within a test's patience.
+        "OPTIONS": {"BACKOFF": {"base": 0.05, "cap": 0.2}},
+    },
+}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

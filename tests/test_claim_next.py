@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 def test_claims_the_oldest_pending_first_up_to_limit() -> None:
     for i in range(5):
-        Task.objects.ensure(f"t{i}")
+        Task.objects.ensure(f"t{i}", queue="default")
     first = Task.objects.claim_next(owner="w", limit=2)
     assert [c.key for c in first] == ["t0", "t1"]
     assert all(c.token == 1 and c.owner == "w" for c in first)
@@ -23,9 +23,9 @@ def test_claims_the_oldest_pending_first_up_to_limit() -> None:
 
 
 def test_expired_leases_are_taken_over_before_pending_work() -> None:
-    Task.objects.ensure("old")
+    Task.objects.ensure("old", queue="default")
     (old,) = Task.objects.claim_next(owner="w1")
-    Task.objects.ensure("new")
+    Task.objects.ensure("new", queue="default")
     expire(old)
     (taken,) = Task.objects.claim_next(owner="w2")
     assert (taken.key, taken.token) == ("old", 2)
@@ -33,27 +33,102 @@ def test_expired_leases_are_taken_over_before_pending_work() -> None:
     assert [c.key for c in Task.objects.claim_next()] == ["new"]
 
 
-def test_exhausted_expired_tasks_are_not_taken_over() -> None:
-    Task.objects.ensure("job", max_attempts=1)
+@pytest.mark.django_db(transaction=True)  # tasks_reclaimed is sent on commit
+def test_an_expired_task_on_its_last_attempt_ends_failed_in_the_queue_claim() -> None:
+    """Issue 24: a queue without a reclaim sweep strands nothing. The expired task on its last
+    attempt is not taken over, and not left RUNNING: the claim ends it FAILED, recorded as
+    reclaim would (the attempt expired, ``tasks_reclaimed`` sent)."""
+    from django_taskclaim.signals import tasks_reclaimed
+
+    Task.objects.ensure("job", max_attempts=1, queue="default")
+    Task.objects.ensure("next", queue="default")
     (claim,) = Task.objects.claim_next()
     expire(claim)
-    assert Task.objects.claim_next() == []
-    assert Task.objects.reclaim_expired() == 1
-    assert Task.objects.get(key="job").status == "failed"
+    heard: list[object] = []
+    tasks_reclaimed.connect(lambda tasks, **kw: heard.extend(tasks), weak=False, dispatch_uid="heard")
+    try:
+        assert [c.key for c in Task.objects.claim_next(limit=5)] == ["next"]
+    finally:
+        tasks_reclaimed.disconnect(dispatch_uid="heard")
+    task = Task.objects.get(key="job")
+    assert (task.status, task.error, task.lease_expires_at) == ("failed", "lease expired with no attempts left", None)
+    assert Attempt.objects.get(task=task).outcome == "expired"
+    assert heard == [("job", "", 1, "failed")]
+    assert Task.objects.reclaim_expired() == 0 and Task.objects.claim_next() == []
+
+
+def test_queues_priorities_and_not_before() -> None:
+    """Only the named queues' due tasks, the highest priority first, then the oldest."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    Task.objects.ensure("low", queue="mail", priority=-5)
+    Task.objects.ensure("urgent", queue="mail", priority=50)
+    Task.objects.ensure("normal-1", queue="mail")
+    Task.objects.ensure("normal-2", queue="mail")
+    Task.objects.ensure("later", queue="mail", priority=100, run_after=timezone.now() + dt.timedelta(hours=1))
+    Task.objects.ensure("other", queue="reports", priority=100)
+    assert Task.objects.claim_next() == []  # nothing in the default queue
+    assert [c.key for c in Task.objects.claim_next(queue="mail", limit=10)] == ["urgent", "normal-1", "normal-2", "low"]
+    assert [c.key for c in Task.objects.claim_next(queue=["mail", "reports"], limit=10)] == ["other"]
+    Task.objects.filter(key="later").update(run_after=timezone.now() - dt.timedelta(seconds=1))
+    (later,) = Task.objects.claim_next(queue="mail")
+    assert (later.key, later.queue) == ("later", "mail")
+
+
+def test_tasks_claimed_by_key_are_never_handed_out() -> None:
+    """Issue 24: a queue worker took over an expired run_once task and stored its own handler's
+    result. Tasks of claim()/run_once, the Celery bridge and LangGraph nodes have no queue."""
+    expire(Task.objects.claim("charge", owner="run_once").claim)
+    Task.objects.ensure("celery-row", dispatch={"task": "shop.charge"})
+    Task.objects.ensure("plain")
+    assert Task.objects.claim_next(limit=10) == []
+    assert Task.objects.claim_next(queue=["default", "celery", "mail"], limit=10, path="*") == []
+    assert Task.objects.get(key="charge").fencing_token == 1
+
+
+def test_work_for_a_handler_and_tasks_that_name_their_callable_are_kept_apart() -> None:
+    Task.objects.ensure("for-a-handler", queue="default")
+    Task.objects.ensure("a-django-task", queue="default", task_path="shop.tasks.charge")
+    assert [c.key for c in Task.objects.claim_next(limit=5)] == ["for-a-handler"]
+    assert [c.key for c in Task.objects.claim_next(limit=5, path="*")] == ["a-django-task"]
+
+
+@pytest.mark.parametrize(("options", "problem"), [
+    ({"queue": ""}, "queue name"), ({"queue": "x" * 101}, "queue"), ({"queue": "a\x00b"}, "queue"),
+    ({"queue": "q", "priority": 101}, "priority"), ({"queue": "q", "priority": 1.5}, "priority"),
+    ({"queue": "q", "run_after": __import__("datetime").datetime(2030, 1, 1)}, "aware"),
+    ({"priority": 3}, "give a queue"), ({"queue": "q", "task_path": "x" * 256}, "task_path"),
+])
+def test_bad_queue_options_are_refused_and_nothing_is_stored(options: dict[str, object], problem: str) -> None:
+    from django_taskclaim.exceptions import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=problem):
+        Task.objects.ensure("job", **options)
+    assert not Task.objects.exists()
+
+
+@pytest.mark.parametrize("queue", ["", [], ["ok", ""], 7])
+def test_claim_next_refuses_bad_queue_names(queue: object) -> None:
+    from django_taskclaim.exceptions import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        Task.objects.claim_next(queue=queue)  # type: ignore[arg-type]
 
 
 def test_tenant_filter() -> None:
-    Task.objects.ensure("a", tenant="acme")
-    Task.objects.ensure("b", tenant="globex")
+    Task.objects.ensure("a", tenant="acme", queue="default")
+    Task.objects.ensure("b", tenant="globex", queue="default")
     assert [c.tenant for c in Task.objects.claim_next(tenant="globex", limit=5)] == ["globex"]
     assert [c.tenant for c in Task.objects.claim_next(tenant="acme", limit=5)] == ["acme"]
     assert Task.objects.claim_next(tenant="acme") == []
 
 
 def test_finished_and_running_tasks_are_skipped() -> None:
-    Task.objects.ensure("done")
+    Task.objects.ensure("done", queue="default")
     Task.objects.claim_next()[0].complete(1)
-    Task.objects.ensure("busy")
+    Task.objects.ensure("busy", queue="default")
     Task.objects.claim_next()
     assert Task.objects.claim_next(limit=5) == []
 
@@ -73,8 +148,8 @@ def test_a_locked_row_is_skipped_not_waited_for() -> None:
 
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has one writer: there is no row lock to skip")
-    Task.objects.ensure("held")
-    Task.objects.ensure("free")
+    Task.objects.ensure("held", queue="default")
+    Task.objects.ensure("free", queue="default")
     out: dict[str, object] = {}
 
     def other_worker() -> None:

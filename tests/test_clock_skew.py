@@ -57,7 +57,7 @@ def test_claim_and_heartbeat_write_the_expiry_from_the_database_clock(skew) -> N
     assert 50 < lease_left("job") <= 60
     # What the claim reports is the stored (database) expiry, not one computed locally.
     assert claim.lease_expires_at == Task.objects.get(key="job").lease_expires_at
-    Task.objects.ensure("queued")
+    Task.objects.ensure("queued", queue="default")
     (queued,) = Task.objects.claim_next(lease=30)
     assert 20 < lease_left("queued") <= 30
     queued.heartbeat(45)
@@ -82,6 +82,7 @@ def test_reclaim_follows_the_database_clock(skew) -> None:  # type: ignore[no-un
 
 def test_takeover_by_claim_and_claim_next_follows_the_database_clock(skew) -> None:  # type: ignore[no-untyped-def]
     for key in ("a-live", "b-gone", "c-live", "d-gone"):
+        Task.objects.ensure(key, queue="default")  # queued work, also claimed by key here
         Task.objects.claim(key, owner="first", lease=600)
     set_lease("b-gone", -600)
     set_lease("d-gone", -600)
@@ -149,6 +150,8 @@ def faked_worker(spawn, offset: str):  # type: ignore[no-untyped-def]
 def prepare_worker_tasks() -> None:
     """What the ``clock`` worker finds: a live lease, an expired one, each claimable by key and by queue."""
     for key in ("key-live", "key-gone", "queue-live", "queue-gone"):
+        if key.startswith("queue"):
+            Task.objects.ensure(key, queue="default")
         Task.objects.claim(key, owner="first", lease=600)
     # On its last attempt: claim_next leaves it alone, reclaim fails it.
     Task.objects.claim("reclaim-gone", owner="first", lease=600, max_attempts=1)

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def make_tasks(n: int, **fields) -> None:  # type: ignore[no-untyped-def]
-    Task.objects.bulk_create([Task(key=f"task-{i:05d}", **fields) for i in range(n)])
+    Task.objects.bulk_create([Task(key=f"task-{i:05d}", queue="default", **fields) for i in range(n)])
 
 
 def assert_exactly_once(n: int) -> None:

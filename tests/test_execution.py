@@ -44,7 +44,7 @@ def test_a_completion_rolled_back_by_the_handler_is_counted_by_what_committed() 
     """Issue 25.4: a handler that completes inside a transaction it then rolls back was counted
     succeeded while the task stayed RUNNING (and ran again after its lease). The worker counts
     what committed: a failure (retried at once), then the run that did publish."""
-    Task.objects.ensure("job")
+    Task.objects.ensure("job", queue="default")
     ran: Counter[int] = Counter()
 
     def handler(claim):  # type: ignore[no-untyped-def]
@@ -73,7 +73,7 @@ def test_run_once_reports_a_completion_its_body_rolled_back() -> None:
 
 def test_a_completion_inside_an_outer_transaction_that_commits_counts_once() -> None:
     """Inside the caller's still-open transaction the body's ending counts (it commits with it)."""
-    Task.objects.ensure("job")
+    Task.objects.ensure("job", queue="default")
     with transaction.atomic():
         [claim] = Task.objects.claim_next(owner="w")
         executed = execute(claim, fenced_effect_then_rollback, (claim,), {"roll_back": False})
@@ -134,7 +134,7 @@ def test_batched_claims_age_from_the_claim_not_from_when_slow_receivers_returned
     expired looked fresh and ran without the renewal check. Here the third receiver call lets
     another worker take the first (expired) task over; it must not run here as well."""
     for key in ("a", "b", "c"):
-        Task.objects.ensure(key)
+        Task.objects.ensure(key, queue="default")
     calls = threading.local()
     seen: list[str] = []
 
@@ -194,7 +194,7 @@ def test_a_worker_survives_its_session_killed_during_a_handler(after: str) -> No
     once), one that returned is completed."""
     if connection.vendor == "sqlite":
         pytest.skip("terminating a session needs a database server (PostgreSQL, MariaDB)")
-    Task.objects.ensure("job")
+    Task.objects.ensure("job", queue="default")
     ran: Counter[int] = Counter()
 
     def handler(claim):  # type: ignore[no-untyped-def]

@@ -90,10 +90,10 @@ def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> No
     read before it wrote failed at once with "database is locked"; none may fail, and each task
     ends with its effect applied once (succeeded) or never (cancelled)."""
     for i in range(300):
-        Task.objects.ensure(f"w-{i}")
+        Task.objects.ensure(f"w-{i}", queue="default")
     for i in range(100):
-        Task.objects.ensure(f"c-{i}")  # cancelled by QuerySet.cancel()
-        Task.objects.ensure(f"a-{i}")  # cancelled by the admin action
+        Task.objects.ensure(f"c-{i}", queue="default")  # cancelled by QuerySet.cancel()
+        Task.objects.ensure(f"a-{i}", queue="default")  # cancelled by the admin action
     workers = [spawn_ops("drain", "--seconds", "60", "--until-empty", "--work-ms", "5") for _ in range(8)]
     rounds = ("--min-runs", "10", "--seconds", "4", "--pause", "0.02")
     operators = [
@@ -125,7 +125,7 @@ def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(spawn_ops: 
     if connection.vendor != "sqlite":
         pytest.skip("the busy timeout is SQLite's")
     for i in range(480):
-        Task.objects.ensure(f"q-{i}")
+        Task.objects.ensure(f"q-{i}", queue="default")
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_ops",
            "TASKCLAIM_TEST_SQLITE_TIMEOUT": str(RECOMMENDED_SQLITE_TIMEOUT)}
     workers = [spawn_ops("drain", "--seconds", "300", "--until-empty", "--work-ms", "3", env=env)

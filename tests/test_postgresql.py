@@ -43,9 +43,9 @@ def plan_of(call) -> str:  # type: ignore[no-untyped-def]
 
 def test_claim_next_uses_the_partial_indexes() -> None:
     for i in range(3):
-        Task.objects.ensure(f"t{i}")
+        Task.objects.ensure(f"t{i}", queue="default")
     plan = plan_of(lambda: Task.objects.claim_next())
-    assert "taskclaim_task_pending_idx" in plan and "taskclaim_task_running_idx" in plan, plan
+    assert "taskclaim_task_queued_idx" in plan and "taskclaim_task_running_idx" in plan, plan
 
 
 def test_reclaim_uses_the_running_index() -> None:
@@ -174,8 +174,8 @@ def test_every_hot_statement_fits_psycopgs_statement_cache(audit: bool) -> None:
                 assert claim(f"in-tx-{kind}", "a", kind).claimed
                 assert not claim(f"in-tx-{kind}", "b", kind).claimed
         for i in range(4):
-            Task.objects.ensure(f"q{i}")
-            Task.objects.ensure(f"q{i}", tenant="acme")
+            Task.objects.ensure(f"q{i}", queue="default")
+            Task.objects.ensure(f"q{i}", tenant="acme", queue="default")
         for tenant in (None, "acme"):
             first = Task.objects.claim_next(owner="w", tenant=tenant)[0]
             second = first.complete_and_claim_next(tenant=tenant)[0]

@@ -80,8 +80,10 @@ def test_heartbeat_complete_fail_release(django_assert_num_queries) -> None:  # 
 
 def test_claim_next(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
     for i in range(3):
-        Task.objects.ensure(f"t{i}")
-    with django_assert_num_queries(budget(1, 1 + 2 * 3, 4 + 3)):
+        Task.objects.ensure(f"t{i}", queue="default")
+    # SQLite: the expired tasks on their last attempt to FAILED, the claim, and per claim the
+    # attempt it took over closed and its own opened.
+    with django_assert_num_queries(budget(1, 2 + 2 * 3, 4 + 3)):
         assert len(Task.objects.claim_next(limit=3)) == 3
 
 

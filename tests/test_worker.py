@@ -23,7 +23,7 @@ from tests.testapp.models import Effect
 def queue(n: int, prefix: str = "t") -> list[str]:
     keys = [f"{prefix}{i:03d}" for i in range(n)]
     for i, key in enumerate(keys):
-        Task.objects.ensure(key, payload={"n": i})
+        Task.objects.ensure(key, payload={"n": i}, queue="default")
     return keys
 
 
@@ -47,7 +47,7 @@ def test_complete_and_claim_next_is_one_statement_on_postgresql(django_assert_nu
     queue(3)
     [first] = Task.objects.claim_next(owner="w")
     # PostgreSQL: one statement (and so one commit); elsewhere complete + claim_next, one transaction.
-    with django_assert_num_queries({"postgresql": 1, "sqlite": 5}.get(connection.vendor, 7)):
+    with django_assert_num_queries({"postgresql": 1, "sqlite": 6}.get(connection.vendor, 7)):
         assert [c.key for c in first.complete_and_claim_next()] == ["t001"]
 
 
@@ -160,7 +160,7 @@ def test_worker_command_reports_and_rejects_a_bad_handler(capsys) -> None:  # ty
     queue(3)
     call_command("taskclaim_worker", "tests.worker_handlers.effect", "--until-drained", "--json", "--atomic")
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {
-        "succeeded": 3, "failed": 0, "fenced_off": 0}
+        "succeeded": 3, "failed": 0, "fenced_off": 0, "unrecorded": 0}
     from django.core.management.base import CommandError
 
     with pytest.raises(CommandError, match="cannot be imported"):

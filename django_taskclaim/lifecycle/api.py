@@ -10,11 +10,14 @@ import os
 import secrets
 import socket
 import time
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.utils import timezone
+
 from ..conf import settings
-from ..exceptions import PayloadMismatch, TaskClaimError
+from ..exceptions import InvalidArgument, PayloadMismatch, TaskClaimError
 from ..keys import (
     MAX_OWNER_LENGTH,
     TaskKey,
@@ -80,21 +83,66 @@ def _max_attempts(value: int | None) -> int:
     return settings.MAX_ATTEMPTS if value is None else positive_int(value, "max_attempts")
 
 
+#: The queue of queued work when none is named (Django's ``DEFAULT_TASK_QUEUE_NAME``).
+DEFAULT_QUEUE = "default"
+MAX_QUEUE_LENGTH = 100
+MAX_PATH_LENGTH = 255
+PRIORITY_RANGE = (-100, 100)  # Django's TASK_MIN_PRIORITY, TASK_MAX_PRIORITY
+
+
+def queue_name(queue: Any) -> str:
+    """A queue name as stored: 1–100 printable characters; ``InvalidArgument`` names the problem."""
+    if not isinstance(queue, str) or not queue:
+        raise InvalidArgument(f"a queue name must be a non-empty string, not {queue!r}")
+    return validate_text(queue, "queue", MAX_QUEUE_LENGTH)
+
+
+def queue_names(queue: str | Sequence[str]) -> list[str]:
+    """One queue name or several, as the sorted list of distinct names a queue claim takes."""
+    if not isinstance(queue, str | list | tuple | set | frozenset):
+        raise InvalidArgument(f"queue must be a queue name or a sequence of them, not {queue!r}")
+    names = [queue] if isinstance(queue, str) else list(queue)
+    if not names:
+        raise InvalidArgument("name at least one queue")
+    return sorted({queue_name(name) for name in names})
+
+
+def _priority(value: Any) -> int:
+    low, high = PRIORITY_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"priority must be a whole number between {low} and {high}, not {value!r}")
+    return value
+
+
+def _run_after(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or timezone.is_naive(value):
+        raise InvalidArgument(f"run_after must be an aware datetime, not {value!r}")
+    return value
+
+
 def ensure(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
-    dispatch: dict[str, Any] | None = None, using: str | None = None,
+    dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str | None = None,
+    priority: int = 0, run_after: datetime | None = None, task_path: str = "",
 ) -> Any:
     """Create the task PENDING if ``(tenant, key)`` is absent; return it either way.
 
     A payload that differs from the stored one raises ``PayloadMismatch``; a payload given for
-    a task created without one is stored.
+    a task created without one is stored. With ``queue`` the task is queued work, which
+    ``claim_next(queue=...)`` hands out (the highest ``priority`` first, not before
+    ``run_after``); without, it is claimed by key only. ``task_path`` names the callable that
+    runs it (a Django task); ``""`` is work for a queue worker's handler.
     """
-    return ensure_task(key, tenant, payload, max_attempts, dispatch=dispatch, using=using)[0]
+    return ensure_task(key, tenant, payload, max_attempts, dispatch=dispatch, using=using, queue=queue,
+                       priority=priority, run_after=run_after, task_path=task_path)[0]
 
 
 def ensure_task(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
-    dispatch: dict[str, Any] | None = None, using: str | None = None,
+    dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str | None = None,
+    priority: int = 0, run_after: datetime | None = None, task_path: str = "",
 ) -> tuple[Any, bool]:
     """:func:`ensure`, also telling whether this call created the task."""
     key, tenant = resolve_identity(key, tenant)
@@ -103,10 +151,16 @@ def ensure_task(
     fp = fingerprint_of(stored)
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
     limit = _max_attempts(max_attempts)
+    if queue is None and (priority or run_after is not None or task_path):
+        raise InvalidArgument("priority, run_after and task_path are for queued work: give a queue too")
+    queue = None if queue is None else queue_name(queue)
+    priority, run_after = _priority(priority), _run_after(run_after)
+    task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     # The row that made the insert conflict can be purged before it is read: insert again.
     for _ in range(3):
         row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
-                                          max_attempts=limit, dispatch=dispatch_json)
+                                          max_attempts=limit, dispatch=dispatch_json, queue=queue, priority=priority,
+                                          run_after=run_after, task_path=task_path)
         if row is not None:
             break
     else:
@@ -160,19 +214,30 @@ def claim(
 
 def claim_next(
     owner: str | None = None, lease: float | timedelta | None = None, tenant: str | None = None,
-    limit: int = 1, *, delivery_id: str = "", using: str | None = None,
+    limit: int = 1, *, queue: str | Sequence[str] = DEFAULT_QUEUE, path: str = "", delivery_id: str = "",
+    using: str | None = None,
 ) -> list[Claim]:
-    """Claim up to ``limit`` tasks, queue style: expired leases first, then the oldest pending."""
+    """Claim up to ``limit`` queued tasks of ``queue`` (a name, or several): expired leases first,
+    then the due pending ones, the highest priority first, then the oldest.
+
+    Tasks claimed by key (``claim()``, ``run_once``, the Celery bridge, LangGraph nodes) are never
+    handed out. ``path``: ``""`` takes work for a handler, ``"*"`` tasks that name the callable
+    that runs them (Django tasks). An expired task on its last attempt ends FAILED on the way.
+    """
     seconds = lease_seconds(lease)
     positive_int(limit, "limit")
     if tenant is not None:
         _, tenant = resolve_identity("-", tenant)
+    queues = queue_names(queue)
+    if path not in ("", "*"):
+        raise InvalidArgument(
+            f"path must be '' (work for a handler) or '*' (tasks that name their callable), not {path!r}")
     owner = _owner(owner)
     validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
     using = using or settings.DATABASE
     sent = time.monotonic()
     claimed = transitions.claim_next(using, owner=owner, lease=seconds, tenant=tenant, limit=limit,
-                                     delivery_id=delivery_id)
+                                     delivery_id=delivery_id, queues=queues, path=path)
     return [Claim.taken(c, using, seconds, delivery_id, sent=sent) for c in claimed]
 
 

@@ -75,9 +75,24 @@ class Policy:
     atomic: bool = False
     #: What is recorded for a failure (default: the exception itself, as ``fail()`` words it).
     error: Callable[[BaseException], BaseException | str] | None = None
+    #: ``BaseException``\ s (not ``Exception``\ s) that are the body's failure, not a shutdown
+    #: (the Tasks framework records a task's ``SystemExit`` as its failure).
+    failures: tuple[type[BaseException], ...] = ()
+    #: Seconds before a failed task retried may run again, from the claim and the error;
+    #: ``None`` leaves it to ``Claim.fail`` (a queued task: ``TASKCLAIM_RETRY_BACKOFF``).
+    delay: Callable[[Claim, BaseException], float | None] | None = None
 
     def recorded(self, error: BaseException) -> BaseException | str:
         return self.error(error) if self.error is not None else error
+
+    def gives_back(self, error: BaseException) -> bool:
+        """Whether ``error`` releases the claim: a shutdown or cancellation, or a ``give_back`` one."""
+        if isinstance(error, self.give_back):
+            return True
+        return not isinstance(error, Exception) and not isinstance(error, self.failures)
+
+    def retry_delay(self, claim: Claim, error: BaseException) -> float | None:
+        return None if self.delay is None else self.delay(claim, error)
 
     def retries(self, error: BaseException) -> bool:
         return self.retry(error) if callable(self.retry) else bool(self.retry)
@@ -105,6 +120,8 @@ class Executed:
     by_body: bool = False
     #: The claims the completion made (``finish`` of a queue worker).
     next_claims: list[Claim] = field(default_factory=list)
+    #: Whether the claim was given back untouched (a shutdown, a ``give_back`` exception).
+    given_back: bool = False
 
     @property
     def returned(self) -> bool:
@@ -213,10 +230,12 @@ def conclude(
             if ended is not None:  # the body ended its claim, then raised: nothing more to write
                 return Executed(claim, ended, value, raised, by_body=True)
             if storing and isinstance(raised, InvalidResult | DataError):
-                return Executed(claim, record_failure(claim, raised, retry=False), value, raised)
-            if _gives_back(raised, policy):
-                return Executed(claim, _release(claim), value, raised)
-            status = record_failure(claim, policy.recorded(raised), retry=policy.retries(raised))
+                return Executed(claim, record_failure(claim, policy.recorded(raised), retry=False), value, raised)
+            if policy.gives_back(raised):
+                return Executed(claim, _release(claim), value, raised, given_back=True)
+            retry = policy.retries(raised)
+            status = record_failure(claim, policy.recorded(raised), retry=retry,
+                                    delay=policy.retry_delay(claim, raised) if retry else None)
             return Executed(claim, status, value, raised)
         if ended is not None:
             return Executed(claim, ended, value, by_body=True)
@@ -226,16 +245,12 @@ def conclude(
                 "that was then rolled back, with whatever it wrote there; the task will run again")
             return Executed(claim, record_failure(claim, error, retry=True), value, error)
         try:
-            made = _store(claim, value, finish or _complete)
+            made = _store(claim, value, finish or _complete, policy)
         except InvalidResult as exc:
             return Executed(claim, Status.FAILED, value, exc)
         return Executed(claim, Status.SUCCEEDED, value, next_claims=made or [])
     except StaleClaim as exc:  # fenced off while recording the end: the body's error, if any, stays the news
         return Executed(claim, FENCED_OFF, value, raised or exc)
-
-
-def _gives_back(error: BaseException, policy: Policy) -> bool:
-    return not isinstance(error, Exception) or isinstance(error, policy.give_back)
 
 
 def _complete(claim: Claim, value: Any) -> None:
@@ -253,11 +268,11 @@ def complete_or_fail(claim: Claim, result: Any = None, result_ref: str = "") -> 
     _store(claim, result, lambda c, value: c.complete(value, result_ref))
 
 
-def _store(claim: Claim, value: Any, finish: Finish) -> list[Claim] | None:
+def _store(claim: Claim, value: Any, finish: Finish, policy: Policy = DEFAULT) -> list[Claim] | None:
     try:
         return finish(claim, value)
     except InvalidResult as exc:
-        record_failure(claim, exc, retry=False)
+        record_failure(claim, policy.recorded(exc), retry=False)
         raise
     except DataError as exc:
         # Something the checks before the write did not foresee; inside a transaction the
@@ -268,10 +283,10 @@ def _store(claim: Claim, value: Any, finish: Finish) -> list[Claim] | None:
         raise InvalidResult(f"the database refused the result: {exc}") from exc
 
 
-def record_failure(claim: Claim, error: BaseException | str, *, retry: bool) -> str:
-    """``claim.fail(error, retry=...)``; a refusal (fenced off) is logged here and raised."""
+def record_failure(claim: Claim, error: BaseException | str, *, retry: bool, delay: float | None = None) -> str:
+    """``claim.fail(error, retry=..., delay=...)``; a refusal (fenced off) is logged here and raised."""
     try:
-        return claim.fail(error, retry=retry)
+        return claim.fail(error, retry=retry, delay=delay)
     except StaleClaim:
         logger.warning("failure of a fenced-off claim not recorded", extra=claim._log_extra())
         raise

@@ -6,7 +6,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -16,10 +17,10 @@ from django.db import connections, transaction
 
 from .. import signals
 from ..conf import settings
-from ..exceptions import InvalidResult, StaleClaim
+from ..exceptions import InvalidArgument, InvalidResult, StaleClaim, TaskClaimError
 from ..keys import clean_text, lease_seconds, positive_int, resolve_identity, to_json, validate_text
 from ..status import Status
-from ..store.rows import Claimed
+from ..store.rows import Claimed, TaskRow
 from . import transitions
 from .keepalive import KeepaliveMixin
 
@@ -29,6 +30,28 @@ T = TypeVar("T")
 
 MAX_ERROR_LENGTH = 10_000
 MAX_RESULT_REF_LENGTH = 1024
+
+
+MAX_TRACEBACK_LENGTH = 64_000
+
+
+def failure_details(error: object) -> tuple[str, str]:
+    """An exception's class path and formatted traceback (empty for a text error); never raises."""
+    if not isinstance(error, BaseException):
+        return "", ""
+    kind = type(error)
+    try:
+        trace = "".join(traceback.format_exception(error))
+    except Exception:  # a broken __str__ or traceback must not stop the failure being recorded
+        trace = f"{kind.__module__}.{kind.__qualname__}: <traceback could not be formatted>\n"
+    return clean_text(f"{kind.__module__}.{kind.__qualname__}", 255), clean_text(trace, MAX_TRACEBACK_LENGTH)
+
+
+def _delay(value: float | timedelta) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= settings.MAX_LEASE:
+        raise InvalidArgument(f"a retry delay must be between 0 and {settings.MAX_LEASE:g} seconds, not {value!r}")
+    return float(seconds)
 
 
 def error_text(error: object) -> str:
@@ -65,6 +88,11 @@ class Claim(KeepaliveMixin):
         self.delivery_id = delivery_id
         #: The task's payload as it was claimed (``None`` when the claim was built by hand).
         self.payload: Any = None
+        #: Queued work: its queue and the path of the callable that runs it ('' for a handler).
+        self.queue: str | None = None
+        self.task_path = ""
+        #: The task row as it was claimed (``None`` when the claim was built by hand).
+        self.row: TaskRow | None = None
         # Set by keepalive() when a heartbeat is refused or the lease ran out locally.
         self.lost = threading.Event()
         self.lost_reason: BaseException | None = None
@@ -96,6 +124,7 @@ class Claim(KeepaliveMixin):
                   attempt=row.attempts, lease=lease, lease_expires_at=row.lease_expires_at, using=using,
                   delivery_id=delivery_id, sent=sent)
         new.payload = row.payload
+        new.queue, new.task_path, new.row = row.queue, row.task_path, row
         transitions.announce_claim(new, claimed.previous_owner)
         return new
 
@@ -138,6 +167,12 @@ class Claim(KeepaliveMixin):
     def completed_with(self) -> Any:
         """The result this claim's ``complete()`` stored, as a later read returns it (JSON)."""
         return None if self._stored is None else json.loads(self._stored)
+
+    def as_task(self) -> Any:
+        """The task as this claim made it (a ``Task`` built from the claimed row, no query)."""
+        if self.row is None:
+            raise TaskClaimError("this claim was built by hand: it holds no row")
+        return transitions.to_task(self.row, self.using)
 
     def remaining(self) -> float:
         """Seconds of lease left at least, by this process's clock (negative once it may have run out)."""
@@ -205,27 +240,32 @@ class Claim(KeepaliveMixin):
 
     def complete_and_claim_next(
         self, result: Any = None, result_ref: str = "", *, limit: int = 1, tenant: str | None = None,
-        lease: float | timedelta | None = None,
+        lease: float | timedelta | None = None, queue: str | Sequence[str] | None = None, path: str | None = None,
     ) -> list[Claim]:
         """Complete this task and claim the next ones (queue style, as ``claim_next``) in one commit.
 
         The loop of a queue worker: one statement and one commit per task on PostgreSQL, where
         ``complete()`` then ``claim_next()`` cost two. The claims are made for this claim's owner,
-        with its lease unless ``lease`` is given, only if the completion is accepted: a fenced-off
-        claim raises ``StaleClaim`` and claims nothing. A result that cannot be stored raises
+        with its lease unless ``lease`` is given, from ``queue`` (default: this task's queue) and
+        of its ``path`` kind, only if the completion is accepted: a fenced-off claim raises
+        ``StaleClaim`` and claims nothing. A result that cannot be stored raises
         ``InvalidResult`` and writes nothing, as ``complete()`` does.
         """
+        from .api import DEFAULT_QUEUE, queue_names
+
         result_json = self._result_json(result, result_ref)
         seconds = self.lease if lease is None else lease_seconds(lease)
         positive_int(limit, "limit")
         if tenant is not None:
             _, tenant = resolve_identity("-", tenant)
+        queues = queue_names(queue if queue is not None else self.queue or DEFAULT_QUEUE)
+        path = ("*" if self.task_path else "") if path is None else path
         finishing, self._finishing = self._finishing, True
         sent = time.monotonic()
         try:
             status, claimed = transitions.complete_and_claim_next(
                 self, result_json, result_ref, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
-                delivery_id=self.delivery_id)
+                delivery_id=self.delivery_id, queues=queues, path=path)
         except BaseException:
             self._finishing = finishing
             raise
@@ -239,14 +279,20 @@ class Claim(KeepaliveMixin):
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
         return [Claim.taken(c, self.using, seconds, self.delivery_id, sent=sent) for c in claimed]
 
-    def fail(self, error: BaseException | str, retry: bool = False) -> str:
+    def fail(self, error: BaseException | str, retry: bool = False, delay: float | timedelta | None = None) -> str:
         """Record a failure: back to PENDING when ``retry`` and attempts remain, else FAILED.
 
         Returns the new status. The error's text is stored made safe (NULs dropped, lone
-        surrogates escaped, cut at 10,000 characters), so recording a failure never fails on it.
+        surrogates escaped, cut at 10,000 characters), so recording a failure never fails on it;
+        an exception's class and traceback are kept on the attempt row too. A queued task
+        retried may not run again before ``delay`` seconds (default: ``TASKCLAIM_RETRY_BACKOFF``
+        for this attempt); a task claimed by key is retried by its next claim.
         """
         text = error_text(error)
-        status = self._finishing_write("fail", transitions.fail, text, bool(retry))
+        error_class, trace = failure_details(error)
+        wait = _delay(delay) if delay is not None else (
+            settings.RETRY_BACKOFF.delay(self.attempt) if retry and self.queue is not None else None)
+        status = self._finishing_write("fail", transitions.fail, text, bool(retry), wait, error_class, trace)
         retrying = status == Status.PENDING
         logger.info("task failed", extra={**self._log_extra(), "retry": retrying, "error": text[:200]})
         transitions.send(self.using, signals.task_failed, claim=self, error=text, retry=retrying)

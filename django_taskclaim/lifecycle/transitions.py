@@ -171,8 +171,8 @@ def _ending(holder: Holder, operation: Callable[[], T], status_of: Callable[[T],
 
 
 def _ended_as(done: Any, status: str) -> Any:
-    """``done`` (a status, or ``(status, claims)``) with ``status`` in place of ``None``."""
-    return (status, []) if isinstance(done, tuple) else status
+    """``done`` (a status, or ``(status, claims, exhausted)``) with ``status`` in place of ``None``."""
+    return (status, [], []) if isinstance(done, tuple) else status
 
 
 def _log(holder: Holder, **extra: Any) -> dict[str, Any]:
@@ -208,16 +208,27 @@ def claim_key(
 
 def claim_next(
     using: str, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str,
+    queues: Sequence[str], path: str,
 ) -> list[Claimed]:
-    """Queue style: up to ``limit`` tasks, expired leases first, then the oldest pending.
+    """Queue style: up to ``limit`` tasks of ``queues``, expired leases first, then the due
+    pending ones by priority; expired tasks on their last attempt end FAILED on the way.
 
     Sent again on a new connection if the session was dropped: tasks a lost first statement
     may have claimed come back to the queue when their lease runs out.
     """
     store = get_store(using)
-    return _reconnecting(using, lambda: _write(using, lambda cursor: store.claim_next(
+    claimed, exhausted = _reconnecting(using, lambda: _write(using, lambda cursor: store.claim_next(
         cursor, owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
-        audit=settings.AUDIT)))
+        audit=settings.AUDIT, queues=queues, path=path)))
+    _exhausted(using, exhausted)
+    return claimed
+
+
+def _exhausted(using: str, moved: Sequence[Moved]) -> None:
+    """Tell logs and receivers of tasks a queue claim ended FAILED, as reclaim tells of them."""
+    if moved:
+        logger.info("%d expired task(s) on their last attempt ended FAILED", len(moved))
+        send(using, signals.tasks_reclaimed, tasks=[(m.key, m.tenant, m.token, m.status) for m in moved])
 
 
 def announce_claim(holder: Holder, previous_owner: str | None) -> None:
@@ -234,14 +245,16 @@ def announce_claim(holder: Holder, previous_owner: str | None) -> None:
 
 def ensure(
     using: str, *, tenant: str, key: str, payload: str | None, fingerprint: str, max_attempts: int,
-    dispatch: str | None,
+    dispatch: str | None, queue: str | None = None, priority: int = 0, run_after: datetime | None = None,
+    task_path: str = "",
 ) -> tuple[TaskRow | None, bool]:
     """Create the task PENDING unless it exists; ``(row, created)``, row ``None`` if it vanished."""
     store = get_store(using)
 
     def create(cursor: Any) -> TaskRow | None:
         return store.ensure(cursor, tenant=tenant, key=key, payload=payload, fingerprint=fingerprint,
-                            max_attempts=max_attempts, dispatch=dispatch)
+                            max_attempts=max_attempts, dispatch=dispatch, queue=queue, priority=priority,
+                            run_after=run_after, task_path=task_path)
 
     # Racing inserts of one key can deadlock on MySQL: _retried runs the insert again.
     row = _retried(using, lambda: _plain(using, create), store)
@@ -276,20 +289,29 @@ def complete(holder: Holder, result: str | None, result_ref: str) -> str | None:
 
 def complete_and_claim_next(
     holder: Holder, result: str | None, result_ref: str, *, owner: str, lease: float, tenant: str | None,
-    limit: int, delivery_id: str,
+    limit: int, delivery_id: str, queues: Sequence[str], path: str,
 ) -> tuple[str | None, list[Claimed]]:
     """Complete the holder's task and claim the next ones in one commit; ``(None, [])`` if fenced off."""
     store = get_store(holder.using)
-    return _ending(holder, lambda: _write(holder.using, lambda cursor: store.complete_and_claim_next(
-        cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
-        limit=limit, delivery_id=delivery_id, audit=settings.AUDIT)), lambda done: done[0])
+    def write(cursor: Any) -> tuple[str | None, list[Claimed], list[Moved]]:
+        return store.complete_and_claim_next(
+            cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
+            limit=limit, delivery_id=delivery_id, audit=settings.AUDIT, queues=queues, path=path)
+
+    status, claimed, exhausted = _ending(holder, lambda: _write(holder.using, write), lambda done: done[0])
+    _exhausted(holder.using, exhausted)
+    return status, claimed
 
 
-def fail(holder: Holder, error: str, retry: bool) -> str | None:
-    """RUNNING -> PENDING (retry, attempts left) or FAILED; ``None`` if fenced off."""
+def fail(
+    holder: Holder, error: str, retry: bool, delay: float | None = None, error_class: str = "", traceback: str = "",
+) -> str | None:
+    """RUNNING -> PENDING (retry, attempts left; not before ``delay`` seconds) or FAILED;
+    ``None`` if fenced off."""
     store = get_store(holder.using)
     return _ending(holder, lambda: _write(holder.using, lambda cursor: store.fail(
-        cursor, holder.task_id, holder.token, error, retry, settings.AUDIT)), _status)
+        cursor, holder.task_id, holder.token, error, retry, settings.AUDIT, error_class=error_class,
+        traceback=traceback, delay=delay)), _status)
 
 
 def release(holder: Holder) -> str | None:

@@ -19,9 +19,10 @@ from django.db import DatabaseError, IntegrityError
 
 from ..checkspec import spec
 from ..status import Outcome, Status
-from .rows import ATTEMPT, TASK, Claimed, Found, Moved, TaskRow
+from .rows import ATTEMPT, ATTEMPT_COLUMNS, NO_ERROR, TASK, Claimed, Found, Moved, TaskRow, in_claim_order
 from .sql import (
     CANCELLED,
+    EXHAUSTED_ERROR,
     FAILED,
     PENDING,
     RELEASE_SET,
@@ -173,36 +174,41 @@ class MySQLStore(SQLStore):
                 [row.id, row.fencing_token - 1],
             )
         cursor.execute(
-            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
-            f"stale_writes) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0)",
+            f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0, "
+            f"{NO_ERROR})",
             [row.id, row.fencing_token, row.owner, delivery_id],
         )
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
-        delivery_id: str, audit: bool, exclude: int | None = None,
-    ) -> list[Claimed]:
+        delivery_id: str, audit: bool, queues: Sequence[str], path: str, exclude: int | None = None,
+    ) -> tuple[list[Claimed], list[Moved]]:
         now, t = self.now, TASK
-        tparams: list[Any] = [tenant] if tenant is not None else []
-        tenant_sql = "AND tenant = %s" if tenant is not None else ""
+        where = self.queue_filter(queues, path, tenant)
+        params: list[Any] = [*queues, *([tenant] if tenant is not None else [])]
         if exclude is not None:
-            tenant_sql, tparams = f"{tenant_sql} AND id <> %s", [*tparams, exclude]
-        # Expired leases first (older work), then the oldest pending tasks; SKIP LOCKED so that
-        # workers never queue behind each other. Locked here, updated below, in one transaction.
+            where, params = f"{where} AND id <> %s", [*params, exclude]
+        # Expired leases first (older work), then the due pending tasks, the highest priority
+        # first; SKIP LOCKED so that workers never queue behind each other. Locked here,
+        # updated below, in one transaction.
         cursor.execute(
-            f"SELECT id FROM {t} WHERE status = {RUNNING} AND lease_expires_at < {now} "
-            f"AND attempts < max_attempts {tenant_sql} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
-            [*tparams, limit],
+            f"SELECT id, attempts < max_attempts FROM {t} WHERE status = {RUNNING} AND lease_expires_at < {now} "
+            f"AND {where} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
+            [*params, limit],
         )
-        ids = [r[0] for r in cursor.fetchall()]
+        expired = cursor.fetchall()
+        ids = [r[0] for r in expired if r[1]]
+        exhausted = self._fail_exhausted(cursor, [r[0] for r in expired if not r[1]], audit)
         if len(ids) < limit:
             cursor.execute(
-                f"SELECT id FROM {t} WHERE status = {PENDING} {tenant_sql} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
-                [*tparams, limit - len(ids)],
+                f"SELECT id FROM {t} WHERE status = {PENDING} AND {where} "
+                f"AND (run_after IS NULL OR run_after <= {now}) ORDER BY priority DESC, id LIMIT %s "
+                f"FOR UPDATE SKIP LOCKED",
+                [*params, limit - len(ids)],
             )
             ids += [r[0] for r in cursor.fetchall()]
         if not ids:
-            return []
+            return [], exhausted
         cursor.execute(
             f"UPDATE {t} SET {self.claim_set(t)} WHERE id IN ({placeholders(len(ids))}) AND {claimable(t, now)}",
             [owner, self.lease_param(lease), *ids],
@@ -213,24 +219,43 @@ class MySQLStore(SQLStore):
         if audit:
             for row, previous in claimed:
                 self._open_attempt(cursor, row, delivery_id, previous)
-        return claimed
+        return in_claim_order(claimed), exhausted
+
+    def _fail_exhausted(self, cursor: Any, ids: Sequence[int], audit: bool) -> list[Moved]:
+        """Expired tasks on their last attempt, locked by this transaction, to FAILED (as reclaim would)."""
+        if not ids:
+            return []
+        cursor.execute(
+            f"UPDATE {TASK} SET status = {FAILED}, error = %s, lease_expires_at = NULL, updated_at = {self.now} "
+            f"WHERE id IN ({placeholders(len(ids))}) AND status = {RUNNING}",
+            [EXHAUSTED_ERROR, *ids],
+        )
+        moved = self._moved(cursor, ids)
+        if audit:
+            self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
+        return moved
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
-        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
-    ) -> tuple[str | None, list[Claimed]]:
+        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
+        path: str,
+    ) -> tuple[str | None, list[Claimed], list[Moved]]:
         status = self.complete(cursor, task_id, token, result, result_ref, audit)
         if status is None:
-            return None, []
-        return status, self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                       delivery_id=delivery_id, audit=audit, exclude=task_id)
+            return None, [], []
+        claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
+                                             delivery_id=delivery_id, audit=audit, queues=queues, path=path,
+                                             exclude=task_id)
+        return status, claimed, exhausted
 
     def ensure(
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
-        max_attempts: int, dispatch: str | None,
+        max_attempts: int, dispatch: str | None, queue: str | None = None, priority: int = 0,
+        run_after: datetime | None = None, task_path: str = "",
     ) -> TaskRow | None:
         new_id = self._insert(cursor, self.task_values(running=False),
-                              [tenant, key, max_attempts, payload, fingerprint, dispatch])
+                              [tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
+                               self.datetime_param(cursor, run_after), task_path])
         if new_id is None:
             return None
         [row] = self._rows_by_id(cursor, [new_id])
@@ -250,7 +275,8 @@ class MySQLStore(SQLStore):
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool, known: str | None = None,
+        outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
+        attempt_set: str = "", attempt_params: Sequence[Any] = (),
     ) -> str | None:
         """As the portable ``finish``; ``known``: the status the update sets, when it sets one
         status whatever the row held (a completion, a release), which spares reading it back."""
@@ -267,7 +293,8 @@ class MySQLStore(SQLStore):
             cursor.execute(f"SELECT status FROM {TASK} WHERE id = %s", [task_id])
             status = str(cursor.fetchone()[0])
         if audit:
-            self.close_attempt(cursor, task_id, token, outcomes[0] if status == Status.PENDING else outcomes[1])
+            self.close_attempt(cursor, task_id, token, outcomes[0] if status == Status.PENDING else outcomes[1],
+                               attempt_set, attempt_params)
         return status
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:

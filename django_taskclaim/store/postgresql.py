@@ -15,9 +15,10 @@ from ..checkspec import spec
 from ..conf import settings
 from ..status import Outcome, Status
 from . import prepared
-from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved
+from .rows import ATTEMPT, ATTEMPT_COLUMNS, NO_ERROR, TASK, TASK_COLUMNS, Claimed, Found, Moved, in_claim_order
 from .sql import (
     CANCELLED,
+    EXHAUSTED_ERROR,
     FAILED,
     PENDING,
     RELEASE_SET,
@@ -27,6 +28,7 @@ from .sql import (
     claimable,
     is_duplicate,
     owned,
+    runs,
     word,
 )
 
@@ -53,9 +55,8 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
               f"WHERE {match} AND a.outcome = {RUNNING} RETURNING a.task_id, a.owner)")
     return (
         f"{closed if takes_over else ''}, "
-        f"opened AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
-        f"outcome, stale_writes) SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, "
-        f"{RUNNING}, 0 FROM claimed c) "
+        f"opened AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT c.id, c.fencing_token, c.owner, %s, "
+        f"c.claimed_at, NULL, {RUNNING}, 0, {NO_ERROR} FROM claimed c) "
     )
 
 
@@ -71,16 +72,8 @@ def _name(column: str) -> str:
 # (inside fenced()) and ran after its release committed would be stamped before the release
 # ended the previous attempt. clock_timestamp() in RETURNING is read after the row lock and
 # the re-check, so attempts of a task are stamped in the order they happened. decode() reads
-# the task columns by position; the final SELECTs leave this column out (one timestamp less
-# to send and parse per claim).
+# the task columns by position, before it.
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
-_CLAIMED_COLUMNS = ", ".join(f"c.{_name(c)}" for c in TASK_COLUMNS)
-_CUR_COLUMNS = ", ".join(f"cur.{_name(c)}" for c in TASK_COLUMNS)
-_SELECT_WITH_PREVIOUS = (
-    f" SELECT {_CLAIMED_COLUMNS}, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id) "
-    f"FROM claimed c ORDER BY c.id"
-)
-_SELECT_PLAIN = f" SELECT {_CLAIMED_COLUMNS}, NULL FROM claimed c ORDER BY c.id"
 _MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
 
 
@@ -187,18 +180,20 @@ class PostgreSQLStore(SQLStore):
                              lambda: self._claim_key_sql(audit, in_transaction, reads))
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
-        n = len(TASK_COLUMNS)
         if found is None:
             self.next_claim = "reading"
             return None  # nothing claimed: the lifecycle reads the task (read_state) and decides
         row = self.decode(found)
-        if found[n + 1]:
+        # After the task's columns: when it was claimed, whether its lease has expired, the owner
+        # it was taken over from, whether it was claimed, whether a duplicate was recorded.
+        _claimed_at, expired, previous, claimed, recorded = found[len(TASK_COLUMNS):]
+        if claimed:
             # A new task: both stamps are the one statement's (a claim of an existing task moves
             # only updated_at).
             self.next_claim = "insert" if row.created_at == row.updated_at else "lean"
-            return Claimed(row, found[n])
+            return Claimed(row, previous)
         self.next_claim = "reading"
-        expired, recorded = bool(found[n + 2]), bool(found[n + 3])
+        expired, recorded = bool(expired), bool(recorded)
         if not is_duplicate(row, expired, fingerprint) or (audit and not recorded):
             # Not a duplicate as of this statement's snapshot (or the task vanished meanwhile):
             # the lifecycle reads the task afresh and decides.
@@ -215,8 +210,7 @@ class PostgreSQLStore(SQLStore):
         statement.
         """
         opened = _open_attempts(single=True, takes_over=False) if audit else " "
-        return (f"WITH claimed AS ({self._insert_sql()}){opened}"
-                f"SELECT {_CLAIMED_COLUMNS}, NULL::text, true FROM claimed c")
+        return f"WITH claimed AS ({self._insert_sql()}){opened}SELECT c.* FROM claimed c"
 
     def _insert_sql(self, only_if: str = "") -> str:
         """An insert of a new running task for the key, skipped where the key has a task."""
@@ -243,11 +237,15 @@ class PostgreSQLStore(SQLStore):
         """
         claim = (f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}" if audit
                  else f"WITH {self.claim_key_sql()}")
+        # Rows of one shape (the task's columns, then claimed_at, expired, previous owner, claimed,
+        # recorded), each list of columns written once (``c.*``, ``cur.*``): the text must stay
+        # under psycopg's 4 KiB statement cache.
         previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL::text"
+        claimed = f" SELECT c.*, NULL::boolean, {previous}, true, 0::bigint FROM claimed c"
         if not reads:
-            return f"{claim} SELECT {_CLAIMED_COLUMNS}, {previous}, true FROM claimed c"
-        read = (f', cur AS (SELECT {self.columns()}, (lease_expires_at < {self.now}) AS expired FROM {TASK} '
-                f'WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))')
+            return claim + claimed
+        read = (f', cur AS (SELECT {self.columns()}, NULL::timestamptz, (lease_expires_at < {self.now}) AS expired '
+                f'FROM {TASK} WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))')
         recorded = "0::bigint"
         if audit:
             read += self._duplicate_sql()
@@ -257,10 +255,7 @@ class PostgreSQLStore(SQLStore):
                 # asynchronously, as read_state's does; a claim always waits for its flush.
                 read += ", cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)"
                 recorded = "(SELECT count(*) FROM dup) + 0 * (SELECT count(*) FROM cfg)"
-        return (
-            f"{claim}{read} SELECT {_CLAIMED_COLUMNS}, {previous}, true, NULL::boolean, 0::bigint FROM claimed c "
-            f"UNION ALL SELECT {_CUR_COLUMNS}, NULL::text, false, cur.expired, {recorded} FROM cur"
-        )
+        return f"{claim}{read}{claimed} UNION ALL SELECT cur.*, NULL::text, false, {recorded} FROM cur"
 
     def _duplicate_sql(self) -> str:
         """A CTE ``dup`` recording a duplicate delivery of the task read into ``cur``.
@@ -272,8 +267,8 @@ class PostgreSQLStore(SQLStore):
         """
         now = self.now
         return (
-            f", dup AS (INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, "
-            f"outcome, stale_writes) SELECT t.id, NULL, %s, %s, {now}, {now}, {word(Outcome.DUPLICATE)}, 0 "
+            f", dup AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT t.id, NULL, %s, %s, {now}, {now}, "
+            f"{word(Outcome.DUPLICATE)}, 0, {NO_ERROR} "
             f"FROM cur JOIN {TASK} t ON t.id = cur.id "
             f"WHERE (cur.status = {SUCCEEDED} OR (cur.status = {RUNNING} AND NOT cur.expired)) "
             f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
@@ -301,56 +296,75 @@ class PostgreSQLStore(SQLStore):
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
-        delivery_id: str, audit: bool,
-    ) -> list[Claimed]:
+        delivery_id: str, audit: bool, queues: Sequence[str], path: str,
+    ) -> tuple[list[Claimed], list[Moved]]:
         sql, params = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                        delivery_id=delivery_id, audit=audit)
-        sql = self.statement(("claim_next", sql), lambda: sql + (_SELECT_WITH_PREVIOUS if audit else _SELECT_PLAIN))
+                                        delivery_id=delivery_id, audit=audit, queues=queues, path=path)
+        sql = self.statement(("claim_next", sql), lambda: sql + _queue_results(audit))
         self.execute(cursor, sql, params)
-        return [Claimed(self.decode(found), found[-1]) for found in cursor.fetchall()]
+        return _claimed_and_exhausted(self, cursor.fetchall())
+
+    def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK) -> str:
+        # One queue by equality: the queued index then gives its tasks in order (priority, id)
+        # with no sort; several as an array, one parameter whatever their number.
+        queue_sql = f"{table}.queue = %s::text" if len(queues) == 1 else f"{table}.queue = ANY(%s::text[])"
+        tenant_sql = f" AND {table}.tenant = %s::text" if tenant is not None else ""
+        return f"{queue_sql} AND {runs(table, path)}{tenant_sql}"
 
     def _queue_claim(
         self, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
-        prefix: str = "", only_if: str = "", exclude: int | None = None,
+        queues: Sequence[str], path: str, prefix: str = "", only_if: str = "", exclude: int | None = None,
     ) -> tuple[str, list[Any]]:
-        """CTEs ending in ``claimed`` (and the audit's ``closed``/``opened``) for a queue claim.
+        """CTEs ending in ``claimed`` (and the audit's ``closed``/``opened``) for a queue claim,
+        with ``exhausted``: the expired tasks on their last attempt, made FAILED.
 
         ``prefix`` CTEs come first; ``only_if`` (SQL without parameters) must hold for any task
         to be picked; task ``exclude`` is never picked.
         """
-        tparams = [] if tenant is None else [tenant]
-        eparams = [*tparams, exclude] if exclude else tparams
-        params: list[Any] = [*eparams, limit, *tparams, limit, limit, owner, lease]
+        where = self.queue_filter(queues, path, tenant, "t")
+        fparams: list[Any] = [queues[0] if len(queues) == 1 else list(queues), *([] if tenant is None else [tenant])]
+        eparams = [*fparams, exclude] if exclude else fparams
+        params: list[Any] = [*eparams, limit, *fparams, limit, limit, owner, lease]
         if audit:
             params.append(delivery_id)
-        key = ("queue_claim", tenant is None, bool(exclude), audit, prefix, only_if)
+        key = ("queue_claim", where, bool(exclude), audit, prefix, only_if)
         return self.statement(key, lambda: self._queue_claim_sql(
-            tenant=tenant is not None, exclude=bool(exclude), audit=audit, prefix=prefix, only_if=only_if)), params
+            where=where, exclude=bool(exclude), audit=audit, prefix=prefix, only_if=only_if)), params
 
-    def _queue_claim_sql(self, *, tenant: bool, exclude: bool, audit: bool, prefix: str, only_if: str) -> str:
-        now, t = self.now, TASK
-        tenant_sql = "AND tenant = %s" if tenant else ""
-        if only_if:
-            tenant_sql += f" AND {only_if}"
-        expired_sql = f"{tenant_sql} AND id <> %s" if exclude else tenant_sql
+    def _queue_claim_sql(self, *, where: str, exclude: bool, audit: bool, prefix: str, only_if: str) -> str:
+        now = self.now
+        also = f" AND {only_if}" if only_if else ""
+        expired_also = f"{also} AND t.id <> %s" if exclude else also
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
-        # never queue behind each other. The UPDATE re-checks the claim predicate.
+        # never queue behind each other. The UPDATEs re-check the claim predicate. An expired
+        # task on its last attempt ends FAILED here (as reclaim would end it): a queue without
+        # a reclaim sweep strands nothing.
         sql = (
-            f"WITH {prefix}expired AS MATERIALIZED (SELECT id FROM {t} WHERE status = {RUNNING} "
-            f"AND lease_expires_at < {now} AND attempts < max_attempts {expired_sql} "
-            f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
-            f"pending AS MATERIALIZED (SELECT id FROM {t} WHERE status = {PENDING} {tenant_sql} "
-            f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
-            f"picked AS (SELECT id FROM (SELECT id FROM expired UNION ALL SELECT id FROM pending) u LIMIT %s), "
-            f"claimed AS (UPDATE {t} q SET {self.claim_set('q')} FROM picked p "
+            f"WITH {prefix}expired AS MATERIALIZED (SELECT t.id, t.attempts < t.max_attempts AS again "
+            f"FROM {TASK} t WHERE t.status = {RUNNING} AND t.lease_expires_at < {now} AND {where}{expired_also} "
+            f"ORDER BY t.id LIMIT %s FOR UPDATE SKIP LOCKED), "
+            f"exhausted AS (UPDATE {TASK} x SET status = {FAILED}, error = '{EXHAUSTED_ERROR}', "
+            f"lease_expires_at = NULL, updated_at = {now} FROM expired e WHERE x.id = e.id AND NOT e.again "
+            f"AND x.status = {RUNNING} RETURNING {self.returning('x')}), "
+            f"pending AS MATERIALIZED (SELECT t.id FROM {TASK} t WHERE t.status = {PENDING} AND {where} "
+            f"AND (t.run_after IS NULL OR t.run_after <= {now}){also} "
+            f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED), "
+            f"picked AS (SELECT id FROM (SELECT id FROM expired WHERE again UNION ALL SELECT id FROM pending) u "
+            f"LIMIT %s), "
+            f"claimed AS (UPDATE {TASK} q SET {self.claim_set('q')} FROM picked p "
             f"WHERE q.id = p.id AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
-        return sql + _open_attempts(single=False) if audit else sql
+        if audit:
+            sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "
+                    f"FROM exhausted x WHERE a.task_id = x.id AND a.token = x.fencing_token AND a.outcome = {RUNNING})"
+                    + _open_attempts(single=False))
+        return sql
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
-        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
-    ) -> tuple[str | None, list[Claimed]]:
+        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
+        path: str,
+    ) -> tuple[str | None, list[Claimed], list[Moved]]:
         # One statement, one commit: the completion (fenced by its token), then the next claims,
         # made only if the completion matched (EXISTS done). The expired candidates exclude the
         # task being completed: one statement may not update a row twice.
@@ -366,17 +380,15 @@ class PostgreSQLStore(SQLStore):
             )
             params += [task_id, token]
         sql, more = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
-                                      audit=audit, prefix=done, only_if="EXISTS (SELECT 1 FROM done)",
-                                      exclude=task_id)
-        previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL"
-        sql = self.statement(("complete_and_claim_next", sql), lambda: sql + (
-            f" SELECT {_CLAIMED_COLUMNS}, {previous}, (SELECT count(*) FROM done) "
-            f"FROM (SELECT 1) one LEFT JOIN claimed c ON true ORDER BY c.id"))
+                                      audit=audit, queues=queues, path=path, prefix=done,
+                                      only_if="EXISTS (SELECT 1 FROM done)", exclude=task_id)
+        sql = self.statement(("complete_and_claim_next", sql), lambda: sql + _queue_results(audit, done=True))
         self.execute(cursor, sql, params + more)
         found = cursor.fetchall()
         if not found or not found[0][-1]:
-            return None, []
-        return str(Status.SUCCEEDED), [Claimed(self.decode(f), f[-2]) for f in found if f[0] is not None]
+            return None, [], []
+        claimed, exhausted = _claimed_and_exhausted(self, [f[:-1] for f in found if f[0] is not None])
+        return str(Status.SUCCEEDED), claimed, exhausted
 
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
@@ -418,19 +430,20 @@ class PostgreSQLStore(SQLStore):
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool, known: str | None = None,
+        outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
+        attempt_set: str = "", attempt_params: Sequence[Any] = (),
     ) -> str | None:
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
         # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
         # against t was planned as a sequential scan of the attempt table, see _open_attempts).
-        sql = self.statement(("finish audited", set_sql), lambda: (
+        sql = self.statement(("finish audited", set_sql, attempt_set), lambda: (
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
             f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status), "
             f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN (SELECT status FROM t) = {PENDING} THEN %s ELSE %s END, "
-            f"ended_at = statement_timestamp() WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)) "
-            f"SELECT status FROM t"))
-        self.execute(cursor, sql, [*set_params, task_id, token, *outcomes, task_id, token])
+            f"ended_at = statement_timestamp(){attempt_set} WHERE task_id = %s AND token = %s "
+            f"AND EXISTS (SELECT 1 FROM t)) SELECT status FROM t"))
+        self.execute(cursor, sql, [*set_params, task_id, token, *outcomes, *attempt_params, task_id, token])
         row = cursor.fetchone()
         return None if row is None else str(row[0])
 
@@ -500,6 +513,31 @@ def _close_moved(outcome: str, token: bool = True) -> str:
         f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(outcome)}, ended_at = statement_timestamp() "
         f"FROM moved m WHERE a.task_id = m.id{match} AND a.outcome = {RUNNING}) "
     )
+
+
+def _queue_results(audit: bool, done: bool = False) -> str:
+    """The final SELECT of a queue claim: the claimed tasks (with the owner each was taken over
+    from), then the exhausted ones, a flag telling which; with ``done``, the completion's
+    count in every row (one row, of NULLs, when nothing was claimed)."""
+    previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL::text"
+    if not done:
+        return (f" SELECT c.*, {previous}, true FROM claimed c "
+                f"UNION ALL SELECT x.*, NULL::text, false FROM exhausted x")
+    count = "(SELECT count(*) FROM done)"
+    return (f" SELECT c.*, {previous}, true, {count} FROM (SELECT 1) one LEFT JOIN claimed c ON true "
+            f"UNION ALL SELECT x.*, NULL::text, false, {count} FROM exhausted x")
+
+
+def _claimed_and_exhausted(store: PostgreSQLStore, found: Sequence[Sequence[Any]]) -> tuple[list[Claimed], list[Moved]]:
+    claimed, exhausted = [], []
+    for values in found:
+        row = store.decode(values)
+        if values[-1]:
+            claimed.append(Claimed(row, values[-2]))
+        else:
+            exhausted.append(Moved(row.id, row.key, row.tenant, row.fencing_token, row.status))
+    exhausted.sort(key=lambda m: m.id)
+    return in_claim_order(claimed), exhausted
 
 
 store = PostgreSQLStore()

@@ -82,13 +82,18 @@ class Store(Protocol):
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
-        delivery_id: str, audit: bool,
-    ) -> list[Claimed]:
-        """Queue style: up to ``limit`` tasks, expired leases first, then the oldest pending."""
+        delivery_id: str, audit: bool, queues: Sequence[str], path: str,
+    ) -> tuple[list[Claimed], list[Moved]]:
+        """Queue style: up to ``limit`` tasks of ``queues`` (and of ``path``: ``""`` work for a
+        handler, ``"*"`` tasks naming their callable), expired leases first, then the due
+        pending ones, the highest priority first, then the oldest. Never a task claimed by key.
+        Expired tasks on their last attempt end FAILED in the same unit of work (as reclaim
+        would): ``(claimed, exhausted)``."""
 
     def ensure(
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
-        max_attempts: int, dispatch: str | None,
+        max_attempts: int, dispatch: str | None, queue: str | None = None, priority: int = 0,
+        run_after: datetime | None = None, task_path: str = "",
     ) -> TaskRow | None:
         """Insert a PENDING task unless ``(tenant, key)`` exists; the new row, or ``None``."""
 
@@ -109,13 +114,19 @@ class Store(Protocol):
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
-        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
-    ) -> tuple[str | None, list[Claimed]]:
+        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
+        path: str,
+    ) -> tuple[str | None, list[Claimed], list[Moved]]:
         """:meth:`complete`, then (only if it matched) :meth:`claim_next`, in one commit: a queue
-        worker's loop costs one commit per task. ``(None, [])`` if fenced off."""
+        worker's loop costs one commit per task. ``(None, [], [])`` if fenced off."""
 
-    def fail(self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool) -> str | None:
-        """RUNNING -> PENDING (``retry`` and attempts left) or FAILED; the new status or ``None``."""
+    def fail(
+        self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool, *,
+        error_class: str = "", traceback: str = "", delay: float | None = None,
+    ) -> str | None:
+        """RUNNING -> PENDING (``retry`` and attempts left, not before ``delay`` seconds from now
+        when given) or FAILED; the attempt keeps the error, its class and traceback. The new
+        status or ``None``."""
 
     def release(self, cursor: Any, task_id: int, token: int, audit: bool) -> str | None:
         """RUNNING -> PENDING, the attempt not counted; ``"pending"`` or ``None``."""

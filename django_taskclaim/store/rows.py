@@ -32,11 +32,20 @@ class TaskRow(NamedTuple):
     dispatch: Any
     created_at: datetime
     updated_at: datetime
+    queue: str | None
+    priority: int
+    run_after: datetime | None
+    task_path: str
 
 
 TASK_COLUMNS: tuple[str, ...] = TaskRow._fields
+#: The columns of a new attempt row, in the order every insert of one gives them: the last
+#: three (a failure's error) start empty, and only a failure fills them in.
+ATTEMPT_COLUMNS = ("task_id, token, owner, delivery_id, started_at, ended_at, outcome, stale_writes, "
+                   "error, error_class, traceback")
+NO_ERROR = "'', '', ''"
 JSON_COLUMNS = frozenset({"payload", "result", "dispatch"})
-DATETIME_COLUMNS = frozenset({"lease_expires_at", "created_at", "updated_at"})
+DATETIME_COLUMNS = frozenset({"lease_expires_at", "created_at", "updated_at", "run_after"})
 
 
 class Claimed(NamedTuple):
@@ -44,6 +53,11 @@ class Claimed(NamedTuple):
 
     row: TaskRow
     previous_owner: str | None
+
+
+def in_claim_order(claimed: list[Claimed]) -> list[Claimed]:
+    """The claims of one queue claim in the order to run them: the highest priority, then the oldest."""
+    return sorted(claimed, key=lambda c: (-c.row.priority, c.row.id))
 
 
 class Found(NamedTuple):

@@ -21,7 +21,20 @@ from django.utils.dateparse import parse_datetime
 
 from ..checkspec import spec
 from ..status import Outcome, Status
-from .rows import ATTEMPT, DATETIME_COLUMNS, JSON_COLUMNS, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
+from .rows import (
+    ATTEMPT,
+    ATTEMPT_COLUMNS,
+    DATETIME_COLUMNS,
+    JSON_COLUMNS,
+    NO_ERROR,
+    TASK,
+    TASK_COLUMNS,
+    Claimed,
+    Found,
+    Moved,
+    TaskRow,
+    in_claim_order,
+)
 
 _WIDTH = len(TASK_COLUMNS)
 _JSON_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in JSON_COLUMNS)
@@ -58,6 +71,26 @@ def claimable(table: str, now: str) -> str:
         f"({table}.status = {PENDING} OR ({table}.status = {RUNNING} "
         f"AND {table}.lease_expires_at < {now} AND {table}.attempts < {table}.max_attempts))"
     )
+
+
+def due_or_expired(table: str, now: str) -> str:
+    """A queued task can be claimed when pending and due (its "not before" time has come), or
+    running with an expired lease and attempts left: :func:`claimable`, and due."""
+    return (
+        f"(({table}.status = {PENDING} AND ({table}.run_after IS NULL OR {table}.run_after <= {now})) "
+        f"OR ({table}.status = {RUNNING} AND {table}.lease_expires_at < {now} "
+        f"AND {table}.attempts < {table}.max_attempts))"
+    )
+
+
+def runs(table: str, path: str) -> str:
+    """Which queued tasks a worker takes: ``""`` work for a handler (no task path), ``"*"``
+    tasks that name the callable that runs them."""
+    if path == "":
+        return f"{table}.task_path = ''"
+    if path == "*":
+        return f"{table}.task_path <> ''"
+    raise ValueError(f"path must be '' or '*', not {path!r}")
 
 
 def owned(table: str = TASK) -> str:
@@ -164,16 +197,28 @@ class SQLStore:
 
     def task_values(self, *, running: bool) -> str:
         """A new task row's values for :meth:`insert_columns`: a claim's (``running``: RUNNING under a
-        lease, its first attempt) or ``ensure()``'s (PENDING). Parameters: tenant, key, owner
-        (``running``), max_attempts, lease (``running``), payload, payload fingerprint, dispatch
-        (not ``running``)."""
+        lease, its first attempt, claimed by key) or ``ensure()``'s (PENDING). Parameters: tenant,
+        key, owner (``running``), max_attempts, lease (``running``), payload, payload fingerprint,
+        then (not ``running``) dispatch, queue, priority, run_after, task_path."""
         text, now = self.param("text"), self.now
         if running:
             state = f"{RUNNING}, {text}, 1, 1, {self.param('integer')}, {self.lease_sql()}"
+            queued = "NULL, 0, NULL, ''"
         else:
             state = f"{PENDING}, '', 0, 0, {self.param('integer')}, NULL"
+            queued = f"{text}, {self.param('smallint')}, {self.param('timestamptz')}, {text}"
         dispatch = "NULL" if running else self.json_param
-        return f"{text}, {text}, {state}, {self.json_param}, {text}, NULL, '', '', {dispatch}, {now}, {now}"
+        return f"{text}, {text}, {state}, {self.json_param}, {text}, NULL, '', '', {dispatch}, {now}, {now}, {queued}"
+
+    def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK) -> str:
+        """Which queued tasks a queue claim looks at (parameters: the queue names, the tenant if given)."""
+        tenant_sql = f" AND {table}.tenant = %s" if tenant is not None else ""
+        return f"{table}.queue IN ({placeholders(len(queues))}) AND {runs(table, path)}{tenant_sql}"
+
+    def datetime_param(self, cursor: Any, value: datetime | None) -> Any:
+        """A datetime as this database's driver takes it for a column Django wrote (naive UTC text
+        on SQLite and MySQL, as Django stores them)."""
+        return None if value is None else cursor.db.ops.adapt_datetimefield_value(value)
 
     def claim_set(self, table: str, owner: str = "%s", lease: str = "") -> str:
         """The SET clause of every claim, by key or queue style: RUNNING for ``owner``, the next
@@ -264,8 +309,8 @@ class SQLStore:
         )
         previous = cursor.fetchone()
         cursor.execute(
-            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
-            f"stale_writes) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0)",
+            f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0, "
+            f"{NO_ERROR})",
             [row.id, row.fencing_token, row.owner, delivery_id],
         )
         return previous[0] if previous else None
@@ -297,8 +342,8 @@ class SQLStore:
         """
         self.execute(
             cursor,
-            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
-            f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
+            f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT id, NULL, %s, %s, {self.now}, {self.now}, "
+            f"{word(Outcome.DUPLICATE)}, 0, {NO_ERROR} "
             f"FROM {TASK} WHERE id = %s{self.share_lock}",
             [owner, delivery_id, task_id],
         )
@@ -306,42 +351,66 @@ class SQLStore:
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
-        delivery_id: str, audit: bool,
-    ) -> list[Claimed]:
+        delivery_id: str, audit: bool, queues: Sequence[str], path: str,
+    ) -> tuple[list[Claimed], list[Moved]]:
         now, t = self.now, TASK
-        tenant_sql, params = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
-        # Expired leases first (older work), then the oldest pending tasks.
+        where, params = self.queue_filter(queues, path, tenant), [*queues, *([tenant] if tenant is not None else [])]
+        exhausted = self.fail_exhausted_queued(cursor, where, params, audit)
+        # Expired leases first (older work), then the due pending tasks, the highest priority first.
         cursor.execute(
-            f"UPDATE {t} SET {self.claim_set(t)} "
-            f"WHERE id IN (SELECT id FROM {t} WHERE {claimable(t, now)} {tenant_sql} "
-            f"ORDER BY status = {PENDING}, id LIMIT %s) AND {claimable(t, now)} "
-            f"RETURNING {self.returning()}",
+            self.statement(("claim_next", where), lambda: (
+                f"UPDATE {t} SET {self.claim_set(t)} "
+                f"WHERE id IN (SELECT id FROM {t} WHERE {due_or_expired(t, now)} AND {where} "
+                f"ORDER BY {t}.status = {PENDING}, {t}.priority DESC, {t}.id LIMIT %s) AND {claimable(t, now)} "
+                f"RETURNING {self.returning()}")),
             [owner, self.lease_param(lease), *params, limit],
         )
-        rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)
-        return [Claimed(row, self.open_attempt(cursor, row, delivery_id) if audit else None) for row in rows]
+        rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)  # attempts in id order
+        claimed = [Claimed(row, self.open_attempt(cursor, row, delivery_id) if audit else None) for row in rows]
+        return in_claim_order(claimed), exhausted
+
+    def fail_exhausted_queued(self, cursor: Any, where: str, params: list[Any], audit: bool) -> list[Moved]:
+        """Queued tasks whose lease expired on their last attempt to FAILED, as ``reclaim`` would:
+        a queue worker takes over what it can, and strands nothing it cannot."""
+        now, t = self.now, TASK
+        cursor.execute(
+            self.statement(("fail_exhausted_queued", where), lambda: (
+                f"UPDATE {t} SET status = {FAILED}, error = '{EXHAUSTED_ERROR}', lease_expires_at = NULL, "
+                f"updated_at = {now} WHERE {t}.status = {RUNNING} AND {t}.lease_expires_at < {now} "
+                f"AND {t}.attempts >= {t}.max_attempts AND {where} "
+                f'RETURNING id, {self.quote("key")}, tenant, fencing_token, status')),
+            params,
+        )
+        moved = sorted((Moved(*r) for r in cursor.fetchall()), key=lambda m: m.id)
+        if audit:
+            self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
+        return moved
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
-        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
-    ) -> tuple[str | None, list[Claimed]]:
+        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
+        path: str,
+    ) -> tuple[str | None, list[Claimed], list[Moved]]:
         # Inside the lifecycle's one transaction: one commit for both.
         status = self.complete(cursor, task_id, token, result, result_ref, audit)
         if status is None:
-            return None, []
-        return status, self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                       delivery_id=delivery_id, audit=audit)
+            return None, [], []
+        claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
+                                             delivery_id=delivery_id, audit=audit, queues=queues, path=path)
+        return status, claimed, exhausted
 
     def ensure(
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
-        max_attempts: int, dispatch: str | None,
+        max_attempts: int, dispatch: str | None, queue: str | None = None, priority: int = 0,
+        run_after: datetime | None = None, task_path: str = "",
     ) -> TaskRow | None:
         self.execute(
             cursor,
             self.statement(("ensure",), lambda: (
                 f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=False)}) "
                 f"ON CONFLICT (tenant, {self.quote('key')}) DO NOTHING RETURNING {self.returning()}")),
-            [tenant, key, max_attempts, payload, fingerprint, dispatch],
+            [tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
+             self.datetime_param(cursor, run_after), task_path],
         )
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
@@ -379,13 +448,24 @@ class SQLStore:
             [result, result_ref], (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit, Status.SUCCEEDED,
         )
 
-    def fail(self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool) -> str | None:
-        again = "%s AND attempts < max_attempts"
+    def fail(
+        self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool, *,
+        error_class: str = "", traceback: str = "", delay: float | None = None,
+    ) -> str | None:
+        again = f"{self.param('boolean')} AND attempts < max_attempts"
+        params: list[Any] = [bool(retry), bool(retry), error]
+        later = ""
+        if delay is not None:  # a retried task may not run before the backoff is over
+            later = f", run_after = CASE WHEN {again} THEN {self.lease_sql()} ELSE run_after END"
+            params += [bool(retry), self.lease_param(delay)]
         return self.finish(
             cursor, task_id, token,
             f"status = CASE WHEN {again} THEN {PENDING} ELSE {FAILED} END, "
-            f"owner = CASE WHEN {again} THEN '' ELSE owner END, error = %s",
-            [bool(retry), bool(retry), error], (Outcome.RETRY, Outcome.FAILED), audit,
+            f"owner = CASE WHEN {again} THEN '' ELSE owner END, error = {self.param('text')}{later}",
+            params, (Outcome.RETRY, Outcome.FAILED), audit,
+            attempt_set=f", error = {self.param('text')}, error_class = {self.param('text')}, "
+                        f"traceback = {self.param('text')}",
+            attempt_params=[error, error_class, traceback],
         )
 
     def release(self, cursor: Any, task_id: int, token: int, audit: bool) -> str | None:
@@ -394,12 +474,14 @@ class SQLStore:
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool, known: str | None = None,
+        outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
+        attempt_set: str = "", attempt_params: Sequence[Any] = (),
     ) -> str | None:
         """Move a running task on, guarded by its token; the new status, or ``None`` if fenced off.
 
         ``outcomes``: the attempt's outcome when the task went back to pending, and otherwise.
         ``known``: the status the SET clause always sets (for databases that cannot return it).
+        ``attempt_set``/``attempt_params``: more of the attempt row to set (a failure's error).
         """
         sql = self.statement(("finish", set_sql), lambda: (
             f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} "
@@ -409,13 +491,17 @@ class SQLStore:
         if row is None:
             return None
         if audit:
-            self.close_attempt(cursor, task_id, token, outcomes[0] if row[0] == Status.PENDING else outcomes[1])
+            self.close_attempt(cursor, task_id, token, outcomes[0] if row[0] == Status.PENDING else outcomes[1],
+                               attempt_set, attempt_params)
         return str(row[0])
 
-    def close_attempt(self, cursor: Any, task_id: int, token: int, outcome: str) -> None:
+    def close_attempt(
+        self, cursor: Any, task_id: int, token: int, outcome: str, attempt_set: str = "",
+        attempt_params: Sequence[Any] = (),
+    ) -> None:
         cursor.execute(
-            f"UPDATE {ATTEMPT} SET outcome = %s, ended_at = {self.now} WHERE task_id = %s AND token = %s",
-            [outcome, task_id, token],
+            f"UPDATE {ATTEMPT} SET outcome = %s, ended_at = {self.now}{attempt_set} WHERE task_id = %s AND token = %s",
+            [outcome, *attempt_params, task_id, token],
         )
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:

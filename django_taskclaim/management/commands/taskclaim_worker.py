@@ -1,4 +1,8 @@
-"""``manage.py taskclaim_worker HANDLER``: a queue worker (see :mod:`django_taskclaim.worker`)."""
+"""``manage.py taskclaim_worker [HANDLER]``: a queue worker (see :mod:`django_taskclaim.worker`).
+
+With a ``HANDLER`` it runs ``HANDLER(claim)`` on the work queued for a handler; with none it
+runs the Django tasks that a ``ClaimBackend`` (``--backend``) enqueued.
+"""
 
 from __future__ import annotations
 
@@ -11,49 +15,91 @@ from django.utils.module_loading import import_string
 
 from django_taskclaim.management.arguments import positive_int, positive_seconds, tenant_name
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
-from django_taskclaim.worker import work
+from django_taskclaim.worker import Runner, work
 
 
 class Command(TaskClaimCommand):
     help = (
-        "Claim queued tasks (PENDING, or RUNNING with an expired lease) and run HANDLER(claim) on "
-        "each, storing its result; one commit per task. Stops on SIGTERM/SIGINT after the task in hand."
+        "Claim queued tasks (due PENDING ones by priority, or RUNNING with an expired lease) of the "
+        "named queues and run each: HANDLER(claim), or with no handler the Django task it names "
+        "(the tasks of a ClaimBackend); one commit per task. Stops on SIGTERM/SIGINT after the task in hand."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("handler", help="Dotted path of a callable taking the claim and returning the result.")
+        parser.add_argument("handler", nargs="?", default=None,
+                            help="Dotted path of a callable taking the claim and returning the result. "
+                                 "Without it: run the Django tasks of --backend.")
+        parser.add_argument("--queue", action="append", default=None, dest="queues", metavar="QUEUE",
+                            help="A queue to take tasks from; repeat for several (default: 'default' with a "
+                                 "handler, the backend's QUEUES without).")
+        parser.add_argument("--backend", default="default",
+                            help="The Django task backend (a ClaimBackend) whose tasks to run, without a "
+                                 "handler (default: %(default)r).")
         parser.add_argument("--tenant", type=tenant_name, default=None, help="Only this tenant's tasks.")
         parser.add_argument("--lease", type=positive_seconds, default=None,
-                            help="Lease in seconds (default: TASKCLAIM_DEFAULT_LEASE).")
+                            help="Lease in seconds (default: TASKCLAIM_DEFAULT_LEASE, or the backend's LEASE).")
         parser.add_argument("--batch", type=positive_int, default=1, help="Tasks claimed at a time (default: 1).")
         parser.add_argument("--max-tasks", type=positive_int, default=None, help="Stop after this many tasks.")
         parser.add_argument("--until-drained", action="store_true",
-                            help="Stop once no task is left unfinished (pending, or running elsewhere).")
+                            help="Stop once no task of these queues is left unfinished (pending, or running "
+                                 "elsewhere).")
         parser.add_argument("--atomic", action="store_true",
                             help="Run the handler inside claim.fenced(): its writes commit with the completion.")
         parser.add_argument("--owner", default=None, help="Worker identity (default: host:pid:random).")
         self.add_json_argument(parser)
 
-    def handle(self, *args: Any, handler: str, tenant: str | None, lease: float | None, batch: int,
-               max_tasks: int | None, until_drained: bool, atomic: bool, owner: str | None, as_json: bool = False,
-               **options: Any) -> None:
+    def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
+               lease: float | None, batch: int, max_tasks: int | None, until_drained: bool, atomic: bool,
+               owner: str | None, as_json: bool = False, **options: Any) -> None:
+        runner: Any
+        if handler is None:
+            runner, queue, lease = self._tasks(backend, queues, lease, atomic)
+        else:
+            runner, queue = self._handler(handler), queues or ["default"]
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
+                         max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop)
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
+                   "unrecorded": stats.unrecorded}
+        if as_json:
+            self.write_json(summary, indent=None)
+        else:
+            self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
+                              f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded")
+
+    @staticmethod
+    def _handler(handler: str) -> Any:
         try:
             func = import_string(handler)
         except ImportError as exc:
             raise CommandError(f"handler {handler!r} cannot be imported: {exc}", returncode=USAGE_ERROR) from exc
         if not callable(func):
             raise CommandError(f"handler {handler!r} is not callable", returncode=USAGE_ERROR)
-        stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return func
+
+    @staticmethod
+    def _tasks(backend: str, queues: list[str] | None, lease: float | None,
+               atomic: bool) -> tuple[Runner, list[str], float | None]:
+        """The runner of Django task backend ``backend``, the queues to take, the lease."""
+        if atomic:
+            raise CommandError("--atomic runs a handler inside fenced(); a Django task writes its own "
+                               "effects inside current_claim().fenced()", returncode=USAGE_ERROR)
         try:
-            stats = work(func, owner=owner, lease=lease, tenant=tenant, batch=batch, max_tasks=max_tasks,
-                         until_drained=until_drained, atomic=atomic, stop=stop)
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-        summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off}
-        if as_json:
-            self.write_json(summary, indent=None)
-        else:
-            self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
-                              f"{stats.fenced_off} fenced off")
+            from django_taskclaim.tasks.runner import TaskRunner
+        except Exception as exc:  # no Tasks framework installed, say so plainly
+            raise CommandError(f"no handler given, and Django's Tasks framework cannot be used: {exc}",
+                               returncode=USAGE_ERROR) from exc
+        try:
+            runner = TaskRunner(backend)
+        except Exception as exc:  # an alias not in TASKS, or another backend
+            raise CommandError(f"--backend {backend!r}: {exc}", returncode=USAGE_ERROR) from exc
+        unknown = sorted(set(queues or ()) - set(runner.backend.queues)) if runner.backend.queues else []
+        if unknown:
+            raise CommandError(f"queue(s) {unknown} are not in TASKS[{backend!r}]['QUEUES'] "
+                               f"({sorted(runner.backend.queues)})", returncode=USAGE_ERROR)
+        return runner, queues or runner.queues, lease if lease is not None else runner.backend.options.get("LEASE")

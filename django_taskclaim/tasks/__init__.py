@@ -1,0 +1,23 @@
+"""A backend for Django's Tasks framework (``django.tasks`` on Django 6, the ``django_tasks``
+backport on Django 5.2) on the task table: one owner at a time, leases, fencing, recovery of
+dead workers, retries with backoff, and exactly one task per declared identity.
+
+    TASKS = {"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend", "QUEUES": ["default"]}}
+
+    @task()
+    @keyed(lambda order_id: TaskKey("charge", run=f"order-{order_id}", tenant="acme"))
+    def charge(order_id):
+        with current_claim().fenced():            # the effect commits with the completion
+            Payment.objects.create(order_id=order_id)
+        return "charged"
+
+Run the tasks with ``manage.py taskclaim_worker --queue default``. See docs/django-tasks.md.
+"""
+
+from __future__ import annotations
+
+from ..lifecycle.execution import current_claim
+from .backend import ClaimBackend
+from .identity import AFTER_FAILURE, REUSE, RUN_AGAIN, claim_options, keyed
+
+__all__ = ["AFTER_FAILURE", "REUSE", "RUN_AGAIN", "ClaimBackend", "claim_options", "current_claim", "keyed"]

@@ -1,0 +1,106 @@
+"""What a Django task declares about its claims: its identity (``keyed``) and its lease,
+attempts and backoff (``claim_options``). Both set an attribute on the function and return
+it unchanged, under ``@task()``: the framework keeps seeing the module-level (or coroutine)
+function it checks, calls and compares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from ..keys import TaskKey, lease_seconds, positive_int
+from ..retries import Backoff
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: A later enqueue of an identity whose task FAILED or was CANCELLED gets that result: the
+#: failure stands until an operator resets the task (Temporal's "reject duplicate").
+REUSE = "reuse"
+#: A later enqueue of an identity whose task FAILED or was CANCELLED runs it again, under the
+#: same id, with its attempts counted afresh (Temporal's "allow duplicate failed only").
+RUN_AGAIN = "run_again"
+AFTER_FAILURE = (REUSE, RUN_AGAIN)
+
+_IDENTITY = "__taskclaim_identity__"
+_OPTIONS = "__taskclaim_options__"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A task's declared identity: ``of(*args, **kwargs)`` gives its key, and what a second
+    enqueue gets after a failure."""
+
+    of: Callable[..., str | TaskKey]
+    after_failure: str = REUSE
+
+
+@dataclass(frozen=True)
+class ClaimOptions:
+    """Per-task claim settings; ``None`` takes the backend's ``OPTIONS``, then the settings."""
+
+    lease: float | None = None
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+
+
+def keyed(identity: Callable[..., str | TaskKey], *, after_failure: str = REUSE) -> Callable[[F], F]:
+    """Declare what work a task is: ``identity`` gets the task's arguments and returns the
+    ``TaskKey`` (or key string) that names it.
+
+    A keyed task is enqueued once per identity: a second ``enqueue`` with the same identity gets
+    the first one's result (and the same id), with different arguments ``PayloadMismatch``.
+    Never derive an identity from the arguments alone when two calls with the same arguments
+    can be different work (two charges of the same amount): name the work (an order id, a
+    run). ``after_failure`` (``REUSE`` or ``RUN_AGAIN``) says what a later enqueue gets once the
+    task FAILED or was CANCELLED. A task without ``keyed`` is new work on every ``enqueue``.
+
+        @task()
+        @keyed(lambda order_id: TaskKey("charge", run=f"order-{order_id}", tenant="acme"))
+        def charge(order_id): ...
+    """
+    if not callable(identity):
+        raise TypeError(f"keyed() needs a callable that returns a TaskKey, not {identity!r}")
+    if after_failure not in AFTER_FAILURE:
+        raise ValueError(f"after_failure must be one of {AFTER_FAILURE}, not {after_failure!r}")
+
+    def decorate(func: F) -> F:
+        _check_function(func, "keyed")
+        setattr(func, _IDENTITY, Identity(identity, after_failure))
+        return func
+
+    return decorate
+
+
+def claim_options(
+    *, lease: float | timedelta | None = None, max_attempts: int | None = None,
+    backoff: Backoff | dict[str, float] | None = None,
+) -> Callable[[F], F]:
+    """Set a task's lease (seconds), ``max_attempts`` and retry ``backoff`` (a ``Backoff`` or
+    a dict of its fields), over the backend's ``OPTIONS`` and the ``TASKCLAIM_*`` settings."""
+    options = ClaimOptions(
+        lease=None if lease is None else lease_seconds(lease),
+        max_attempts=None if max_attempts is None else positive_int(max_attempts, "max_attempts"),
+        backoff=None if backoff is None else Backoff.of(backoff, "claim_options(backoff=...)"),
+    )
+
+    def decorate(func: F) -> F:
+        _check_function(func, "claim_options")
+        setattr(func, _OPTIONS, options)
+        return func
+
+    return decorate
+
+
+def identity_of(func: Callable[..., Any]) -> Identity | None:
+    return getattr(func, _IDENTITY, None)
+
+
+def options_of(func: Callable[..., Any]) -> ClaimOptions:
+    return getattr(func, _OPTIONS, None) or ClaimOptions()
+
+
+def _check_function(func: Any, name: str) -> None:
+    if not callable(func) or hasattr(func, "enqueue"):
+        raise TypeError(f"@{name}(...) goes under @task(): it decorates the function, not {func!r}")

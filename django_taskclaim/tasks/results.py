@@ -1,0 +1,69 @@
+"""A task row, and its attempt rows, as the framework's ``TaskResult``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.utils.dateparse import parse_datetime
+from django.utils.module_loading import import_string
+
+from ..status import Outcome, Status
+from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
+
+if TYPE_CHECKING:
+    from ..models import Attempt
+    from ..models import Task as TaskRow
+
+STATUS = {
+    Status.PENDING: TaskResultStatus.READY,
+    Status.RUNNING: TaskResultStatus.RUNNING,
+    Status.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+    Status.CANCELLED: TaskResultStatus.FAILED,  # the framework has no cancelled state
+}
+#: What the framework is told of an attempt whose worker stopped (its lease ran out).
+LOST_ATTEMPT = "django_taskclaim.exceptions.WorkerLost"
+_LOST = (Outcome.EXPIRED, Outcome.TAKEN_OVER)
+
+
+def load_task(path: str) -> Any:
+    """The framework's ``Task`` object at ``path`` (the decorated name in its module)."""
+    found = import_string(path)
+    if not isinstance(found, Task):
+        raise InvalidTask(f"{path!r} is not a task (decorate it with @task())")
+    return found
+
+
+def task_as_enqueued(row: TaskRow, backend: str) -> Any:
+    """The ``Task`` a result carries: the function at the row's path, with the routing the
+    row was enqueued with (a retry's later "not before" is not the task's)."""
+    dispatch = row.dispatch or {}
+    run_after = dispatch.get("run_after")
+    return load_task(row.task_path).using(
+        priority=row.priority, queue_name=row.queue, backend=backend,
+        run_after=parse_datetime(run_after) if run_after else None,
+    )
+
+
+def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any = None) -> Any:
+    """The ``TaskResult`` of a task row: its status, times, arguments, errors, workers."""
+    claims = [a for a in attempts if a.token is not None]
+    errors = [TaskError(exception_class_path=a.error_class or LOST_ATTEMPT,
+                        traceback=a.traceback or f"{LOST_ATTEMPT}: the worker stopped; its lease ran out\n")
+              for a in claims if a.error_class or a.outcome in _LOST]
+    payload = row.payload or {}
+    status = STATUS[Status(row.status)]
+    finished: datetime | None = row.updated_at if row.is_terminal else None
+    result: Any = TaskResult(
+        task=task if task is not None else task_as_enqueued(row, backend),
+        id=str(row.pk), status=status, enqueued_at=row.created_at,
+        started_at=claims[0].started_at if claims else None,
+        last_attempted_at=claims[-1].started_at if claims else None,
+        finished_at=finished, args=payload.get("args", []), kwargs=payload.get("kwargs", {}),
+        backend=backend, errors=errors, worker_ids=[a.owner for a in claims],
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", row.result)
+    return result

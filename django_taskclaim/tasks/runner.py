@@ -1,0 +1,123 @@
+"""The worker side of ``ClaimBackend``: run one claimed Django task by the execution protocol.
+
+``manage.py taskclaim_worker --queue default`` (no handler) runs ``work(TaskRunner(alias))``:
+each task its backend enqueued is imported by its path, called with its arguments (a
+``TaskContext`` first when it takes one; coroutine functions through ``async_to_sync``, as the
+framework's ``Task.call`` does), and ends by the protocol's rules: its JSON-normalised return
+value stored, a failure retried after the task's backoff while attempts remain (the error and
+its traceback kept on the attempt row), a dead worker's task taken over after its lease.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..exceptions import InvalidResult
+from ..lifecycle import Claim
+from ..lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute, record_failure
+from ..status import Status
+from ..worker import Runner
+from .compat import TaskContext, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
+from .identity import options_of
+from .results import STATUS, load_task, result_of
+
+
+class TaskRunner(Runner):
+    """Runs the tasks of Django task backend ``alias`` (a ``ClaimBackend``)."""
+
+    #: ``claim_next(path=...)``: only tasks that name the task that runs them.
+    path = "*"
+
+    def __init__(self, alias: str = "default") -> None:
+        from .backend import ClaimBackend
+
+        backend = task_backends[alias]
+        if not isinstance(backend, ClaimBackend):
+            raise TypeError(f"task backend {alias!r} is {type(backend).__name__}, not ClaimBackend")
+        self.backend = backend
+
+    @property
+    def queues(self) -> list[str]:
+        """The backend's ``QUEUES`` (``["default"]`` when it names none)."""
+        return sorted(self.backend.queues) or ["default"]
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 - one runner per worker process
+    def _task(self, path: str) -> Any:
+        return load_task(path)
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019
+    def _policy(self, path: str) -> Policy:
+        backoff = self.backend.backoff_for(self._task(path).func)
+        return Policy(
+            retry=True,  # while attempts remain: max_attempts was stored with the task
+            # The framework records a task's SystemExit as its failure; KeyboardInterrupt
+            # stops the worker (the claim is given back).
+            failures=(SystemExit,),
+            error=_what_failed,
+            delay=lambda claim, error: backoff.delay(claim.attempt),
+        )
+
+    def execute(self, claim: Claim, finish: Finish) -> Executed:
+        try:
+            task = self._task(claim.task_path)
+        except Exception as exc:  # not importable any more: the task can never run here
+            status = record_failure(claim, exc, retry=False)
+            return Executed(claim, status, error=exc)
+        lease = self.backend.lease_for(task.func)
+        if options_of(task.func).lease is not None and lease != claim.lease:
+            claim.heartbeat(lease)  # the task's own lease, from now on
+        payload = claim.payload or {}
+        args, kwargs = list(payload.get("args", [])), dict(payload.get("kwargs", {}))
+        result = self._running(claim, task, args, kwargs)
+        call_args = (TaskContext(task_result=result), *args) if task.takes_context else tuple(args)
+        sender = type(self.backend)
+        task_started.send(sender, task_result=result)
+
+        def store(held: Claim, value: Any) -> Any:
+            try:
+                value = normalize_json(value)
+            except (TypeError, ValueError) as exc:
+                raise InvalidResult(f"the task's return value is not JSON: {exc}") from exc
+            return finish(held, value)
+
+        executed = execute(claim, task.call, call_args, kwargs, policy=self._policy(claim.task_path), finish=store)
+        if executed.ending != FENCED_OFF:
+            self._finished(sender, result, executed)
+        return executed
+
+    def _running(self, claim: Claim, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """The task's result as it starts; on a first attempt built from the claim alone."""
+        from ..models import Task
+
+        row = Task.objects.using(claim.using).get(pk=claim.task_id) if claim.attempt > 1 else claim.as_task()
+        if claim.attempt > 1:
+            return result_of(row, self.backend._attempts(claim.task_id), self.backend.alias, task)
+        result = result_of(row, [], self.backend.alias, task)
+        object.__setattr__(result, "started_at", row.updated_at)
+        object.__setattr__(result, "last_attempted_at", row.updated_at)
+        result.worker_ids.append(claim.owner)
+        return result
+
+    @staticmethod
+    def _finished(sender: type, result: Any, executed: Executed) -> None:
+        """``task_finished``, with the result as the attempt left it; after a failure from
+        inside an ``except`` block, so that the framework's log receiver has the traceback."""
+        status = STATUS[Status(executed.ending)]
+        object.__setattr__(result, "status", status)
+        if status == TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", executed.value)
+        if executed.error is None:
+            task_finished.send(sender, task_result=result)
+            return
+        try:
+            raise executed.error
+        except BaseException:
+            task_finished.send(sender, task_result=result)
+
+
+def _what_failed(error: BaseException) -> BaseException:
+    """The error to record: a return value that is not JSON is the framework's TypeError."""
+    if isinstance(error, InvalidResult) and isinstance(error.__cause__, TypeError | ValueError):
+        return error.__cause__
+    return error

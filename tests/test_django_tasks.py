@@ -1,0 +1,296 @@
+"""``ClaimBackend``: Django's Tasks framework (``django.tasks``, or the backport on Django 5.2)
+on the task table, run by ``taskclaim_worker`` in this process. The framework's own behaviour
+(defer, priority, queues, results, errors, async tasks, context) and what the backend adds
+(identity, retries, fencing). Races and faults with real processes: test_django_tasks_processes.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from django_taskclaim.exceptions import PayloadMismatch
+from django_taskclaim.models import Attempt, Task
+from django_taskclaim.tasks import ClaimBackend
+from django_taskclaim.tasks.compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from django_taskclaim.tasks.runner import TaskRunner
+from django_taskclaim.worker import work
+from tests.testapp import tasks
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain(queue: str | list[str] = "default", **options: object) -> object:
+    """Run the tasks of ``queue`` until none is left unfinished, as ``taskclaim_worker`` does."""
+    return work(TaskRunner("default"), owner="tester", queue=queue, until_drained=True, poll=0.02, **options)
+
+
+def test_the_backend_says_what_it_supports() -> None:
+    backend = task_backends["default"]
+    assert isinstance(backend, ClaimBackend)
+    assert (backend.supports_defer, backend.supports_async_task, backend.supports_get_result,
+            backend.supports_priority) == (True, True, True, True)
+
+
+def test_enqueue_returns_what_get_result_reads_and_the_id_is_the_rows() -> None:
+    result = tasks.add.enqueue(2, 3)
+    row = Task.objects.get()
+    assert result.id == str(row.pk) and row.queue == "default" and row.task_path == "tests.testapp.tasks.add"
+    assert result.status == TaskResultStatus.READY and result.args == [2, 3] and result.kwargs == {}
+    assert (result.started_at, result.finished_at, result.attempts, result.errors) == (None, None, 0, [])
+    with pytest.raises(ValueError, match="not finished"):
+        result.return_value  # noqa: B018
+    assert tasks.add.get_result(result.id) == result
+    assert task_backends["default"].get_result(result.id) == result
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+
+
+def test_a_worker_runs_it_and_the_result_says_how() -> None:
+    result = tasks.add.enqueue(2, 3)
+    stats = drain()
+    assert stats.succeeded == 1  # type: ignore[attr-defined]
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
+    assert result.enqueued_at <= result.started_at <= result.last_attempted_at <= result.finished_at
+    assert result.attempts == 1 and result.worker_ids == ["tester"] and result.errors == []
+
+
+def test_async_task_functions_run() -> None:
+    result = tasks.add_async.enqueue(4, 5)
+    drain()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 9)
+
+
+def test_takes_context_gets_the_attempt_number_and_every_error_stays_readable() -> None:
+    """Retried after the backoff: the first two attempts fail, the third succeeds."""
+    result = tasks.attempt_number.enqueue(fail_until=2)
+    drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 3, "id": result.id}
+    assert result.attempts == 3 and len(result.worker_ids) == 3
+    assert [e.exception_class for e in result.errors] == [RuntimeError, RuntimeError]
+    assert result.errors[0].traceback.endswith("RuntimeError: attempt 1 fails\n")
+    assert result.errors[1].traceback.endswith("RuntimeError: attempt 2 fails\n")
+    outcomes = list(Attempt.objects.order_by("token").values_list("outcome", "error_class"))
+    assert outcomes == [("retry", "builtins.RuntimeError"), ("retry", "builtins.RuntimeError"), ("succeeded", "")]
+
+
+def test_a_failure_waits_for_its_backoff_before_the_retry() -> None:
+    result = tasks.attempt_number.enqueue(fail_until=1)
+    [claim] = Task.objects.claim_next(path="*")
+    from django_taskclaim.lifecycle.execution import execute
+
+    TaskRunner("default").execute(claim, lambda c, v: c.complete(v))
+    row = Task.objects.get()
+    assert row.status == "pending" and row.run_after is not None and row.run_after > row.updated_at
+    assert Task.objects.claim_next(path="*") == []  # not before run_after
+    assert execute  # the protocol the runner ran it by
+    Task.objects.update(run_after=timezone.now() - dt.timedelta(seconds=1))
+    assert [c.task_id for c in Task.objects.claim_next(path="*")] == [int(result.id)]
+
+
+def test_a_failing_task_ends_failed_after_its_attempts_with_every_error() -> None:
+    result = tasks.fails.enqueue("boom")
+    drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 5
+    assert len(result.errors) == 5 and all(e.exception_class is ValueError for e in result.errors)
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+
+
+def test_system_exit_in_a_task_is_its_failure_not_the_workers() -> None:
+    result = tasks.exits.using(queue_name="default").enqueue()
+    other = tasks.add.enqueue(1, 1)
+    drain()
+    result.refresh()
+    other.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.errors[-1].exception_class is SystemExit
+    assert other.status == TaskResultStatus.SUCCESSFUL  # the worker went on
+
+
+def test_a_return_value_that_is_not_json_fails_the_task_once() -> None:
+    result = tasks.returns_a_set.enqueue()
+    drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1  # never run again
+    assert result.errors[0].exception_class is TypeError
+
+
+def test_queues_and_priority() -> None:
+    low = tasks.ordered.using(priority=-10).enqueue("low")
+    high = tasks.ordered.using(priority=50).enqueue("high")
+    mid = tasks.ordered.enqueue("mid")
+    email = tasks.send_email.enqueue("a@example.com")
+    drain("default")
+    assert list(Effect.objects.order_by("id").values_list("task_key", flat=True)) == [
+        "order:high", "order:mid", "order:low"]
+    email.refresh()
+    assert email.status == TaskResultStatus.READY  # another queue: not this worker's
+    drain("emails")
+    email.refresh()
+    assert email.status == TaskResultStatus.SUCCESSFUL and email.return_value == "sent to a@example.com"
+    for result in (low, high, mid):
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_deferred_task_runs_once_its_time_has_come() -> None:
+    later = tasks.add.using(run_after=timezone.now() + dt.timedelta(seconds=0.5)).enqueue(1, 2)
+    now = tasks.add.enqueue(3, 4)
+    assert [c.task_id for c in Task.objects.claim_next(path="*", limit=5)] == [int(now.id)]
+    Task.objects.filter(pk=int(now.id)).update(status="pending", owner="", lease_expires_at=None)
+    drain()
+    later.refresh()
+    assert later.status == TaskResultStatus.SUCCESSFUL and later.started_at >= later.task.run_after
+    assert later.task.run_after is not None  # the result carries the task as enqueued
+
+
+def test_a_keyed_task_is_enqueued_once_per_identity() -> None:
+    first = tasks.charge.enqueue(7, amount=10)
+    again = tasks.charge.enqueue(7, amount=10)
+    assert again.id == first.id and Task.objects.count() == 1
+    row = Task.objects.get()
+    assert (row.tenant, row.key) == ("acme", "order-7:charge")
+    with pytest.raises(PayloadMismatch):
+        tasks.charge.enqueue(7, amount=99)  # the same identity with other arguments
+    drain()
+    done = tasks.charge.enqueue(7, amount=10)
+    assert done.id == first.id and done.status == TaskResultStatus.SUCCESSFUL
+    assert done.return_value == "charged 10"  # completed inside fenced(): what it stored
+    assert Effect.objects.filter(task_key="charge:7").count() == 1
+
+
+def test_after_a_failure_a_keyed_task_is_reused_or_run_again_as_it_declares() -> None:
+    failed = tasks.stays_failed.enqueue(1)
+    drain()
+    again = tasks.stays_failed.enqueue(1)
+    assert again.id == failed.id and again.status == TaskResultStatus.FAILED  # REUSE: the failure stands
+    first = tasks.flaky_once.enqueue(1)
+    drain()
+    first.refresh()
+    assert first.status == TaskResultStatus.FAILED
+    rerun = tasks.flaky_once.enqueue(1)  # RUN_AGAIN: reset under the same id
+    assert rerun.id == first.id and rerun.status == TaskResultStatus.READY
+    drain()
+    rerun.refresh()
+    assert (rerun.status, rerun.return_value) == (TaskResultStatus.SUCCESSFUL, 1)
+
+
+def test_an_unkeyed_task_is_new_work_on_every_enqueue() -> None:
+    assert tasks.add.enqueue(1, 1).id != tasks.add.enqueue(1, 1).id
+    assert Task.objects.count() == 2
+
+
+def test_enqueue_inside_atomic_commits_or_rolls_back_with_the_callers_rows() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.add.enqueue(1, 2)
+        Effect.objects.create(task_key="caller's row", token=0, worker="view")
+        raise RuntimeError("the view failed")
+    assert not Task.objects.exists() and not Effect.objects.exists()
+    with transaction.atomic():
+        result = tasks.add.enqueue(1, 2)
+    assert Task.objects.filter(pk=int(result.id)).exists()
+
+
+@pytest.mark.parametrize("result_id", ["abc", "999999", "1" * 40, "", "-1"])
+def test_an_unknown_id_is_task_result_does_not_exist(result_id: str) -> None:
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(result_id)
+
+
+def test_a_row_that_is_not_a_django_task_has_no_result() -> None:
+    row = Task.objects.ensure("by-key")
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(str(row.pk))
+
+
+def test_bad_arguments_and_queues_are_refused_before_anything_is_stored() -> None:
+    with pytest.raises(TypeError, match="Unsupported type"):
+        tasks.add.enqueue(dt.datetime.now(), 1)
+    with pytest.raises(InvalidTask, match="Queue 'nowhere' is not valid"):
+        tasks.add.using(queue_name="nowhere")
+    assert not Task.objects.exists()
+
+
+def test_the_frameworks_signals_are_sent() -> None:
+    heard: list[tuple[str, str]] = []
+
+    def hear(name: str):  # type: ignore[no-untyped-def]
+        return lambda sender, task_result, **kw: heard.append((name, task_result.status))
+
+    receivers = [(task_enqueued, hear("enqueued")), (task_started, hear("started")), (task_finished, hear("finished"))]
+    for signal, receiver in receivers:
+        signal.connect(receiver, weak=False)
+    try:
+        tasks.add.enqueue(1, 1)
+        drain()
+    finally:
+        for signal, receiver in receivers:
+            signal.disconnect(receiver)
+    assert heard == [("enqueued", "READY"), ("started", "RUNNING"), ("finished", "SUCCESSFUL")]
+
+
+def test_handler_work_and_django_tasks_are_kept_apart() -> None:
+    """A handler worker never runs a Django task (and the tasks worker no handler's work)."""
+    result = tasks.add.enqueue(1, 1)
+    Task.objects.ensure("for-a-handler", queue="default")
+    ran: list[str] = []
+    work(lambda claim: ran.append(claim.key), owner="handler", until_drained=False, max_tasks=1, poll=0.01)
+    assert ran == ["for-a-handler"]
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+def test_taskclaim_worker_without_a_handler_runs_the_backends_tasks() -> None:
+    result = tasks.add.enqueue(20, 22)
+    out = io.StringIO()
+    call_command("taskclaim_worker", "--until-drained", "--json", stdout=out)
+    assert json.loads(out.getvalue().strip().splitlines()[-1])["succeeded"] == 1
+    result.refresh()
+    assert result.return_value == 42
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--backend", "nowhere"], "--backend 'nowhere'"),
+    (["--queue", "unknown"], "not in TASKS"),
+    (["--atomic"], "--atomic"),
+])
+def test_taskclaim_worker_refuses_what_it_cannot_run(argv: list[str], problem: str) -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=problem):
+        call_command("taskclaim_worker", "--until-drained", *argv)
+
+
+def test_check_reports_options_it_cannot_honour_and_a_task_database_elsewhere() -> None:
+    backend = ClaimBackend("x", {"QUEUES": ["default"], "OPTIONS": {"LEASES": 5, "MAX_ATTEMPTS": 0,
+                                                                     "BACKOFF": {"base": -1}}})
+    ids = sorted(message.id for message in backend.check())
+    assert ids == ["django_taskclaim.E201"] * 3
+    assert ClaimBackend("y", {"OPTIONS": {"LEASE": 60}}).check() == []
+    with override_settings(TASKCLAIM_DATABASE="other"):
+        assert [m.id for m in ClaimBackend("z", {}).check()] == ["django_taskclaim.W201"]
+    with override_settings(TASKCLAIM_AUDIT=False):
+        assert [m.id for m in ClaimBackend("z", {}).check()] == ["django_taskclaim.W202"]
