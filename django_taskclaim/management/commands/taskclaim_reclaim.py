@@ -12,7 +12,7 @@ from django.db import close_old_connections
 from django_taskclaim.lifecycle import reclaim_expired_rows
 from django_taskclaim.management.arguments import positive_int, positive_seconds
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
-from django_taskclaim.models import Task
+from django_taskclaim.models import HELD_REASON, Task, held_ids
 from django_taskclaim.status import Status
 from django_taskclaim.store.rows import Moved
 
@@ -101,13 +101,17 @@ class Command(TaskClaimCommand):
                 self.stdout.write("reclaim: stopped")
 
     def dry_round(self, limit: int | None) -> None:
-        expired = Task.objects.expired().order_by("id")
-        tasks = list(expired[:limit] if limit else expired)
+        expired = list(Task.objects.expired().order_by("id"))
+        held = held_ids(Task.objects.get_queryset().db, [t.pk for t in expired])
+        # What a round would take: the first expired tasks no transaction holds (SKIP LOCKED).
+        tasks = [t for t in expired if t.pk not in held][:limit]
+        skipped = [t for t in expired if t.pk in held]
         would = [Moved(t.pk, t.key, t.tenant, t.fencing_token,
                        Status.PENDING if t.attempts < t.max_attempts else Status.FAILED) for t in tasks]
         resend = self.requeue_candidates(would) if self.requeue else None
         if self.as_json:
-            self.write_json({"dry_run": True, **self.summary(would), "requeue": resend}, indent=None)
+            self.write_json({"dry_run": True, **self.summary(would), "held": self.held_items(skipped),
+                             "requeue": resend}, indent=None)
             return
         for task, row in zip(tasks, would, strict=True):
             if self.verbosity >= 1:
@@ -115,6 +119,7 @@ class Command(TaskClaimCommand):
                     f"would reclaim {task.key!r} tenant={task.tenant!r} token={task.fencing_token} "
                     f"owner={task.owner!r} attempts={task.attempts}/{task.max_attempts} -> {row.status}"
                 )
+        self.write_held(skipped, dry_run=True)
         self.stdout.write(f"reclaim (dry run): {len(tasks)} expired task(s) found, nothing changed")
         if resend is not None:
             for item in resend:
@@ -122,6 +127,22 @@ class Command(TaskClaimCommand):
                     self.stdout.write(f"would re-send {item['key']!r} tenant={item['tenant']!r} "
                                       f"(message {item['celery_task_id'] or '-'})")
             self.stdout.write(f"requeue (dry run): {len(resend)} lost message(s) would be re-sent")
+
+    @staticmethod
+    def held_items(tasks: list[Task]) -> list[dict[str, Any]]:
+        return [{"id": t.pk, "key": t.key, "tenant": t.tenant, "token": t.fencing_token, "owner": t.owner}
+                for t in tasks]
+
+    def write_held(self, tasks: list[Task], *, dry_run: bool) -> None:
+        """Say which expired tasks a round leaves alone because a transaction holds them, and why."""
+        if not tasks:
+            return
+        if self.verbosity >= 1:
+            for t in tasks:
+                self.stdout.write(f"{'would skip' if dry_run else 'skipped'} held {t.key!r} tenant={t.tenant!r} "
+                                  f"token={t.fencing_token} owner={t.owner!r}")
+        self.stdout.write(f"reclaim{' (dry run)' if dry_run else ''}: {len(tasks)} held task(s) "
+                          f"{'would be ' if dry_run else ''}skipped: lease expired, but {HELD_REASON}")
 
     def requeue_candidates(self, would: list[Moved]) -> list[dict[str, Any]]:
         """What ``--requeue`` would re-send after this (dry) round, sending nothing."""
@@ -151,14 +172,18 @@ class Command(TaskClaimCommand):
             if len(rows) < size:
                 break
         summary = self.summary(moved)
+        # The round's SKIP LOCKED passed over the tasks a transaction holds: name them.
+        skipped = list(Task.objects.held().order_by("id"))
         if not self.as_json:
+            self.write_held(skipped, dry_run=False)
             self.stdout.write(
                 f"reclaim: {len(moved)} expired task(s): {summary['pending']} back to pending, "
                 f"{summary['failed']} failed (no attempts left)"
             )
         sent = self.after_round(moved)
         if self.as_json:
-            self.write_json({"dry_run": False, **summary, "requeue": sent}, indent=None)
+            self.write_json({"dry_run": False, **summary, "held": self.held_items(skipped), "requeue": sent},
+                            indent=None)
         return moved
 
     def after_round(self, moved: list[Moved]) -> list[dict[str, Any]] | None:
