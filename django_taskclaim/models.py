@@ -94,9 +94,10 @@ HELD_REASON = "its row is locked by an open transaction (the owner inside fenced
 def held_ids(using: str, ids: Iterable[int]) -> set[int]:
     """Of the tasks ``ids`` on database ``using``, those whose row an open transaction locks now.
 
-    The store's probe: it waits for no lock and keeps none. Tasks that the caller's own
-    transaction locked count as free on PostgreSQL, and as held on MySQL/MariaDB when asked
-    from inside a transaction (the probe runs on a connection of its own there).
+    The store's probe: it waits for no lock and keeps none. Rows the caller's own transaction
+    locked count as free on PostgreSQL; on MySQL/MariaDB, asked from inside a transaction, the
+    probe runs on a connection of its own, where such rows count as held once committed (rows
+    the transaction inserted are not seen there, and count as free).
     """
     wanted = list(ids)
     if not wanted:
