@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,9 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the checkout (tests, devtools and the example included): setuptools
+    # builds in the source tree (build/, *.egg-info), and CI runs two test runs side by side.
+    source = tmp_path_factory.mktemp("source") / "django-taskclaim"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "artifacts", ".hypothesis", "var"))
     # No build isolation: the virtualenv's setuptools builds it, with no download.
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], check=True, cwd=out)
+                    "-w", str(out), str(source)], check=True, cwd=out)
     [wheel] = out.glob("django_taskclaim-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         return archive.namelist()
@@ -35,5 +41,7 @@ def test_the_wheel_holds_what_the_app_needs(wheel_files: list[str]) -> None:
     assert "django_taskclaim/py.typed" in names
     assert "django_taskclaim/migrations/0001_initial.py" in names
     assert "django_taskclaim/management/commands/taskclaim_worker.py" in names
+    assert "django_taskclaim/management/commands/taskclaim_reclaim.py" in names
+    assert "django_taskclaim/management/commands/reclaim.py" in names  # the deprecated alias
     assert any(n.startswith("django_taskclaim/store/") for n in names)
     assert any(n.startswith("django_taskclaim/contrib/celery/") for n in names)
