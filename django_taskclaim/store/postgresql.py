@@ -472,20 +472,18 @@ class PostgreSQLStore(SQLStore):
             return []
         # The rows this statement sees that SKIP LOCKED passes over. FOR SHARE conflicts with the
         # owner's FOR NO KEY UPDATE (fenced()) and with updates, not with a duplicate's FOR KEY
-        # SHARE; locks of the caller's own transaction never conflict. Its locks end with the
-        # statement in autocommit, and with the savepoint rolled back inside a transaction.
+        # SHARE; locks of the caller's own transaction never conflict. Rolled back at once (a
+        # savepoint inside the caller's transaction), so no lock outlives the probe.
         using = cursor.db.alias
-        savepoint = transaction.savepoint(using=using)  # None in autocommit
-        try:
+        with transaction.atomic(using=using):
             cursor.execute(
                 f"SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) AND id NOT IN "
                 f"(SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) FOR SHARE SKIP LOCKED) ORDER BY id",
                 [list(ids), list(ids)],
             )
-            return [r[0] for r in cursor.fetchall()]
-        finally:
-            if savepoint is not None:
-                transaction.savepoint_rollback(savepoint, using=using)
+            held = [r[0] for r in cursor.fetchall()]
+            transaction.set_rollback(True, using=using)
+        return held
 
 
 def _close_moved(outcome: str, token: bool = True) -> str:
