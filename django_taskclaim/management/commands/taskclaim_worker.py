@@ -9,7 +9,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.utils.module_loading import import_string
 
-from django_taskclaim.management.arguments import positive_int, positive_seconds, tenant_name
+from django_taskclaim.keys import MIN_LEASE
+from django_taskclaim.management.arguments import lease, owner_name, positive_int, tenant_name
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.worker import work
 
@@ -23,15 +24,17 @@ class Command(TaskClaimCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("handler", help="Dotted path of a callable taking the claim and returning the result.")
         parser.add_argument("--tenant", type=tenant_name, default=None, help="Only this tenant's tasks.")
-        parser.add_argument("--lease", type=positive_seconds, default=None,
-                            help="Lease in seconds (default: TASKCLAIM_DEFAULT_LEASE).")
+        parser.add_argument("--lease", type=lease, default=None,
+                            help=f"Lease in seconds, from {MIN_LEASE:g} to TASKCLAIM_MAX_LEASE "
+                                 "(default: TASKCLAIM_DEFAULT_LEASE).")
         parser.add_argument("--batch", type=positive_int, default=1, help="Tasks claimed at a time (default: 1).")
         parser.add_argument("--max-tasks", type=positive_int, default=None, help="Stop after this many tasks.")
         parser.add_argument("--until-drained", action="store_true",
                             help="Stop once no task is left unfinished (pending, or running elsewhere).")
         parser.add_argument("--atomic", action="store_true",
                             help="Run the handler inside claim.fenced(): its writes commit with the completion.")
-        parser.add_argument("--owner", default=None, help="Worker identity (default: host:pid:random).")
+        parser.add_argument("--owner", type=owner_name, default=None,
+                            help="Worker identity, 255 characters at most (default: host:pid:random).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str, tenant: str | None, lease: float | None, batch: int,
