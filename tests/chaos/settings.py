@@ -2,6 +2,11 @@
 
 The nemesis finds a worker's server process through ``application_name`` in
 ``pg_stat_activity`` (``CHAOS_APP_NAME``), to terminate it or to catch it inside a commit.
+
+With the ``failover`` fault, ``HOST`` and ``PORT`` list both servers of the pair
+(``"127.0.0.1,127.0.0.1"``, ``"5433,5434"``: Django hands them to libpq as they are) and
+``OPTIONS`` adds ``target_session_attrs = "read-write"``, so that every connection, first or
+after a failover, goes to whichever server is the primary.
 """
 
 import os
@@ -15,3 +20,5 @@ if DB_VENDOR == "postgresql":
         # A restarting server refuses connections for a moment; fail fast and retry instead.
         "connect_timeout": 5,
     }
+    if os.environ.get("CHAOS_TARGET_SESSION_ATTRS"):
+        DATABASES["default"]["OPTIONS"]["target_session_attrs"] = os.environ["CHAOS_TARGET_SESSION_ATTRS"]
