@@ -440,7 +440,7 @@ class Harness:
         assert isinstance(self.server, PostgresPair)
         try:
             record = self.server.failover()
-            if self.opts.verbose:
+            if self.opts.verbose and record.standby_ready is not None:
                 print(f"  failover to {record.new_primary}: writable after {record.unavailable:.2f} s, "
                       f"new standby after {record.standby_ready - record.killed:.2f} s", flush=True)
         except (RuntimeError, TimeoutError, OSError) as exc:

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     failing_over = "failover" in harness.kinds
-    topology = (f", a primary and an {'a' if opts.replication == 'async' else ''}synchronous standby"
+    topology = (f", a primary and {'an asynchronous' if opts.replication == 'async' else 'a synchronous'} standby"
                 + (f" {opts.standby_lag * 1000:g} ms behind" if opts.standby_lag else "")
                 if failing_over else "")
 

@@ -15,10 +15,11 @@ from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES, DB_VENDOR
 
 if DB_VENDOR == "postgresql":
-    DATABASES["default"]["OPTIONS"] = {
+    _options: dict[str, object] = {
         "application_name": os.environ.get("CHAOS_APP_NAME", "chaos"),
         # A restarting server refuses connections for a moment; fail fast and retry instead.
         "connect_timeout": 5,
     }
     if os.environ.get("CHAOS_TARGET_SESSION_ATTRS"):
-        DATABASES["default"]["OPTIONS"]["target_session_attrs"] = os.environ["CHAOS_TARGET_SESSION_ATTRS"]
+        _options["target_session_attrs"] = os.environ["CHAOS_TARGET_SESSION_ATTRS"]
+    DATABASES["default"]["OPTIONS"] = _options
