@@ -1,6 +1,6 @@
 """Primary failover: a PostgreSQL primary with a standby, the primary SIGKILLed, the standby promoted.
 
-The servers are Debian's PostgreSQL binaries started here (``devtools.servers.PostgresPair``),
+The servers are Debian's PostgreSQL binaries started here (``devtools.replication.PostgresPair``),
 on 127.0.0.1. What the failover guarantee rests on is tested first, on the pair alone (a
 synchronous standby has every acknowledged commit; an asynchronous one that lags does not),
 then what Django needs (a multi-host ``HOST``/``PORT`` and ``target_session_attrs``), then the
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from devtools.polling import wait_until
-from devtools.servers import PostgresPair
+from devtools.replication import PostgresPair
 from tests.test_chaos import chaos, require_binaries
 
 DB = os.environ.get("TASKCLAIM_TEST_DB", "sqlite")

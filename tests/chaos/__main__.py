@@ -42,21 +42,22 @@ def probability_spec(text: str) -> str:
     return text
 
 
-def non_negative(text: str) -> float:
+def number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def non_negative(text: str) -> float:
+    value = number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
     return value
 
 
 def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = number(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be within [0, 1], not {text}")
     return value

@@ -2,7 +2,7 @@
 
 Everything the run needs is started here and stopped at the end: a throwaway PostgreSQL
 (``devtools.servers.PostgresServer``; with the ``failover`` fault a primary and its standby,
-``devtools.servers.PostgresPair``) or a SQLite file, the schema (``migrate``), the workers
+``devtools.replication.PostgresPair``) or a SQLite file, the schema (``migrate``), the workers
 (``tests.chaos.worker``) and the tasks. The nemesis draws every decision (which fault, which
 worker, how long) from one ``random.Random(seed)``; the timing of the processes is not
 deterministic, so a seed reproduces the fault schedule, not the interleaving.
@@ -29,7 +29,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from devtools.servers import Failover, MariaDBServer, PostgresPair, PostgresServer
+from devtools.replication import Failover, PostgresPair
+from devtools.servers import MariaDBServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
