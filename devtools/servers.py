@@ -34,6 +34,16 @@ def postgres_bindir() -> str | None:
     return os.path.dirname(os.path.realpath(pg_ctl)) if pg_ctl else None
 
 
+def without_libpq_env() -> dict[str, str]:
+    """This process's environment without libpq's ``PG*`` variables, for the server and its tools.
+
+    The server takes its default port from ``PGPORT``, and the client tools their host, port and
+    target session from the others: a client's multi-host ``PGHOST``/``PGPORT`` (a
+    :class:`~devtools.replication.PostgresPair`'s) would make the server refuse to start and the tools go elsewhere.
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+
+
 def _wait_for_port(port: int, deadline: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> None:
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -118,7 +128,7 @@ class PostgresServer(ManagedServer):
         argv = [os.path.join(self.bindir, cmd[0]), *cmd[1:]]
         if self.user:
             argv = ["runuser", "-u", self.user, "--", *argv]
-        return subprocess.run(argv, check=check, capture_output=True)
+        return subprocess.run(argv, check=check, capture_output=True, env=without_libpq_env())
 
     @property
     def env(self) -> dict[str, str]:

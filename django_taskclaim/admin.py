@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any, cast
 
 from django.apps import apps
@@ -26,7 +27,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .lifecycle import reclaim_expired_rows
-from .models import Attempt, Task, TaskQuerySet
+from .models import HELD_REASON, Attempt, Task, TaskQuerySet, held_ids
 from .store import DbNow
 
 logger = logging.getLogger("django_taskclaim")
@@ -97,20 +98,35 @@ def takeover_exists() -> Exists:
 
 
 class LeaseExpiredFilter(admin.SimpleListFilter):
-    """Running tasks by lease state, judged by the database clock (as the claims are)."""
+    """Running tasks by lease state, judged by the database clock (as the claims are): expired
+    and free to reclaim, expired but held by an open transaction, or live."""
 
     title = _("lease")
     parameter_name = "lease"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("expired", _("Expired (database clock)")), ("live", _("Live"))]
+        return [("expired", _("Expired (database clock)")),
+                ("held", _("Held (expired, row locked by an open transaction)")), ("live", _("Live"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         if self.value() == "expired":
-            return cast(TaskQuerySet, queryset).expired()
+            return cast(TaskQuerySet, queryset).reclaimable()
+        if self.value() == "held":
+            return cast(TaskQuerySet, queryset).held()
         if self.value() == "live":
             return cast(TaskQuerySet, queryset).live()
         return queryset
+
+
+def mark_held(tasks: Iterable[Task], using: str) -> None:
+    """Set ``held`` on each task: whether its lease expired (by ``db_now``) and an open
+    transaction locks its row now. One probe for all of them (a page of the list)."""
+    tasks = list(tasks)
+    expired = [t.pk for t in tasks if (left := t.lease_remaining(now=getattr(t, "db_now", None))) is not None
+               and left < 0]
+    held = held_ids(using, expired)
+    for task in tasks:
+        task.held = task.pk in held  # type: ignore[attr-defined]
 
 
 class TakeoverFilter(admin.SimpleListFilter):
@@ -233,6 +249,18 @@ class TaskAdmin(admin.ModelAdmin):
         qs = super().get_queryset(request)
         return qs.annotate(db_now=DbNow(), has_takeover=takeover_exists())
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        # Evaluated here (the template reuses the same instances): which expired rows are held.
+        mark_held(changelist.result_list, changelist.result_list.db)
+        return changelist
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        task = super().get_object(request, object_id, from_field)
+        if task is not None:
+            mark_held([task], task._state.db)
+        return task
+
     # -- permissions: read-only state, one permission per action ----------------------------
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -275,6 +303,9 @@ class TaskAdmin(admin.ModelAdmin):
             return "-"
         if remaining >= 0:
             return str(_("%(time)s left") % {"time": human_seconds(remaining)})
+        if getattr(obj, "held", False):
+            return str(_("held: expired %(time)s ago, but %(why)s")
+                       % {"time": human_seconds(remaining), "why": HELD_REASON})
         return str(_("expired %(time)s ago") % {"time": human_seconds(remaining)})
 
     @admin.display(description=_("taken over"), boolean=True)
@@ -317,6 +348,12 @@ class TaskAdmin(admin.ModelAdmin):
             "(no attempts left).", len(rows),
         ) % {"count": len(rows), "pending": pending, "failed": len(rows) - pending},
             messages.SUCCESS)
+        held = Task.objects.db_manager(queryset.db).get_queryset().held().count()
+        if held:
+            self.message_user(request, ngettext(
+                "%(count)d held task was skipped: its lease expired, but %(why)s.",
+                "%(count)d held tasks were skipped: their lease expired, but %(why)s.", held,
+            ) % {"count": held, "why": HELD_REASON}, messages.WARNING)
 
     @admin.action(
         description=_("Release: force running tasks back to pending (fences off the owner)"),

@@ -24,7 +24,9 @@ Metrics (labels in brackets):
 - ``taskclaim_reclaimed_total{status}``: expired leases reclaimed, by the new status
 - ``taskclaim_tasks{status}`` (gauge, queried per scrape): tasks by status
 - ``taskclaim_expired_leases`` (gauge, queried per scrape): running tasks whose lease
-  expired by the database clock
+  expired by the database clock and whose row no transaction holds: what a reclaim would move
+- ``taskclaim_held_leases`` (gauge, queried per scrape): running tasks whose lease expired but
+  whose row an open transaction locks (the owner inside ``fenced()``): alive, not reclaimable
 """
 
 from __future__ import annotations
@@ -53,14 +55,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from . import signals
-from .models import Task
+from .models import Task, held_ids
 from .status import Outcome
 
 NAMESPACE = "taskclaim"
+EXPIRED_HELP = "Running tasks whose lease expired by the database clock and that no transaction holds"
+HELD_HELP = "Running tasks whose lease expired but whose row an open transaction locks (held)"
 
 
 class DatabaseCollector(Collector):
-    """Gauges read from the task table at scrape time: tasks by status, expired leases."""
+    """Gauges read from the task table at scrape time: tasks by status, expired and held leases."""
 
     def __init__(self, using: str | None = None) -> None:
         self.using = using
@@ -72,8 +76,8 @@ class DatabaseCollector(Collector):
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Without describe(), registering would run collect(): a query at start-up.
         yield GaugeMetricFamily(f"{NAMESPACE}_tasks", "Tasks by status", labels=["status"])
-        yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases",
-                                "Running tasks whose lease expired by the database clock")
+        yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases", EXPIRED_HELP)
+        yield GaugeMetricFamily(f"{NAMESPACE}_held_leases", HELD_HELP)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         tasks = self._tasks()
@@ -82,9 +86,10 @@ class DatabaseCollector(Collector):
         for status in Task.Status.values:
             by_status.add_metric([status], counts.get(status, 0))
         yield by_status
-        yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases",
-                                "Running tasks whose lease expired by the database clock",
-                                value=tasks.expired().count())
+        expired = list(tasks.expired().values_list("pk", flat=True))
+        held = held_ids(tasks.db, expired)
+        yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases", EXPIRED_HELP, value=len(expired) - len(held))
+        yield GaugeMetricFamily(f"{NAMESPACE}_held_leases", HELD_HELP, value=len(held))
 
 
 class TaskClaimMetrics:
@@ -195,7 +200,8 @@ def uninstall(registry: CollectorRegistry | None = None) -> None:
 def metrics_view(request: HttpRequest, registry: CollectorRegistry | None = None) -> HttpResponse:
     """The Prometheus text format for ``registry`` (default: the global one).
 
-    Route it on an internal address only: it reveals task counts and runs two queries.
+    Route it on an internal address only: it reveals task counts and runs a few queries (the
+    counts by status, the expired leases, and which of those an open transaction holds).
     """
     output = generate_latest(REGISTRY if registry is None else registry)
     return HttpResponse(output, content_type=CONTENT_TYPE_LATEST)

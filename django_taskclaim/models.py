@@ -3,11 +3,12 @@ claim API (which calls the lifecycle; the lifecycle never imports this module)."
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -16,7 +17,7 @@ from .compat import check_constraint
 from .conf import settings
 from .lifecycle import Claim, ClaimOutcome, api, transitions
 from .status import TERMINAL, Outcome, Status
-from .store import DbNow
+from .store import DbNow, get_store
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -35,8 +36,23 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return self.filter(status=Status.RUNNING)
 
     def expired(self) -> TaskQuerySet:
-        """Running tasks whose lease has expired by the database clock."""
+        """Running tasks whose lease has expired by the database clock, held or not (see :meth:`held`)."""
         return self.filter(status=Status.RUNNING, lease_expires_at__lt=DbNow())
+
+    def held(self) -> TaskQuerySet:
+        """Expired tasks whose row an open transaction locks now: the owner inside ``fenced()``
+        (or a claim not committed yet). No one can take them over or reclaim them until that
+        transaction ends, which commits the owner's work or gives the row up.
+
+        The database is asked when this is called (see ``held_ids``); SQLite has no row locks
+        and reports none.
+        """
+        return self.expired().filter(pk__in=held_ids(self.db, self.expired().values_list("pk", flat=True)))
+
+    def reclaimable(self) -> TaskQuerySet:
+        """Expired tasks that no transaction holds: what ``taskclaim_reclaim`` (or a takeover)
+        would take now. The database is asked when this is called, as for :meth:`held`."""
+        return self.expired().exclude(pk__in=held_ids(self.db, self.expired().values_list("pk", flat=True)))
 
     def live(self) -> TaskQuerySet:
         """Running tasks whose lease has not expired by the database clock."""
@@ -88,6 +104,25 @@ class TaskQuerySet(models.QuerySet["Task"]):
     def cancel(self) -> int:
         """Unfinished tasks to CANCELLED; a running owner is fenced off."""
         return transitions.cancel(self.db, list(self.unfinished().values_list("pk", flat=True)))
+
+
+#: Why a held task is neither reclaimed nor taken over, in the words every operator view uses.
+HELD_REASON = "its row is locked by an open transaction (the owner inside fenced(), or a claim not committed yet)"
+
+
+def held_ids(using: str, ids: Iterable[int]) -> set[int]:
+    """Of the tasks ``ids`` on database ``using``, those whose row an open transaction locks now.
+
+    The store's probe: it waits for no lock and keeps none. Rows the caller's own transaction
+    locked count as free on PostgreSQL; on MySQL/MariaDB, asked from inside a transaction, the
+    probe runs on a connection of its own, where such rows count as held once committed (rows
+    the transaction inserted are not seen there, and count as free).
+    """
+    wanted = list(ids)
+    if not wanted:
+        return set()
+    with connections[using].cursor() as cursor:
+        return set(get_store(using).held(cursor, wanted))
 
 
 _QueryManager = models.Manager.from_queryset(TaskQuerySet)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,10 @@ def names_tests(pytest_args: list[str]) -> bool:
 
 def main() -> int:
     from devtools.venv import ensure_venv
+
+    # Stopped by SIGTERM (CI stopping its legs), end as on Ctrl-C: the servers started for the
+    # run are stopped on the way out (run_pytest's finally), never left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     ensure_venv()
     sys.path.insert(0, str(ROOT))

@@ -196,7 +196,7 @@ def second_db(args: argparse.Namespace) -> None:
     report: dict[str, Any] = {}
     report["audit"] = command("taskclaim_audit")
     report["inspect"] = command("taskclaim_inspect", "ran-twice")
-    report["reclaim"] = command("reclaim", "--dry-run")
+    report["reclaim"] = command("taskclaim_reclaim", "--dry-run")
     report["purge"] = command("taskclaim_purge", "--older-than", "1d", "--dry-run")
     client = admin_client()
     page = client.get(f"/admin/django_taskclaim/task/{twice.pk}/change/")

@@ -332,7 +332,7 @@ def test_broker_restart_loses_nothing(workers: Any, broker: Broker) -> None:
     Task.objects.filter(key="work-br").update(updated_at="2000-01-01T00:00:00Z")  # sent long ago
     out = io.StringIO()
     with override_settings(TASKCLAIM_CELERY_APP="tests.celery_app.app"):
-        call_command("reclaim", "--requeue", stdout=out)
+        call_command("taskclaim_reclaim", "--requeue", stdout=out)
     assert "requeue: 1 lost message(s) re-sent" in out.getvalue(), out.getvalue()
 
     Effect.objects.create(task_key="release:hold-br", token=0, worker="test")
@@ -441,11 +441,11 @@ def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: A
 
     out = io.StringIO()
     with override_settings(TASKCLAIM_CELERY_APP="tests.celery_app.app"):
-        call_command("reclaim", "--requeue", stdout=out)
+        call_command("taskclaim_reclaim", "--requeue", stdout=out)
         assert "requeue: 2 lost message(s) re-sent" in out.getvalue(), out.getvalue()
         assert broker.length() == 2
         out = io.StringIO()
-        call_command("reclaim", "--requeue", stdout=out)  # just re-sent: not lost
+        call_command("taskclaim_reclaim", "--requeue", stdout=out)  # just re-sent: not lost
         assert "requeue: 0 lost message(s) re-sent" in out.getvalue(), out.getvalue()
 
     w = workers("w1")

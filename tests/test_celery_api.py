@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_reclaim_command_runs_with_default_verbosity() -> None:
     # Regression: reclaim_round read self.verbosity, which BaseCommand.execute() never sets.
     out = io.StringIO()
-    call_command("reclaim", stdout=out)
+    call_command("taskclaim_reclaim", stdout=out)
     assert "reclaim: 0 expired task(s)" in out.getvalue()
 
 
@@ -229,7 +229,7 @@ def test_enqueue_once_records_what_to_send_again() -> None:
 
 def test_requeue_after_needs_requeue() -> None:
     with pytest.raises(CommandError, match="--requeue-after needs --requeue"):
-        call_command("reclaim", "--requeue-after", "5")
+        call_command("taskclaim_reclaim", "--requeue-after", "5")
 
 
 def test_enqueued_task_id_is_a_deprecated_name_of_celery_id() -> None:

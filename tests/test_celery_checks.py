@@ -109,6 +109,7 @@ def test_silent_when_the_bridge_is_not_in_use(monkeypatch: pytest.MonkeyPatch) -
         assert checks.check_celery() == []
 
 
+@pytest.mark.django_db  # Django 6.1+: `check` runs the model checks on every database (a query on SQLite)
 def test_checks_are_registered() -> None:
     out, err = io.StringIO(), io.StringIO()
     with app_conf(task_acks_late=False, worker_prefetch_multiplier=8):

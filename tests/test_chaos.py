@@ -126,10 +126,78 @@ def test_checker_counts_refused_writes() -> None:
     assert not violations(state, events() + [{"event": "dberror", "task": 1, "token": 1}])
 
 
+def claimed(token: int, expires: float, owner: str = "w0:100") -> dict[str, Any]:
+    return {"event": "claimed", "task": 1, "key": "k", "token": token, "owner": owner,
+            "expires": str(at(expires))}
+
+
+def seen_committed() -> list[dict[str, Any]]:
+    """What the worker of history() reported: both claims, then token 2's effects."""
+    return [claimed(1, 2), claimed(2, 5),
+            {"event": "step", "key": "k", "token": 2, "owner": "w0:100", "step": 0},
+            {"event": "done", "key": "k", "token": 2, "owner": "w0:100"}]
+
+
+def test_checker_passes_what_the_workers_saw_committed() -> None:
+    verdict = check(history(), seen_committed(), ["k"], set())
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["claims_seen"] == 2
+    assert verdict.figures["claims_lost"] == verdict.figures["effects_lost"] == 0
+
+
+def test_checker_finds_a_claim_seen_committed_but_missing() -> None:
+    # A third claim the worker was told had committed: the final state never heard of it.
+    found = violations(history(), seen_committed() + [claimed(3, 8)])
+    assert "commit lost" in found and "token 3" in found["commit lost"][0], found
+    # Token 2 was granted to another owner than the one told so: the claim it saw is gone.
+    found = violations(history(), [claimed(1, 2), claimed(2, 5, owner="w9:900")])
+    assert "commit lost" in found and "w0:100's" in found["commit lost"][0], found
+
+
+def test_checker_finds_an_effect_seen_committed_but_missing() -> None:
+    step = {"event": "step", "key": "k", "token": 1, "owner": "w0:100", "step": 1}
+    found = violations(history(), seen_committed() + [step])
+    assert list(found) == ["commit lost"], found
+    assert "w0:100#step1" in found["commit lost"][0]
+
+
+def test_checker_finds_a_token_granted_twice_or_going_down() -> None:
+    found = violations(history(), seen_committed() + [claimed(2, 6, owner="w9:900")])
+    assert any("token 2 granted 2 times" in m for m in found["token reused"]), found
+    # Token 1 granted after token 2 (on the database clock): a server that forgot token 2.
+    found = violations(history(), [claimed(2, 5), claimed(1, 7)])
+    assert any("after token 2" in m for m in found["token reused"]), found
+
+
+def test_checker_counts_a_lost_final_effect_done_again_as_duplicated() -> None:
+    """Token 1's worker saw its effect and completion commit; the server that had them died,
+    and token 2 did the task again: one effect in the database, two in the world."""
+    done1 = {"event": "done", "key": "k", "token": 1, "owner": "w0:100"}
+    verdict = check(history(), seen_committed() + [done1], ["k"], set())
+    assert verdict.figures["duplicated"] == 1 and verdict.figures["effects_lost"] == 1
+    assert verdict.violations["duplicated"] and verdict.violations["commit lost"]
+
+
+def test_checker_reports_a_server_that_forgot_tasks_without_failing_itself() -> None:
+    """An asynchronous standby's failover: tasks, claims and effects gone, ids given again."""
+    state = history()
+    state["tasks"] = []
+    events = seen_committed() + [claimed(1, 9, owner="w1:101"),
+                                 {"event": "stale", "key": "gone", "token": 1, "action": "heartbeat"}]
+    verdict = check(state, events, ["k", "gone"], set())
+    assert verdict.figures["lost"] == 2
+    assert verdict.figures["claims_lost"] == 3 and verdict.figures["tokens_reused"] == 1
+    assert not verdict.ok
+
+
 def test_fault_kinds_by_database() -> None:
     assert applicable_faults("sqlite", None) == ["pause", "kill"]
     assert applicable_faults("mariadb", None) == ["pause", "kill"]
-    assert applicable_faults("postgresql", None) == list(FAULTS)
+    # A failover changes the server itself: only when asked for.
+    assert applicable_faults("postgresql", None) == [k for k in FAULTS if k != "failover"]
+    assert applicable_faults("postgresql", ("failover", "kill")) == ["kill", "failover"]
+    with pytest.raises(ValueError, match="do not apply to mariadb"):
+        applicable_faults("mariadb", ("failover",))
     with pytest.raises(ValueError, match="do not apply to sqlite"):
         applicable_faults("sqlite", ("restart",))
     with pytest.raises(ValueError, match="unknown fault kind"):

@@ -66,3 +66,54 @@ def test_attempts_of_a_task_do_not_overlap_when_a_claim_waits_for_a_release(spaw
     assert one.ended_at is not None
     assert one.ended_at <= two.started_at, (
         f"attempt 2 started at {two.started_at}, before attempt 1 ended at {one.ended_at}")
+
+
+@pytest.mark.parametrize("how", ["an error in the block", "a failed COMMIT"])
+def test_a_completion_rolled_back_with_its_fenced_block_leaves_the_claim_unfinished(how: str) -> None:
+    """Seed 20261205 of the 5-minute failover run: five refusals that workers reported as
+    ``StaleClaim`` were missing from ``Attempt.stale_writes``.
+
+    A worker completed its task inside ``fenced()``; the COMMIT failed (the primary was killed,
+    or the session terminated, at that moment), so the task stayed RUNNING under its token.
+    Its lease ran out while the worker reconnected and another worker took the task over. The
+    worker's next heartbeat was refused, but not counted and not signalled: the claim still
+    believed that it had completed the task itself, and took the refusal for a heartbeat racing
+    its own completion. Here the block rolls back by an exception, deterministically; the
+    claim must come out of it as it went in.
+    """
+    from django.db import IntegrityError, connection
+
+    from django_taskclaim import signals
+    from django_taskclaim.exceptions import StaleClaim
+
+    claim = Task.objects.claim("completion-rolled-back", lease=30).claim
+    assert claim is not None
+    if how == "an error in the block":
+        with pytest.raises(RuntimeError, match="never committed"), claim.fenced():
+            claim.complete({"by": "the first owner"})
+            raise RuntimeError("never committed")
+    else:
+        if connection.vendor == "mysql":
+            pytest.skip("InnoDB checks foreign keys at once, never at COMMIT")
+        # Django's foreign keys are checked at COMMIT on PostgreSQL and SQLite (deferred): the
+        # COMMIT of this block fails, after the completion was written in it.
+        with pytest.raises(IntegrityError), claim.fenced():
+            claim.complete({"by": "the first owner"})
+            Attempt.objects.create(task_id=claim.task_id + 1000, token=1, owner="nobody")
+    assert Task.objects.get(pk=claim.task_id).status == Task.Status.RUNNING
+    expire(claim)
+    taker = Task.objects.claim("completion-rolled-back", lease=30).claim
+    assert taker is not None and taker.token == 2
+    refused: list[str] = []
+
+    def count(sender: object, action: str, **kwargs: object) -> None:
+        refused.append(action)
+
+    signals.stale_write_refused.connect(count, weak=False, dispatch_uid="test-rolled-back-completion")
+    try:
+        with pytest.raises(StaleClaim):
+            claim.heartbeat()
+    finally:
+        signals.stale_write_refused.disconnect(dispatch_uid="test-rolled-back-completion")
+    assert Attempt.objects.get(task_id=claim.task_id, token=1).stale_writes == 1
+    assert refused == ["heartbeat"]

@@ -102,6 +102,9 @@ def test_e005_bad_setting(name: str, value: object, problem: str) -> None:
     assert error.id == "django_taskclaim.E005" and name in error.msg and problem in error.msg
 
 
+# Django 6.1+ runs every check against every database alias by default: the model checks
+# then ask SQLite whether it supports JSON fields, a query (Django ticket #36663).
+@pytest.mark.django_db
 def test_checks_are_registered_with_django() -> None:
     call_command("check", stdout=io.StringIO())
     with override_settings(TASKCLAIM_MAX_ATTEMPTS=0), pytest.raises(SystemCheckError, match="E005"):

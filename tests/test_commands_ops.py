@@ -1,4 +1,4 @@
-"""The operator commands: taskclaim_inspect, taskclaim_audit, taskclaim_purge (and reclaim)."""
+"""The operator commands: taskclaim_inspect, taskclaim_audit, taskclaim_purge (and taskclaim_reclaim)."""
 
 from __future__ import annotations
 
@@ -273,9 +273,9 @@ def test_reclaim_command_dry_run_and_verbose() -> None:
     c = Task.objects.claim("rc-1", owner="w", lease=600).claim
     assert c
     expire(c)
-    text = run("reclaim", "--dry-run")
+    text = run("taskclaim_reclaim", "--dry-run")
     assert "would reclaim 'rc-1'" in text and "1 expired task(s) found, nothing changed" in text
-    text = run("reclaim", "--verbosity", "2")
+    text = run("taskclaim_reclaim", "--verbosity", "2")
     assert "reclaimed 'rc-1'" in text and "1 expired task(s): 1 back to pending" in text
     assert Task.objects.get(key="rc-1").status == "pending"
 
@@ -318,11 +318,11 @@ def test_purge_and_reclaim_json() -> None:
     assert done
     done.complete()
     age(Task.objects.filter(key="rj-2"), days=3)
-    doc = json.loads(run("reclaim", "--dry-run", "--json"))
+    doc = json.loads(run("taskclaim_reclaim", "--dry-run", "--json"))
     assert doc["dry_run"] is True and doc["pending"] == 1 and doc["requeue"] is None
     assert [(r["key"], r["status"]) for r in doc["reclaimed"]] == [("rj-1", "pending")]
     assert Task.objects.get(key="rj-1").status == "running"  # a dry run
-    doc = json.loads(run("reclaim", "--json"))
+    doc = json.loads(run("taskclaim_reclaim", "--json"))
     assert doc["dry_run"] is False and [r["key"] for r in doc["reclaimed"]] == ["rj-1"]
     assert Task.objects.get(key="rj-1").status == "pending"
     doc = json.loads(run("taskclaim_purge", "--older-than", "1d", "--json"))
@@ -344,12 +344,12 @@ def test_reclaim_requeue_dry_run_lists_what_it_would_send() -> None:
     age(Task.objects.filter(key="rq-stale"), days=1)
     ensure("rq-fresh", dispatch={**dispatch, "task_id": "msg-fresh"})
     before = list(Task.objects.order_by("pk").values_list("key", "status", "updated_at", "dispatch"))
-    text = run("reclaim", "--requeue", "--dry-run")
+    text = run("taskclaim_reclaim", "--requeue", "--dry-run")
     assert "would re-send 'rq-expired' tenant='' (message msg-lost)" in text
     assert "would re-send 'rq-stale' tenant='' (message msg-stale)" in text
     assert "rq-fresh" not in text.split("reclaim (dry run)")[1]
     assert "requeue (dry run): 2 lost message(s) would be re-sent" in text
-    doc = json.loads(run("reclaim", "--requeue", "--dry-run", "--json"))
+    doc = json.loads(run("taskclaim_reclaim", "--requeue", "--dry-run", "--json"))
     assert sorted(i["celery_task_id"] for i in doc["requeue"]) == ["msg-lost", "msg-stale"]
     assert list(Task.objects.order_by("pk").values_list("key", "status", "updated_at", "dispatch")) == before
 
@@ -361,11 +361,11 @@ def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["reclaim", "--every", "inf"], "too long"),
-    (["reclaim", "--every", "nan"], "greater than zero"),
-    (["reclaim", "--requeue-after", "1e300"], "too long"),
-    (["reclaim", "--limit", "1e23"], "not a whole number"),
-    (["reclaim", "--limit", "100000000000000000000000"], "too large"),
+    (["taskclaim_reclaim", "--every", "inf"], "too long"),
+    (["taskclaim_reclaim", "--every", "nan"], "greater than zero"),
+    (["taskclaim_reclaim", "--requeue-after", "1e300"], "too long"),
+    (["taskclaim_reclaim", "--limit", "1e23"], "not a whole number"),
+    (["taskclaim_reclaim", "--limit", "100000000000000000000000"], "too large"),
     (["taskclaim_audit", "--since", "99999999d"], "too long"),
     (["taskclaim_audit", "--since", "2026-02-30T00:00:00"], "not a valid date"),
     (["taskclaim_audit", "--limit", "99999999999999999999"], "too large"),
@@ -390,7 +390,7 @@ def test_failures_print_json_with_json(worker_env) -> None:  # type: ignore[no-u
     doc = json.loads(done.stdout)
     assert doc == {"error": "no task 'unknown-key' for tenant ''", "returncode": 1}
     assert "no task 'unknown-key'" in done.stderr
-    done = manage("reclaim", "--requeue-after", "5", "--json", env=worker_env)
+    done = manage("taskclaim_reclaim", "--requeue-after", "5", "--json", env=worker_env)
     assert done.returncode == 2 and json.loads(done.stdout)["error"] == "--requeue-after needs --requeue"
 
 

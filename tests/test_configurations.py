@@ -157,7 +157,7 @@ def test_claims_fenced_writes_and_commands_use_the_task_database() -> None:
     stale = Task.objects.claim("invoice-2", lease=30).claim
     expire(stale)
     out = io.StringIO()
-    call_command("reclaim", stdout=out)
+    call_command("taskclaim_reclaim", stdout=out)
     assert Task.objects.get(key="invoice-2").status == "pending"
     with pytest.raises(StaleClaim), stale.fenced():
         pytest.fail("a reclaimed claim must not enter fenced()")

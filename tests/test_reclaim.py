@@ -1,8 +1,10 @@
-"""Reclaiming expired leases: the manager method and ``manage.py reclaim``."""
+"""Reclaiming expired leases: the manager method and ``manage.py taskclaim_reclaim`` (and its
+deprecated old name, ``reclaim``)."""
 
 from __future__ import annotations
 
 import io
+import json
 import signal
 import subprocess
 import sys
@@ -54,7 +56,7 @@ def test_command_dry_run_lists_and_changes_nothing() -> None:
     claim = running("job")
     expire(claim)
     out = io.StringIO()
-    call_command("reclaim", "--dry-run", stdout=out)
+    call_command("taskclaim_reclaim", "--dry-run", stdout=out)
     text = out.getvalue()
     assert "would reclaim 'job'" in text and "token=1" in text and "-> pending" in text
     assert "1 expired task(s) found, nothing changed" in text
@@ -66,13 +68,13 @@ def test_command_reclaims_in_batches_up_to_limit() -> None:
     for i in range(7):
         expire(running(f"k{i}"))
     out = io.StringIO()
-    call_command("reclaim", "--batch-size", "2", "--limit", "5", "-v", "2", stdout=out)
+    call_command("taskclaim_reclaim", "--batch-size", "2", "--limit", "5", "-v", "2", stdout=out)
     text = out.getvalue()
     assert text.count("reclaimed '") == 5
     assert "reclaim: 5 expired task(s): 5 back to pending, 0 failed" in text
     assert Task.objects.expired().count() == 2
     out = io.StringIO()
-    call_command("reclaim", stdout=out)
+    call_command("taskclaim_reclaim", stdout=out)
     assert "reclaim: 2 expired task(s)" in out.getvalue()
 
 
@@ -83,7 +85,7 @@ def test_command_reclaims_in_batches_up_to_limit() -> None:
 )
 def test_command_rejects_bad_arguments(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message):
-        call_command("reclaim", *args)
+        call_command("taskclaim_reclaim", *args)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -91,7 +93,7 @@ def test_command_rejects_bad_arguments(args: list[str], message: str) -> None:
 def test_every_loops_until_signalled_and_exits_cleanly(worker_env, signum) -> None:  # type: ignore[no-untyped-def]
     expire(running("first"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "reclaim", "--every", "0.1"], cwd=ROOT, env=worker_env,
+        [sys.executable, "-m", "django", "taskclaim_reclaim", "--every", "0.1"], cwd=ROOT, env=worker_env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -110,3 +112,27 @@ def test_every_loops_until_signalled_and_exits_cleanly(worker_env, signum) -> No
             proc.kill()
     assert proc.returncode == 0, err
     assert out.rstrip().endswith("reclaim: stopped")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reclaim_is_a_deprecated_alias_with_the_same_options_output_and_exit_codes(worker_env) -> None:  # type: ignore[no-untyped-def]
+    expire(running("old-name"))
+    new = subprocess.run([sys.executable, "-m", "django", "taskclaim_reclaim", "--dry-run", "--json"],
+                         cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120)
+    old = subprocess.run([sys.executable, "-m", "django", "reclaim", "--dry-run", "--json"],
+                         cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120)
+    assert new.returncode == old.returncode == 0, old.stderr
+    assert json.loads(old.stdout) == json.loads(new.stdout)  # stdout stays one JSON document
+    assert "reclaim is deprecated" in old.stderr and "taskclaim_reclaim" in old.stderr
+    assert "deprecated" not in new.stderr
+    # Usage errors: exit 2 under both names.
+    for name in ("reclaim", "taskclaim_reclaim"):
+        bad = subprocess.run([sys.executable, "-m", "django", name, "--requeue-after", "5"],
+                             cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and "--requeue-after needs --requeue" in bad.stderr, bad.stderr
+    # In-process callers get a DeprecationWarning, and the same work done.
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.warns(DeprecationWarning, match="taskclaim_reclaim"):
+        call_command("reclaim", stdout=out, stderr=err)
+    assert "reclaim: 1 expired task(s): 1 back to pending" in out.getvalue()
+    assert "deprecated" in err.getvalue()

@@ -325,20 +325,26 @@ class Claim(KeepaliveMixin):
             # commit (or roll back) with the caller's commit() (or rollback()).
             transitions.join_callers_transaction(self.using)
         ending = self._ended
-        with transaction.atomic(using=self.using):
-            if transitions.lock(self):
-                held = self._row_held
-                # Inside an outer transaction the lock outlives this block: keepalive may rest.
-                self._row_held = held or nested
-                try:
-                    yield self
-                except BaseException:
-                    self._row_held = held  # the savepoint rolled back, and its lock with it
-                    if self._ended is not None and ending is None:
-                        self._forget_ending()  # an ending written in the block rolled back with it
-                    raise
-            else:
-                refused = True
+        try:
+            with transaction.atomic(using=self.using):
+                if transitions.lock(self):
+                    held = self._row_held
+                    # Inside an outer transaction the lock outlives this block: keepalive may rest.
+                    self._row_held = held or nested
+                    try:
+                        yield self
+                    except BaseException:
+                        self._row_held = held  # the savepoint rolled back, and its lock with it
+                        raise
+                else:
+                    refused = True
+        except BaseException:
+            # The block rolled back, by an error in it or a COMMIT that failed (the server gone
+            # at that moment): an ending written in it went with it, and the claim holds the
+            # task as it did before.
+            if self._ended is not None and ending is None:
+                self._forget_ending()
+            raise
         if not nested and self._ended is not None and ending is None:
             self._ended_committed = True  # written in this block, which has just committed
         # Recorded after the (empty) transaction ended, so the count is not rolled back with it.

@@ -10,14 +10,15 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_taskclaim.exceptions import InvalidTaskKey
-from django_taskclaim.keys import validate_key, validate_tenant
+from django_taskclaim.exceptions import InvalidArgument, InvalidLease, InvalidTaskKey
+from django_taskclaim.keys import MAX_INT, MAX_OWNER_LENGTH, lease_seconds, validate_key, validate_tenant, validate_text
 from django_taskclaim.status import TERMINAL
 
 UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 _DURATION = re.compile(r"(\d+)([wdhms])")
-#: Counts (``--limit``, ``--batch-size``) fit a 32-bit integer, as SQL ``LIMIT`` takes them.
-MAX_COUNT = 2**31 - 1
+#: Counts (``--limit``, ``--batch-size``, ``--batch``) fit a 32-bit integer, as SQL ``LIMIT``
+#: takes them and as the API's ``positive_int`` allows.
+MAX_COUNT = MAX_INT
 #: Intervals in seconds (``--every``, ``--requeue-after``): one year at most.
 MAX_SECONDS = 365 * 86400.0
 #: Durations (``--older-than``, ``--since``): a hundred years at most, so that "now minus
@@ -47,6 +48,27 @@ def positive_seconds(text: str) -> float:
     if not value <= MAX_SECONDS:  # also refuses inf
         raise argparse.ArgumentTypeError(f"{text} seconds is too long (at most {MAX_SECONDS:.0f}, one year)")
     return value
+
+
+def lease(text: str) -> float:
+    """A lease in seconds, within the bounds the claim API enforces: at least the minimum lease,
+    at most ``TASKCLAIM_MAX_LEASE`` (read now, as the claim will read it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    try:
+        return lease_seconds(value)
+    except InvalidLease as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def owner_name(text: str) -> str:
+    """A worker identity the task table can store (as ``claim_next(owner=...)`` checks it)."""
+    try:
+        return validate_text(text, "owner", MAX_OWNER_LENGTH)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def task_key(text: str) -> str:
@@ -108,3 +130,13 @@ def since_value(text: str) -> timedelta | datetime:
     if timezone.is_naive(parsed):
         parsed = timezone.make_aware(parsed)
     return parsed
+
+
+def queue_arg(text: str) -> str:
+    """A queue name: 1–100 printable characters."""
+    from django_taskclaim.lifecycle.api import queue_name
+
+    try:
+        return queue_name(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

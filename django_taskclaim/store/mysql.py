@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.core.checks import CheckMessage
-from django.db import DatabaseError, IntegrityError
+from django.db import DatabaseError, IntegrityError, connections
 
 from ..checkspec import spec
 from ..status import Outcome, Status
@@ -421,6 +421,35 @@ class MySQLStore(SQLStore):
         if audit:
             self.close_running_attempts(cursor, moved, Outcome.RELEASED)
         return moved
+
+    def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
+        if not ids:
+            return []
+        db = cursor.db
+        if db.in_atomic_block or not db.get_autocommit():
+            # InnoDB keeps the row locks taken after a savepoint when it is rolled back (once the
+            # transaction holds any lock), so inside the caller's transaction the probe runs on
+            # a connection of its own. Rows the caller's own transaction locked count as held there.
+            probe = connections.create_connection(db.alias)
+            try:
+                with probe.cursor() as own:
+                    return self._held(own, ids)
+            finally:
+                probe.close()
+        return self._held(cursor, ids)
+
+    def _held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
+        """In autocommit: the rows that exist, less those a locking read can take at once (locks
+        that end with each statement)."""
+        held: list[int] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            marks = placeholders(len(chunk))
+            cursor.execute(f"SELECT id FROM {TASK} WHERE id IN ({marks})", chunk)
+            seen = {r[0] for r in cursor.fetchall()}
+            cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE id IN ({marks}) FOR UPDATE SKIP LOCKED", chunk)
+            held += sorted(seen - {r[0] for r in cursor.fetchall()})
+        return held
 
 
 store = MySQLStore()

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage
+from django.db import transaction
 
 from ..checkspec import spec
 from ..conf import settings
@@ -504,6 +505,24 @@ class PostgreSQLStore(SQLStore):
             [list(ids)],
         )
         return int(cursor.rowcount)
+
+    def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
+        if not ids:
+            return []
+        # The rows this statement sees that SKIP LOCKED passes over. FOR SHARE conflicts with the
+        # owner's FOR NO KEY UPDATE (fenced()) and with updates, not with a duplicate's FOR KEY
+        # SHARE; locks of the caller's own transaction never conflict. Rolled back at once (a
+        # savepoint inside the caller's transaction), so no lock outlives the probe.
+        using = cursor.db.alias
+        with transaction.atomic(using=using):
+            cursor.execute(
+                f"SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) AND id NOT IN "
+                f"(SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) FOR SHARE SKIP LOCKED) ORDER BY id",
+                [list(ids), list(ids)],
+            )
+            held = [r[0] for r in cursor.fetchall()]
+            transaction.set_rollback(True, using=using)
+        return held
 
 
 def _close_moved(outcome: str, token: bool = True) -> str:

@@ -168,3 +168,11 @@ class Store(Protocol):
 
     def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
         """Delete up to ``limit`` finished tasks last updated before ``before``, with their attempts."""
+
+    def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
+        """Of the tasks ``ids``, those whose row another open transaction locks now (an owner
+        inside ``fenced()``, a claim its caller has not committed yet), in id order.
+
+        Found without waiting and without keeping a lock once it returns, inside the caller's
+        transaction too. A database without row locks (SQLite) answers ``[]``.
+        """

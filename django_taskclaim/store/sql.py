@@ -656,3 +656,8 @@ class SQLStore:
         attempts = cursor.rowcount
         cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
         return cursor.rowcount, attempts
+
+    def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
+        # SQLite locks the whole database, not rows: a writer inside fenced() makes others wait
+        # (the busy timeout), and no row can be told apart as held.
+        return []

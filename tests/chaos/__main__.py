@@ -42,11 +42,22 @@ def probability_spec(text: str) -> str:
     return text
 
 
-def fraction(text: str) -> float:
+def number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def non_negative(text: str) -> float:
+    value = number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = number(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be within [0, 1], not {text}")
     return value
@@ -88,7 +99,17 @@ def parser() -> argparse.ArgumentParser:
                    help="longest quiet period in seconds (default: max(60, 20 x lease))")
     p.add_argument("--faults", type=lambda text: tuple(filter(None, text.split(","))), default=None,
                    help="comma-separated fault kinds to inject (default: all that apply: "
-                        "pause, kill, terminate, terminate_in_commit, timeout, restart)")
+                        "pause, kill, terminate, terminate_in_commit, timeout, restart; "
+                        "failover only when named)")
+    p.add_argument("--failover-interval", type=positive(float), default=20.0,
+                   help="mean seconds from the end of one failover to the next kill of the primary, "
+                        "with --faults failover (default: %(default)s)")
+    p.add_argument("--replication", choices=("sync", "async"), default="sync",
+                   help="the standby of --faults failover: synchronous (no acknowledged commit lost) "
+                        "or asynchronous, to measure what it loses (default: %(default)s)")
+    p.add_argument("--standby-lag", type=non_negative, default=0.0,
+                   help="seconds by which the standby of --faults failover receives the WAL late "
+                        "(a relay holds the replication stream; default: %(default)s)")
     p.add_argument("--unsafe", action="store_true",
                    help="workers write the effect outside fenced(): the checker must fail")
     p.add_argument("--celery", action="store_true",

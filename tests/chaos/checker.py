@@ -14,13 +14,27 @@ Properties (each violation is listed, and makes the run fail):
   database returned for its claim and heartbeats) run out before it ended;
 - **stale writes refused and counted**: every ``StaleClaim`` a worker reported is counted in
   ``Attempt.stale_writes`` of that attempt; a count above the reported number is allowed only
-  where the reply could be lost (the worker was killed, or its connection failed).
+  where the reply could be lost (the worker was killed, or its connection failed);
+- **no commit lost**: every claim a worker was told had committed is in the final state, with
+  its owner, and so is every effect whose commit it reported (a failover to a standby that
+  lacks them, a crash that forgot them);
+- **no token reused**: per task, the tokens of the claims the workers were granted strictly
+  increase in the order the database granted them (their lease expiry, all leases being
+  equal), so no token was handed out twice;
+- **no effect twice, counting lost ones**: a task's final effect that a worker reported
+  committed and that the final state lacks, with another final effect in its place, happened
+  twice (once on a server that is gone).
+
+It reads the events by task key, not by id: a server that lost commits may give a later task
+an id that an earlier, lost one had.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +43,8 @@ from typing import Any
 class Verdict:
     figures: dict[str, int] = field(default_factory=dict)
     violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    #: When the harness received each reply of a commit that the final state lacks.
+    lost_seen: list[float] = field(default_factory=list)
 
     def add(self, kind: str, message: str) -> None:
         self.violations[kind].append(message)
@@ -80,7 +96,9 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
     stale_actions: Counter[str] = Counter()
     for ev in events:
         kind = ev.get("event")
-        if "task" not in ev and ev.get("key") in tasks:  # the Celery variant reports keys
+        if ev.get("key") is not None:
+            if ev["key"] not in tasks:
+                continue  # a task the final state lacks: the lost-commit checks report it
             ev = {**ev, "task": tasks[ev["key"]]["id"]}
         ident = (ev["task"], ev["token"]) if "task" in ev and "token" in ev else None
         if ident is None:
@@ -189,6 +207,9 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
             verdict.add("stale count", f"{where}: {a['stale_writes']} refusals recorded, {told} "
                                        "reported by an undisturbed worker")
 
+    commits = check_commits(state, events, verdict)
+    duplicated += commits.pop("duplicated_lost")
+
     outcomes = Counter(a["outcome"] for a in state["attempts"])
     verdict.figures.update(
         tasks_enqueued=len(enqueued),
@@ -205,11 +226,121 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
         stale_other=sum(stale_actions.values()) - stale_actions["heartbeat"]
         - stale_actions["fenced write"],
         db_errors_survived=sum(1 for ev in events if ev.get("event") == "dberror"),
+        # A connection that landed on a standby: what target_session_attrs=read-write prevents.
+        standby_writes=sum(1 for ev in events if ev.get("event") == "dberror"
+                           and "read-only transaction" in str(ev.get("message", ""))),
+        **commits,
         lost=lost,
         duplicated=duplicated,
         overlaps=overlaps,
     )
     return verdict
+
+
+def owner_of(ev: dict[str, Any]) -> str | None:
+    """The owner a worker's event speaks for (the harness's workers say it; Celery's do not)."""
+    owner = ev.get("owner")
+    return str(owner) if owner else None
+
+
+def check_commits(state: dict[str, Any], events: list[dict[str, Any]], verdict: Verdict) -> dict[str, int]:
+    """What the workers saw committed against the final state: lost commits, reused tokens,
+    and final effects lost with a server and then executed again. The figures, by name."""
+    tasks = {t["key"]: t for t in state["tasks"]}
+    attempt_owner = {(a["task_id"], a["token"]): a["owner"] for a in state["attempts"]
+                     if a["token"] is not None}
+    stored = {(e["task_key"], e["token"], e["worker"]) for e in state["effects"]}
+    finals: dict[str, set[tuple[int, str]]] = defaultdict(set)
+    for e in state["effects"]:
+        if e["worker"].endswith("#final"):
+            finals[e["task_key"]].add((e["token"], e["worker"].removesuffix("#final")))
+
+    claims: dict[str, list[tuple[dt.datetime, int, str | None]]] = defaultdict(list)
+    reported: dict[str, set[tuple[int, str]]] = defaultdict(set)
+    claims_lost = effects_lost = 0
+    for ev in events:
+        kind, key, token = ev.get("event"), ev.get("key"), ev.get("token")
+        if key is None or token is None or kind not in ("claimed", "step", "done"):
+            continue
+        owner = owner_of(ev)
+        task = tasks.get(key)
+        if kind == "claimed":
+            expires = parse_time(ev.get("expires"))
+            if expires is not None:
+                claims[key].append((expires, token, owner))
+            holder = attempt_owner.get((task["id"], token)) if task is not None else None
+            if holder is None or (owner is not None and holder != owner):
+                claims_lost += 1
+                verdict.lost_seen.append(ev.get("seen", 0.0))
+                found = ("the task row is gone" if task is None else
+                         "no attempt has that token" if holder is None else f"that token is {holder}'s")
+                verdict.add("commit lost", f"{key}: claim with token {token} by {owner or 'a worker'} "
+                                           f"seen committed; {found}")
+            continue
+        if owner is None:
+            continue
+        if kind == "done":
+            reported[key].add((token, owner))
+        name = f"{owner}#final" if kind == "done" else f"{owner}#step{ev.get('step')}"
+        if (key, token, name) not in stored:
+            effects_lost += 1
+            verdict.lost_seen.append(ev.get("seen", 0.0))
+            verdict.add("commit lost", f"{key}: effect {name} with token {token} seen committed, "
+                                       "not in the final state")
+
+    reused = went_down = 0
+    for key, granted in claims.items():
+        granted.sort(key=lambda c: c[0])
+        times: Counter[int] = Counter(token for _, token, _ in granted)
+        for token, n in times.items():
+            if n > 1:
+                reused += 1
+                holders = ", ".join(sorted({o or "?" for _, t, o in granted if t == token}))
+                verdict.add("token reused", f"{key}: token {token} granted {n} times ({holders})")
+        for (_, a, _), (at, b, _) in zip(granted, granted[1:], strict=False):
+            if b < a:
+                went_down += 1
+                verdict.add("token reused", f"{key}: token {b} granted at {at}, after token {a}")
+
+    # A final effect reported committed, missing now, with another in its place: the task ran
+    # twice. (Two final effects in the final state are counted by the caller already.)
+    duplicated_lost = 0
+    for key, seen in reported.items():
+        if len(finals[key]) <= 1 and len(seen | finals[key]) > 1:
+            duplicated_lost += 1
+            verdict.add("duplicated", f"{key}: final effects of {sorted(seen - finals[key])} reported "
+                                      f"committed and lost, then {sorted(finals[key])} committed")
+    return {
+        "claims_seen": sum(len(v) for v in claims.values()),
+        "claims_lost": claims_lost,
+        "effects_lost": effects_lost,
+        "tokens_reused": reused,
+        "tokens_went_down": went_down,
+        "duplicated_lost": duplicated_lost,
+    }
+
+
+def recovery(failovers: list[Any], events: list[dict[str, Any]], lease: float,
+             lost_seen: Sequence[float] = ()) -> list[dict[str, Any]]:
+    """Per failover: seconds from the kill to the promotion, to the first claim the new primary
+    granted (its database-clock time: the lease expiry minus the lease) and to the new standby;
+    how far behind the standby was; the commits seen before the kill and missing at the end."""
+    granted = sorted(t.timestamp() - lease for t in
+                     (parse_time(ev.get("expires")) for ev in events if ev.get("event") == "claimed")
+                     if t is not None)
+    rows = []
+    since = float("-inf")
+    for f in failovers:
+        first = next((t for t in granted if t >= f.killed), None)
+        lost = sum(1 for seen in lost_seen if since < seen <= f.killed)
+        since = f.killed
+        rows.append({
+            "from": f.old_primary, "to": f.new_primary, "behind": f.standby_behind, "lost": lost,
+            "writable": f.promoted - f.killed,
+            "first_claim": None if first is None else first - f.killed,
+            "standby": None if f.standby_ready is None else f.standby_ready - f.killed,
+        })
+    return rows
 
 
 FAULT_LABELS = [
@@ -219,6 +350,7 @@ FAULT_LABELS = [
     ("terminate_in_commit", "pg_terminate_backend inside the completing transaction"),
     ("timeout", "statement_timeout/lock_timeout = 1 ms"),
     ("restart", "pg_ctl restart -m immediate"),
+    ("failover", "primary SIGKILLed, standby promoted, new standby built"),
     ("skewed_worker", "worker started with its clock +1 h (libfaketime)"),
     ("crash_after_claim", "crash point: after claim"),
     ("crash_before_commit", "crash point: after effect, before commit"),
@@ -239,14 +371,45 @@ FIGURE_LABELS = [
     ("stale_fenced", "  fenced writes (effect + completion)"),
     ("stale_other", "  completions, failures, releases, keepalive"),
     ("db_errors_survived", "database errors survived"),
+    ("standby_writes", "  of which writes sent to a standby (read-only)"),
+    ("claims_seen", "claims seen committed by workers"),
     ("lost", "LOST"),
     ("duplicated", "DUPLICATED"),
     ("overlaps", "OVERLAPPING CLAIMS"),
+    ("claims_lost", "CLAIMS SEEN COMMITTED, MISSING"),
+    ("effects_lost", "EFFECTS SEEN COMMITTED, MISSING"),
+    ("tokens_reused", "TOKENS GRANTED TWICE"),
+    ("tokens_went_down", "TOKENS GOING DOWN"),
 ]
 
 
+def failover_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The failovers of a run, one line each, then the median and the worst of each column."""
+    def cell(value: float | None) -> str:
+        return "   never" if value is None else f"{value:8.2f}"
+
+    def behind(value: int | None) -> str:
+        return "not streaming" if value is None else f"{value:,} B"
+
+    lines = ["", "failovers (seconds from the SIGKILL of the primary; the standby's lag just before it;",
+             "commits seen before it and missing at the end)",
+             f"  {'#':>3}  {'primary':<14} {'writable':>8} {'1st claim':>9} {'standby':>8} "
+             f"{'standby behind':>14} {'lost':>5}"]
+    for i, r in enumerate(rows, 1):
+        lines.append(f"  {i:>3}  {r['from'] + ' -> ' + r['to']:<14} {cell(r['writable'])} "
+                     f"{cell(r['first_claim']):>9} {cell(r['standby'])} {behind(r['behind']):>14} "
+                     f"{r['lost']:>5}")
+    for label, pick in (("median", statistics.median), ("max", max)):
+        cols = []
+        for name in ("writable", "first_claim", "standby"):
+            values = [r[name] for r in rows if r[name] is not None]
+            cols.append(pick(values) if values else None)
+        lines.append(f"  {label:<19} {cell(cols[0])} {cell(cols[1]):>9} {cell(cols[2])}")
+    return lines
+
+
 def table(faults: Counter[str], verdict: Verdict, header: str, kinds: list[str], skew: bool,
-          crash: str) -> str:
+          crash: str, failovers: list[dict[str, Any]] | None = None) -> str:
     from tests.chaos.worker import parse_crash
 
     enabled = {*kinds, *(["skewed_worker"] if skew else []),
@@ -258,6 +421,8 @@ def table(faults: Counter[str], verdict: Verdict, header: str, kinds: list[str],
             extra = f"  (of {faults['terminate_in_commit_tried']} tried)"
         count = str(faults.get(kind, 0)) if kind in enabled else "n/a"
         lines.append(f"  {label:<56} {count:>8}{extra}")
+    if failovers:
+        lines += failover_lines(failovers)
     lines += ["", "run"]
     for name, label in FIGURE_LABELS:
         lines.append(f"  {label:<56} {verdict.figures.get(name, 0):>8}")

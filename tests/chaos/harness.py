@@ -1,7 +1,8 @@
 """The run: a database server of its own, W worker processes, the nemesis, the quiet period.
 
 Everything the run needs is started here and stopped at the end: a throwaway PostgreSQL
-(``devtools.servers.PostgresServer``) or a SQLite file, the schema (``migrate``), the workers
+(``devtools.servers.PostgresServer``; with the ``failover`` fault a primary and its standby,
+``devtools.replication.PostgresPair``) or a SQLite file, the schema (``migrate``), the workers
 (``tests.chaos.worker``) and the tasks. The nemesis draws every decision (which fault, which
 worker, how long) from one ``random.Random(seed)``; the timing of the processes is not
 deterministic, so a seed reproduces the fault schedule, not the interleaving.
@@ -28,6 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from devtools.replication import Failover, PostgresPair
 from devtools.servers import MariaDBServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +46,11 @@ FAULTS: dict[str, tuple[int, tuple[str, ...]]] = {
     "terminate_in_commit": (2, ("postgresql",)),
     "timeout": (2, ("postgresql",)),
     "restart": (1, ("postgresql",)),
+    # Runs on a schedule of its own (--failover-interval), not drawn by weight, and only when
+    # asked for: the server becomes a primary with a standby, and every failover replaces one.
+    "failover": (0, ("postgresql",)),
 }
+SCHEDULED = ("failover",)
 
 
 def applicable_faults(db: str, wanted: tuple[str, ...] | None) -> list[str]:
@@ -57,7 +63,8 @@ def applicable_faults(db: str, wanted: tuple[str, ...] | None) -> list[str]:
         inapplicable = sorted(k for k in wanted if db not in FAULTS[k][1])
         if inapplicable:
             raise ValueError(f"fault kind(s) {', '.join(inapplicable)} do not apply to {db}")
-    return [k for k in FAULTS if db in FAULTS[k][1] and (wanted is None or k in wanted)]
+    return [k for k in FAULTS if db in FAULTS[k][1]
+            and (k in wanted if wanted is not None else k not in SCHEDULED)]
 
 
 @dataclass
@@ -76,6 +83,9 @@ class Options:
     skew: float = 0.25
     quiet: float | None = None
     faults: tuple[str, ...] | None = None
+    failover_interval: float = 20.0
+    replication: str = "sync"
+    standby_lag: float = 0.0
     unsafe: bool = False
     keep: bool = False
     verbose: bool = False
@@ -124,6 +134,7 @@ class RunLog:
     workers_started: int = 0
     quiet_seconds: float = 0.0
     chaos_seconds: float = 0.0
+    failovers: list[Failover] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -131,20 +142,30 @@ class Harness:
     def __init__(self, opts: Options) -> None:
         if opts.db not in ("sqlite", "postgresql", "mariadb"):
             raise ValueError(f"--db must be sqlite, postgresql or mariadb, not {opts.db!r}")
+        if opts.replication not in ("sync", "async"):
+            raise ValueError(f"--replication must be sync or async, not {opts.replication!r}")
         self.opts = opts
         self.rng = random.Random(opts.seed)
         self.log = RunLog()
         self.rundir = tempfile.mkdtemp(prefix="taskclaim-chaos-")
-        self.server: PostgresServer | MariaDBServer | None = None
+        self.server: PostgresServer | PostgresPair | MariaDBServer | None = None
         self.env: dict[str, str] = {}
         self.workers: list[WorkerProc] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.next_tag = 0
         self.lock = threading.Lock()
         self.kinds = applicable_faults(opts.db, opts.faults)
+        if (opts.replication != "sync" or opts.standby_lag) and "failover" not in self.kinds:
+            raise ValueError("--replication and --standby-lag apply to the failover fault: "
+                             "add --faults failover")
+        self.drawn = [k for k in self.kinds if k not in SCHEDULED]
         # The first faults go through every kind once (in a seeded order), so that even a
         # short run injects each; after that the kinds are drawn by weight.
-        self.first = self.rng.sample(self.kinds, len(self.kinds))
+        self.first = self.rng.sample(self.drawn, len(self.drawn))
+        # Held by a failover from the kill until its new standby streams, and by a restart:
+        # the server changes shape under one of them at a time.
+        self.server_busy = threading.Lock()
+        self.failover_thread: threading.Thread | None = None
         # A skewed worker's clock must not matter: the database's clock decides (not SQLite's,
         # which is the worker's own).
         self.skew_available = opts.db in ("postgresql", "mariadb") and opts.skew > 0
@@ -161,7 +182,17 @@ class Harness:
             "CHAOS_SEED": str(self.opts.seed),
             "CHAOS_APP_NAME": "chaos-harness",
         }
-        if self.opts.db == "postgresql":
+        if self.opts.db == "postgresql" and "failover" in self.kinds:
+            self.server = PostgresPair(synchronous=self.opts.replication == "sync",
+                                       lag=self.opts.standby_lag).start()
+            # Both nodes in HOST and PORT; target_session_attrs through Django's OPTIONS
+            # (tests/chaos/settings.py), not libpq's PGTARGETSESSIONATTRS: the way a project
+            # configures it.
+            env.update({k: v for k, v in self.server.env.items() if k != "PGTARGETSESSIONATTRS"})
+            env["CHAOS_TARGET_SESSION_ATTRS"] = "read-write"
+            self.log.failovers = self.server.failovers
+            env["TASKCLAIM_TEST_DB_NAME"] = "postgres"
+        elif self.opts.db == "postgresql":
             self.server = PostgresServer().start()
             env.update(self.server.env)
             env["TASKCLAIM_TEST_DB_NAME"] = "postgres"
@@ -293,10 +324,10 @@ class Harness:
 
     # -- the nemesis ----------------------------------------------------------------------
     def nemesis(self) -> None:
-        if not self.kinds:
+        if not self.drawn:
             return
-        weights = [FAULTS[k][0] for k in self.kinds]
-        kind = self.first.pop(0) if self.first else self.rng.choices(self.kinds, weights)[0]
+        weights = [FAULTS[k][0] for k in self.drawn]
+        kind = self.first.pop(0) if self.first else self.rng.choices(self.drawn, weights)[0]
         candidates = [w for w in self.live_workers() if w.paused_until is None]
         if kind != "restart" and not candidates:
             return
@@ -387,12 +418,42 @@ class Harness:
             self.log.faults["timeout"] += 1
 
     def fault_restart(self, worker: WorkerProc | None) -> None:
-        assert self.server is not None
+        assert isinstance(self.server, PostgresServer | PostgresPair)
         from django.db import connection
 
-        connection.close()
-        self.server.restart("immediate")
-        self.log.faults["restart"] += 1
+        if not self.server_busy.acquire(blocking=False):
+            return  # a failover is under way
+        try:
+            connection.close()
+            self.server.restart("immediate")
+            self.log.faults["restart"] += 1
+        finally:
+            self.server_busy.release()
+
+    def start_failover(self) -> None:
+        """Fail the primary over on a thread: the nemesis and the event reading go on meanwhile."""
+        self.server_busy.acquire()
+        self.failover_thread = threading.Thread(target=self.failover, name="failover", daemon=True)
+        self.failover_thread.start()
+
+    def failover(self) -> None:
+        """SIGKILL the primary, promote the standby, build a new standby from the new primary."""
+        assert isinstance(self.server, PostgresPair)
+        try:
+            record = self.server.failover()
+            if self.opts.verbose and record.standby_ready is not None:
+                print(f"  failover to {record.new_primary}: writable after {record.unavailable:.2f} s, "
+                      f"new standby after {record.standby_ready - record.killed:.2f} s", flush=True)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            self.log.errors.append(f"failover failed: {exc}")
+        finally:
+            # The pair records a failover once the standby is promoted, rebuilt or not.
+            self.log.faults["failover"] = len(self.server.failovers)
+            self.server_busy.release()
+
+    def failover_due(self, start: float) -> float:
+        """When the next failover starts: about ``--failover-interval`` after ``start``."""
+        return start + self.rng.uniform(0.5, 1.5) * self.opts.failover_interval
 
     # -- phases ---------------------------------------------------------------------------
     def chaos(self) -> None:
@@ -403,6 +464,7 @@ class Harness:
         start = time.monotonic()
         end = start + opts.duration
         next_fault = start + self.rng.expovariate(1 / opts.fault_interval)
+        next_failover: float | None = None
         last_report = start
         next_sweep = start + opts.lease
         while time.monotonic() < end:
@@ -418,12 +480,35 @@ class Harness:
             if now >= next_fault:
                 self.nemesis()
                 next_fault = time.monotonic() + self.rng.expovariate(1 / opts.fault_interval)
+            if "failover" in self.kinds and not self.failing_over():
+                if next_failover is None and self.workers_ready():
+                    next_failover = self.failover_due(now)  # counted from the end of the last one
+                elif next_failover is not None and now >= next_failover:
+                    self.start_failover()
+                    next_failover = None
             if now - last_report >= 30:
                 last_report = now
                 print(f"  {now - start:5.0f} s: {len(self.log.enqueued)} tasks enqueued, faults "
                       f"{dict(self.log.faults)}", flush=True)
             time.sleep(0.05)  # the nemesis's tick
+        self.join_failover()
         self.log.chaos_seconds = time.monotonic() - start
+
+    def workers_ready(self) -> bool:
+        """Whether the first workers are all at work (a failover before that would hit nobody)."""
+        return sum(1 for e in self.log.events if e.get("event") == "start") >= self.opts.workers
+
+    def failing_over(self) -> bool:
+        return self.failover_thread is not None and self.failover_thread.is_alive()
+
+    def join_failover(self) -> None:
+        """Let a failover under way finish (its new standby streaming), reading events meanwhile."""
+        while self.failing_over():
+            self.drain_events()
+            self.resume_due()
+            self.replace_dead()
+            assert self.failover_thread is not None
+            self.failover_thread.join(0.1)
 
     def sweep(self) -> None:
         from django_taskclaim.models import Task
@@ -466,6 +551,8 @@ class Harness:
         self.drain_events()
 
     def teardown(self, ok: bool) -> None:
+        if self.failover_thread is not None:
+            self.failover_thread.join(120)
         for worker in self.workers:
             if worker.alive():
                 if worker.paused_until is not None:
@@ -475,9 +562,14 @@ class Harness:
         from django.db import connection
 
         connection.close()
+        keep = not ok or self.opts.keep
+        if keep and isinstance(self.server, PostgresPair):
+            for node in self.server.nodes:  # the server logs go with the servers otherwise
+                with contextlib.suppress(OSError):
+                    shutil.copy(node.log, os.path.join(self.rundir, f"{node.name}.log"))
         if self.server is not None:
             self.server.stop()
-        if ok and not self.opts.keep:
+        if not keep:
             shutil.rmtree(self.rundir, ignore_errors=True)
         else:
-            print(f"worker logs kept in {self.rundir}", flush=True)
+            print(f"worker and server logs kept in {self.rundir}", flush=True)

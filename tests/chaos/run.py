@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tests.chaos.checker import Verdict, check, load_state, table
+from tests.chaos.checker import Verdict, check, load_state, recovery, table
 from tests.chaos.harness import Harness, Options
 
 HarnessT = TypeVar("HarnessT", bound=Harness)
@@ -24,23 +24,35 @@ def run(args: argparse.Namespace) -> int:
         lease=args.lease, tasks=args.tasks, steps=args.steps, work_ms=args.work_ms,
         fault_interval=args.fault_interval, crash=args.crash, give_up=args.give_up,
         skew=args.skew, quiet=args.quiet,
-        faults=args.faults, unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
+        faults=args.faults, failover_interval=args.failover_interval, replication=args.replication,
+        standby_lag=args.standby_lag,
+        unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
     )
     harness = build(Harness, opts)
     if harness is None:
         return 2
 
+    failing_over = "failover" in harness.kinds
+    topology = (f", a primary and {'an asynchronous' if opts.replication == 'async' else 'a synchronous'} standby"
+                + (f" {opts.standby_lag * 1000:g} ms behind" if opts.standby_lag else "")
+                if failing_over else "")
+
     def render(verdict: Verdict) -> str:
         log = harness.log
-        header = (f"django-taskclaim fault injection: {opts.db}, seed {opts.seed}, "
+        header = (f"django-taskclaim fault injection: {opts.db}{topology}, seed {opts.seed}, "
                   f"{opts.workers} workers, lease {opts.lease} s, {log.chaos_seconds:.0f} s of "
                   f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
-        return table(log.faults, verdict, header, harness.kinds, harness.skew_available, opts.crash)
+        rows = recovery(log.failovers, log.events, opts.lease, verdict.lost_seen) if failing_over else None
+        report["failovers"] = rows
+        return table(log.faults, verdict, header, harness.kinds, harness.skew_available, opts.crash, rows)
 
+    report: dict[str, Any] = {"kinds": harness.kinds}
+    if failing_over:
+        report.update(replication=opts.replication, standby_lag=opts.standby_lag)
     return drive(harness, args, render,
-                 banner=f"chaos on {opts.db}: {opts.workers} workers, lease {opts.lease} s, "
+                 banner=f"chaos on {opts.db}{topology}: {opts.workers} workers, lease {opts.lease} s, "
                         f"{opts.duration:.0f} s of faults, seed {opts.seed}",
-                 report={"kinds": harness.kinds})
+                 report=report)
 
 
 def build(factory: Callable[[Options], HarnessT], opts: Options) -> HarnessT | None:

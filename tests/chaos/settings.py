@@ -2,6 +2,11 @@
 
 The nemesis finds a worker's server process through ``application_name`` in
 ``pg_stat_activity`` (``CHAOS_APP_NAME``), to terminate it or to catch it inside a commit.
+
+With the ``failover`` fault, ``HOST`` and ``PORT`` list both servers of the pair
+(``"127.0.0.1,127.0.0.1"``, ``"5433,5434"``: Django hands them to libpq as they are) and
+``OPTIONS`` adds ``target_session_attrs = "read-write"``, so that every connection, first or
+after a failover, goes to whichever server is the primary.
 """
 
 import os
@@ -10,8 +15,11 @@ from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES, DB_VENDOR
 
 if DB_VENDOR == "postgresql":
-    DATABASES["default"]["OPTIONS"] = {
+    _options: dict[str, object] = {
         "application_name": os.environ.get("CHAOS_APP_NAME", "chaos"),
         # A restarting server refuses connections for a moment; fail fast and retry instead.
         "connect_timeout": 5,
     }
+    if os.environ.get("CHAOS_TARGET_SESSION_ATTRS"):
+        _options["target_session_attrs"] = os.environ["CHAOS_TARGET_SESSION_ATTRS"]
+    DATABASES["default"]["OPTIONS"] = _options

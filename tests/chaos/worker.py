@@ -117,10 +117,10 @@ class Worker:
                 time.sleep(self.args.idle)  # idle poll of the queue
                 continue
             for claim in claims:
-                info = {"task": claim.task_id, "key": claim.key, "token": claim.token}
+                info = {"task": claim.task_id, "key": claim.key, "token": claim.token, "owner": self.owner}
                 emit(event="claimed", expires=claim.lease_expires_at, **info)
             for claim in claims:
-                info = {"task": claim.task_id, "key": claim.key, "token": claim.token}
+                info = {"task": claim.task_id, "key": claim.key, "token": claim.token, "owner": self.owner}
                 self.maybe_crash("after_claim", **info)
                 self.execute(claim, info)
         emit(event="exit")

@@ -1,184 +1,25 @@
-"""``manage.py reclaim``: move tasks whose lease expired back to PENDING (or FAILED)."""
+"""``manage.py reclaim``: the deprecated name of ``taskclaim_reclaim`` (same options, output and
+exit codes), kept so that existing cron jobs and scripts keep working."""
 
 from __future__ import annotations
 
-import signal
-import threading
+import warnings
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
-from django.db import close_old_connections
+from django_taskclaim.management.commands import taskclaim_reclaim
 
-from django_taskclaim.lifecycle import reclaim_expired_rows
-from django_taskclaim.management.arguments import positive_int, positive_seconds
-from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
-from django_taskclaim.models import Task
-from django_taskclaim.status import Status
-from django_taskclaim.store.rows import Moved
+NOTICE = "manage.py reclaim is deprecated and will be removed: use manage.py taskclaim_reclaim (same options)"
 
 
-class ReclaimLoop:
-    """Runs one round every ``every`` seconds until SIGTERM or SIGINT, then returns."""
+class Command(taskclaim_reclaim.Command):
+    help = f"Deprecated: use taskclaim_reclaim. {taskclaim_reclaim.Command.help}"
 
-    def __init__(self, round_: Any, every: float) -> None:
-        self.round, self.every = round_, every
-        self.stopping = threading.Event()
-
-    def _stop(self, signum: int, frame: Any) -> None:
-        self.stopping.set()
-
-    def run(self) -> None:
-        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            while not self.stopping.is_set():
-                close_old_connections()
-                self.round()
-                self.stopping.wait(self.every)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def handle(self, *args: Any, **options: Any) -> None:
+        # On stderr (the stream execute() set up, captured by call_command), so that --json
+        # output on stdout stays one document.
+        warnings.warn(NOTICE, DeprecationWarning, stacklevel=1)
+        self.stderr.write(NOTICE)
+        super().handle(*args, **options)
 
 
-class Command(TaskClaimCommand):
-    verbosity = 1
-    help = (
-        "Move RUNNING tasks whose lease expired (by the database clock) back to PENDING, or to "
-        "FAILED when they have no attempts left. Needed for tasks nobody asks for again."
-    )
-
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--dry-run", action="store_true",
-                            help="List the expired tasks and what would happen (with --requeue, the "
-                                 "messages that would be re-sent); change nothing.")
-        parser.add_argument("--limit", type=positive_int, default=None,
-                            help="Reclaim at most this many tasks per round (default: %(default)r, no limit).")
-        parser.add_argument("--batch-size", type=positive_int, default=500,
-                            help="Tasks moved per statement (default: %(default)r).")
-        parser.add_argument("--every", type=positive_seconds, default=None, metavar="SECONDS",
-                            help="Repeat every SECONDS until SIGTERM/SIGINT (default: %(default)r, run once).")
-        parser.add_argument("--requeue", action="store_true",
-                            help="Celery bridge: publish again the messages of tasks sent with enqueue_once "
-                                 "that were reclaimed, or are still PENDING after --requeue-after seconds "
-                                 "(their message was lost).")
-        parser.add_argument("--requeue-after", type=positive_seconds, default=None, metavar="SECONDS",
-                            help="With --requeue: a PENDING task whose message was last sent longer ago than "
-                                 "this is re-sent (default: 300).")
-        self.add_json_argument(parser)
-
-    requeue = False
-    requeue_after: float | None = None
-    as_json = False
-
-    def handle(self, *args: Any, dry_run: bool, limit: int | None, batch_size: int,
-               every: float | None, requeue: bool = False, requeue_after: float | None = None,
-               as_json: bool = False, verbosity: int = 1, **options: Any) -> None:
-        self.verbosity = verbosity  # BaseCommand passes it as an option, never sets it
-        self.as_json = as_json
-        if limit is not None and batch_size > limit:
-            batch_size = limit
-        if requeue_after is not None and not requeue:
-            raise CommandError("--requeue-after needs --requeue", returncode=USAGE_ERROR)
-        if requeue:
-            try:
-                from django_taskclaim.celery import REQUEUE_AFTER
-            except ImportError as exc:
-                raise CommandError(f"--requeue needs Celery (pip install django-taskclaim[celery]): {exc}",
-                                   returncode=USAGE_ERROR) from exc
-            self.requeue = True
-            self.requeue_after = REQUEUE_AFTER if requeue_after is None else requeue_after
-
-        def one_round() -> None:
-            if dry_run:
-                self.dry_round(limit)
-            else:
-                self.reclaim_round(limit, batch_size)
-
-        if every is None:
-            one_round()
-        else:
-            ReclaimLoop(one_round, every).run()
-            if self.verbosity >= 1 and not as_json:
-                self.stdout.write("reclaim: stopped")
-
-    def dry_round(self, limit: int | None) -> None:
-        expired = Task.objects.expired().order_by("id")
-        tasks = list(expired[:limit] if limit else expired)
-        would = [Moved(t.pk, t.key, t.tenant, t.fencing_token,
-                       Status.PENDING if t.attempts < t.max_attempts else Status.FAILED) for t in tasks]
-        resend = self.requeue_candidates(would) if self.requeue else None
-        if self.as_json:
-            self.write_json({"dry_run": True, **self.summary(would), "requeue": resend}, indent=None)
-            return
-        for task, row in zip(tasks, would, strict=True):
-            if self.verbosity >= 1:
-                self.stdout.write(
-                    f"would reclaim {task.key!r} tenant={task.tenant!r} token={task.fencing_token} "
-                    f"owner={task.owner!r} attempts={task.attempts}/{task.max_attempts} -> {row.status}"
-                )
-        self.stdout.write(f"reclaim (dry run): {len(tasks)} expired task(s) found, nothing changed")
-        if resend is not None:
-            for item in resend:
-                if self.verbosity >= 1:
-                    self.stdout.write(f"would re-send {item['key']!r} tenant={item['tenant']!r} "
-                                      f"(message {item['celery_task_id'] or '-'})")
-            self.stdout.write(f"requeue (dry run): {len(resend)} lost message(s) would be re-sent")
-
-    def requeue_candidates(self, would: list[Moved]) -> list[dict[str, Any]]:
-        """What ``--requeue`` would re-send after this (dry) round, sending nothing."""
-        from django_taskclaim.celery import requeue_lost
-
-        found = requeue_lost(would, older_than=self.requeue_after, dry_run=True)
-        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_id} for i in found]
-
-    @staticmethod
-    def summary(rows: list[Moved]) -> dict[str, Any]:
-        pending = sum(1 for r in rows if r.status == Status.PENDING)
-        return {
-            "reclaimed": [r._asdict() for r in rows],
-            "pending": pending,
-            "failed": len(rows) - pending,
-        }
-
-    def reclaim_round(self, limit: int | None, batch_size: int) -> list[Moved]:
-        moved: list[Moved] = []
-        while limit is None or len(moved) < limit:
-            size = batch_size if limit is None else min(batch_size, limit - len(moved))
-            rows = reclaim_expired_rows(size)
-            moved.extend(rows)
-            if self.verbosity >= 2 and not self.as_json:
-                for r in rows:
-                    self.stdout.write(f"reclaimed {r.key!r} tenant={r.tenant!r} token={r.token} -> {r.status}")
-            if len(rows) < size:
-                break
-        summary = self.summary(moved)
-        if not self.as_json:
-            self.stdout.write(
-                f"reclaim: {len(moved)} expired task(s): {summary['pending']} back to pending, "
-                f"{summary['failed']} failed (no attempts left)"
-            )
-        sent = self.after_round(moved)
-        if self.as_json:
-            self.write_json({"dry_run": False, **summary, "requeue": sent}, indent=None)
-        return moved
-
-    def after_round(self, moved: list[Moved]) -> list[dict[str, Any]] | None:
-        """Hook for work after a round: with ``--requeue``, the Celery bridge re-sends lost messages."""
-        if not self.requeue:
-            return None
-        from django_taskclaim.celery import requeue_lost
-
-        sent = requeue_lost(moved, older_than=self.requeue_after)
-        failed = [item for item in sent if item.error is not None]
-        if not self.as_json:
-            if self.verbosity >= 2:
-                for item in sent:
-                    outcome = f"failed: {item.error}" if item.error else f"sent as {item.celery_id}"
-                    self.stdout.write(f"requeue {item.key!r} tenant={item.tenant!r}: {outcome}")
-            self.stdout.write(f"requeue: {len(sent) - len(failed)} lost message(s) re-sent")
-        for item in failed:
-            self.stderr.write(f"requeue {item.key!r} tenant={item.tenant!r} failed: {item.error}")
-        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_id,
-                 "error": None if i.error is None else f"{type(i.error).__name__}: {i.error}"} for i in sent]
-
-
-__all__ = ["Command", "ReclaimLoop"]
+__all__ = ["Command"]

@@ -9,18 +9,19 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_taskclaim.management.arguments import task_key, tenant_name
 from django_taskclaim.management.base import TaskClaimCommand
-from django_taskclaim.models import Attempt, Task
+from django_taskclaim.models import HELD_REASON, Attempt, Task, held_ids
 from django_taskclaim.store import DbNow
 
 NOT_FOUND = 1
 
 
-def task_as_dict(task: Task, lease_remaining: float | None) -> dict[str, Any]:
+def task_as_dict(task: Task, lease_remaining: float | None, held: bool = False) -> dict[str, Any]:
     fields = ("id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
               "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
               "dispatch", "created_at", "updated_at")
     data = {name: getattr(task, name) for name in fields}
     data["lease_remaining"] = lease_remaining
+    data["held"] = held
     return data
 
 
@@ -48,25 +49,31 @@ class Command(TaskClaimCommand):
             raise CommandError(f"no task {key!r} for tenant {tenant!r}{hint}", returncode=NOT_FOUND)
         db_now = task.db_now
         remaining = task.lease_remaining(now=db_now)
+        # An expired lease whose row a transaction locks is held, not abandoned (see TaskQuerySet.held).
+        using = Task.objects.get_queryset().db
+        held = remaining is not None and remaining < 0 and task.pk in held_ids(using, [task.pk])
         attempts = list(Attempt.objects.using(task._state.db).filter(task_id=task.pk)
                         .order_by("started_at", "id"))
         if as_json:
             document = {
                 "db_now": db_now,
-                "task": task_as_dict(task, remaining),
+                "task": task_as_dict(task, remaining, held),
                 "attempts": [{**a.as_dict(), "seconds": seconds_between(a)} for a in attempts],
             }
             self.write_json(document)
             return
-        self.write_text(task, remaining, attempts)
+        self.write_text(task, remaining, held, attempts)
 
-    def write_text(self, task: Task, remaining: float | None, attempts: list[Attempt]) -> None:
+    def write_text(self, task: Task, remaining: float | None, held: bool, attempts: list[Attempt]) -> None:
         out = self.stdout.write
         out(f"task {task.key!r} tenant={task.tenant!r} id={task.pk}")
         lease = ""
-        if remaining is not None:
-            lease = (f" (lease {remaining:.1f}s left)" if remaining >= 0
-                     else f" (lease expired {-remaining:.1f}s ago)")
+        if remaining is not None and remaining >= 0:
+            lease = f" (lease {remaining:.1f}s left)"
+        elif remaining is not None and held:
+            lease = f" (held: lease expired {-remaining:.1f}s ago, but {HELD_REASON})"
+        elif remaining is not None:
+            lease = f" (lease expired {-remaining:.1f}s ago)"
         rows: list[tuple[str, Any]] = [
             ("status", f"{task.status}{lease}"),
             ("owner", task.owner or "-"),

@@ -13,7 +13,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.utils.module_loading import import_string
 
-from django_taskclaim.management.arguments import positive_int, positive_seconds, tenant_name
+from django_taskclaim.keys import MIN_LEASE
+from django_taskclaim.management.arguments import lease, owner_name, positive_int, queue_arg, tenant_name
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.worker import Runner, work
 
@@ -29,15 +30,16 @@ class Command(TaskClaimCommand):
         parser.add_argument("handler", nargs="?", default=None,
                             help="Dotted path of a callable taking the claim and returning the result. "
                                  "Without it: run the Django tasks of --backend.")
-        parser.add_argument("--queue", action="append", default=None, dest="queues", metavar="QUEUE",
+        parser.add_argument("--queue", action="append", type=queue_arg, default=None, dest="queues", metavar="QUEUE",
                             help="A queue to take tasks from; repeat for several (default: 'default' with a "
                                  "handler, the backend's QUEUES without).")
         parser.add_argument("--backend", default="default",
                             help="The Django task backend (a ClaimBackend) whose tasks to run, without a "
                                  "handler (default: %(default)r).")
         parser.add_argument("--tenant", type=tenant_name, default=None, help="Only this tenant's tasks.")
-        parser.add_argument("--lease", type=positive_seconds, default=None,
-                            help="Lease in seconds (default: TASKCLAIM_DEFAULT_LEASE, or the backend's LEASE).")
+        parser.add_argument("--lease", type=lease, default=None,
+                            help=f"Lease in seconds, from {MIN_LEASE:g} to TASKCLAIM_MAX_LEASE "
+                                 "(default: TASKCLAIM_DEFAULT_LEASE, or the backend's LEASE).")
         parser.add_argument("--batch", type=positive_int, default=1, help="Tasks claimed at a time (default: 1).")
         parser.add_argument("--max-tasks", type=positive_int, default=None, help="Stop after this many tasks.")
         parser.add_argument("--until-drained", action="store_true",
@@ -45,7 +47,8 @@ class Command(TaskClaimCommand):
                                  "elsewhere).")
         parser.add_argument("--atomic", action="store_true",
                             help="Run the handler inside claim.fenced(): its writes commit with the completion.")
-        parser.add_argument("--owner", default=None, help="Worker identity (default: host:pid:random).")
+        parser.add_argument("--owner", type=owner_name, default=None,
+                            help="Worker identity, 255 characters at most (default: host:pid:random).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
