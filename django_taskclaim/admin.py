@@ -165,7 +165,7 @@ class AttemptInline(admin.TabularInline):
     show_change_link = False
     ordering = ("started_at", "id")
     fields = ("token", "owner", "delivery", "started_at", "ended_at", "duration", "outcome",
-              "stale_writes")
+              "stale_writes", "failure")
     readonly_fields = fields
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -209,6 +209,16 @@ class AttemptInline(admin.TabularInline):
             return obj.delivery_id
         return format_html('<a href="{}">{}</a>', url, obj.delivery_id)
 
+    @admin.display(description=_("failure"))
+    def failure(self, obj: Attempt) -> str:
+        """The attempt's error, its traceback folded under it."""
+        if not obj.error and not obj.traceback:
+            return "-"
+        if not obj.traceback:
+            return obj.error
+        return format_html("<details><summary>{}</summary><pre>{}</pre></details>",
+                           obj.error or obj.error_class, obj.traceback)
+
     @admin.display(description=_("duration"))
     def duration(self, obj: Attempt) -> str:
         end = obj.ended_at or getattr(obj, "db_now", None)
@@ -220,10 +230,10 @@ class AttemptInline(admin.TabularInline):
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    list_display = ("key", "tenant", "status_badge", "owner", "fencing_token", "attempts_display",
-                    "lease", "took_over", "result_display", "error_display", "updated_at")
+    list_display = ("key", "tenant", "status_badge", "queue", "priority", "owner", "fencing_token",
+                    "attempts_display", "lease", "took_over", "result_display", "error_display", "updated_at")
     list_display_links = ("key",)
-    list_filter = ("status", LeaseExpiredFilter, TakeoverFilter, "tenant")
+    list_filter = ("status", LeaseExpiredFilter, TakeoverFilter, "queue", "tenant")
     search_fields = ("key", "owner")
     ordering = ("-id",)
     list_per_page = 50
@@ -238,6 +248,7 @@ class TaskAdmin(admin.ModelAdmin):
                            "max_attempts", "lease")}),
         (_("Result"), {"fields": ("result", "result_ref", "error")}),
         (_("Input"), {"fields": ("payload", "payload_fingerprint", "dispatch")}),
+        (_("Queue"), {"fields": ("queue", "priority", "run_after", "task_path")}),
         (_("Times"), {"fields": ("created_at", "updated_at", "lease_expires_at")}),
     )
 

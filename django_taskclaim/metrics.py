@@ -27,6 +27,10 @@ Metrics (labels in brackets):
   expired by the database clock and whose row no transaction holds: what a reclaim would move
 - ``taskclaim_held_leases`` (gauge, queried per scrape): running tasks whose lease expired but
   whose row an open transaction locks (the owner inside ``fenced()``): alive, not reclaimable
+- ``taskclaim_queue_depth{queue,state}`` (gauge, queried per scrape): queued tasks by queue,
+  ``due`` (pending, runnable now), ``deferred`` (pending, not before a later time), ``running``
+- ``taskclaim_queue_oldest_due_seconds{queue}`` (gauge, queried per scrape): how long the oldest
+  due task of each queue has waited, by the database clock (0 with none due): what to alert on
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ from .status import Outcome
 NAMESPACE = "taskclaim"
 EXPIRED_HELP = "Running tasks whose lease expired by the database clock and that no transaction holds"
 HELD_HELP = "Running tasks whose lease expired but whose row an open transaction locks (held)"
+DEPTH_HELP = "Queued tasks by queue: due (pending, runnable now), deferred (pending, later), running"
+OLDEST_HELP = "Seconds the oldest due task of each queue has waited, by the database clock"
 
 
 class DatabaseCollector(Collector):
@@ -78,6 +84,8 @@ class DatabaseCollector(Collector):
         yield GaugeMetricFamily(f"{NAMESPACE}_tasks", "Tasks by status", labels=["status"])
         yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases", EXPIRED_HELP)
         yield GaugeMetricFamily(f"{NAMESPACE}_held_leases", HELD_HELP)
+        yield GaugeMetricFamily(f"{NAMESPACE}_queue_depth", DEPTH_HELP, labels=["queue", "state"])
+        yield GaugeMetricFamily(f"{NAMESPACE}_queue_oldest_due_seconds", OLDEST_HELP, labels=["queue"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         tasks = self._tasks()
@@ -90,6 +98,14 @@ class DatabaseCollector(Collector):
         held = held_ids(tasks.db, expired)
         yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases", EXPIRED_HELP, value=len(expired) - len(held))
         yield GaugeMetricFamily(f"{NAMESPACE}_held_leases", HELD_HELP, value=len(held))
+        depth = GaugeMetricFamily(f"{NAMESPACE}_queue_depth", DEPTH_HELP, labels=["queue", "state"])
+        oldest = GaugeMetricFamily(f"{NAMESPACE}_queue_oldest_due_seconds", OLDEST_HELP, labels=["queue"])
+        for q in tasks.queue_stats():
+            for state in ("due", "deferred", "running"):
+                depth.add_metric([q["queue"], state], q[state])
+            oldest.add_metric([q["queue"]], q["oldest_due_age"] or 0.0)
+        yield depth
+        yield oldest
 
 
 class TaskClaimMetrics:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import connections, models
-from django.db.models import Q
+from django.db.models import Count, Max, Min, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from .keys import TaskKey
+
+
+# A pending task is due when its "not before" time has come by the database clock.
+_DUE = Q(run_after__isnull=True) | Q(run_after__lte=DbNow())
 
 
 class TaskQuerySet(models.QuerySet["Task"]):
@@ -87,7 +92,22 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
     def due(self) -> TaskQuerySet:
         """Pending tasks whose "not before" time has come, by the database clock."""
-        return self.filter(Q(run_after__isnull=True) | Q(run_after__lte=DbNow()), status=Status.PENDING)
+        return self.filter(_DUE, status=Status.PENDING)
+
+    def queue_stats(self) -> list[dict[str, Any]]:
+        """Per queue, what operators alert on: ``due`` (pending, runnable now), ``deferred``
+        (pending, not before a later time), ``running``, and ``oldest_due_age``, the seconds the
+        oldest due task has waited since it became due, by the database clock (``None`` when
+        none is due). One query; finished tasks and tasks claimed by key are not counted."""
+        pending, running = Q(status=Status.PENDING), Q(status=Status.RUNNING)
+        rows = (self.queued().filter(status__in=(Status.PENDING, Status.RUNNING)).order_by("queue")
+                .values("queue").annotate(
+                    due=Count("pk", filter=pending & _DUE), deferred=Count("pk", filter=pending & ~_DUE),
+                    running=Count("pk", filter=running), db_now=Max(DbNow()),
+                    oldest_due=Min(Coalesce("run_after", "created_at"), filter=pending & _DUE)))
+        return [{"queue": r["queue"], "due": r["due"], "deferred": r["deferred"], "running": r["running"],
+                 "oldest_due_age": None if r["oldest_due"] is None
+                 else max(0.0, (r["db_now"] - r["oldest_due"]).total_seconds())} for r in rows]
 
     # -- operator actions: the lifecycle's guarded transitions, fencing as for workers --------
     def force_release(self) -> int:

@@ -331,8 +331,8 @@ def test_changelist_of_a_large_table_spares_the_count(viewer) -> None:  # type: 
             cursor.execute(f"SET SESSION {limit} = %s", [rows + 1])
         cursor.execute(
             f"INSERT INTO django_taskclaim_task (tenant, {key}, status, owner, fencing_token, attempts, "  # noqa: S608 (quoted column, fixed SQL)
-            f"max_attempts, payload_fingerprint, result_ref, error, created_at, updated_at) "
-            f"SELECT 'bulk', {name}, 'pending', '', 0, 0, 5, '', '', '', %s, %s "
+            f"max_attempts, payload_fingerprint, result_ref, error, created_at, updated_at, priority, task_path) "
+            f"SELECT 'bulk', {name}, 'pending', '', 0, 0, 5, '', '', '', %s, %s, 0, '' "
             f"FROM (WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < %s) "
             f"SELECT n FROM s) AS numbers",
             [now, now, rows])
@@ -350,3 +350,27 @@ def test_changelist_of_a_large_table_spares_the_count(viewer) -> None:  # type: 
     with CaptureQueriesContext(connection) as ctx:
         response = viewer.get(reverse(CHANGELIST), {"status__exact": "pending"})
     assert len(counts_in(ctx.captured_queries)) == 1 and response.context["cl"].result_count == rows
+
+
+def test_the_admin_shows_queue_priority_not_before_path_and_each_attempts_traceback(operator) -> None:  # type: ignore[no-untyped-def]
+    import datetime as dt
+
+    from django.utils import timezone
+
+    later = timezone.now() + dt.timedelta(hours=2)
+    Task.objects.ensure("queued", queue="mail", priority=7, run_after=later, task_path="shop.tasks.send")
+    Task.objects.filter(key="queued").update(run_after=timezone.now() - dt.timedelta(seconds=1))
+    [claim] = Task.objects.claim_next(queue="mail", path="*")
+    try:
+        raise ValueError("smtp down")
+    except ValueError as exc:
+        claim.fail(exc, retry=True)
+    listing = operator.get(reverse(CHANGELIST), {"queue": "mail"})
+    assert keys_listed(listing) == {"queued"}
+    html = listing.content.decode()
+    assert ">mail<" in html and ">7<" in html
+    task = Task.objects.get(key="queued")
+    page = operator.get(reverse("admin:django_taskclaim_task_change", args=[task.pk])).content.decode()
+    assert "shop.tasks.send" in page and "Not before" in page
+    assert "<details><summary>ValueError: smtp down</summary>" in page
+    assert 'raise ValueError(&quot;smtp down&quot;)' in page  # the traceback, escaped

@@ -79,7 +79,6 @@ def test_inspect_not_found_and_bad_arguments() -> None:
     assert "non-printable" in str(error)
     error, _ = fails("taskclaim_inspect", "x" * 300)
     assert "limit is 255" in str(error)
-    fails("taskclaim_inspect")  # the key is required
 
 
 # -- taskclaim_audit ---------------------------------------------------------------------------
@@ -176,7 +175,7 @@ def test_audit_finds_nothing_after_clean_multiprocess_drain(spawn) -> None:  # t
     from tests.testapp.models import Effect
 
     for i in range(30):
-        Task.objects.ensure(f"drain-{i}")
+        Task.objects.ensure(f"drain-{i}", queue="default")
     workers = [spawn("drain", "--tag", f"w{n}", "--lease", "30") for n in range(3)]
     for proc in workers:
         out, err = proc.communicate(timeout=90)
@@ -407,3 +406,28 @@ def test_database_errors_are_raised_and_reported_as_json(monkeypatch: pytest.Mon
     with pytest.raises(OperationalError):  # never swallowed
         call_command("taskclaim_purge", "--older-than", "1d", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {"error": "OperationalError: the database went away", "returncode": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inspect_without_a_key_shows_each_queues_depth_and_oldest_due_task() -> None:
+    import datetime as dt
+    import io
+    import json
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from django_taskclaim.models import Task
+
+    for i in range(2):
+        Task.objects.ensure(f"j{i}", queue="jobs")
+    Task.objects.ensure("later", queue="jobs", run_after=timezone.now() + dt.timedelta(hours=1))
+    Task.objects.filter(key="j0").update(created_at=timezone.now() - dt.timedelta(seconds=90))
+    out = io.StringIO()
+    call_command("taskclaim_inspect", "--json", stdout=out)
+    [jobs] = json.loads(out.getvalue())["queues"]
+    assert (jobs["queue"], jobs["due"], jobs["deferred"], jobs["running"]) == ("jobs", 2, 1, 0)
+    assert 85 < jobs["oldest_due_age"] < 300
+    out = io.StringIO()
+    call_command("taskclaim_inspect", stdout=out)
+    assert out.getvalue().splitlines()[1].split()[:4] == ["jobs", "2", "1", "0"]

@@ -118,3 +118,25 @@ def test_metrics_view(registry) -> None:  # type: ignore[no-untyped-def]
     assert 'taskclaim_claims_total{outcome="claimed"} 1.0' in body
     assert 'taskclaim_tasks{status="running"} 1.0' in body
     assert "taskclaim_expired_leases 0.0" in body
+
+
+def test_queue_depth_and_the_oldest_due_tasks_age_per_queue(registry) -> None:  # type: ignore[no-untyped-def]
+    """Issue 24: what operators alert on, per queue: how many wait, and for how long."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    for i in range(3):
+        Task.objects.ensure(f"mail-{i}", queue="mail")
+    Task.objects.ensure("mail-later", queue="mail", run_after=timezone.now() + dt.timedelta(hours=1))
+    Task.objects.ensure("report", queue="reports")
+    Task.objects.claim_next(queue="reports")
+    Task.objects.ensure("by-key")  # not queued work: in no queue's figures
+    Task.objects.filter(key="mail-0").update(created_at=timezone.now() - dt.timedelta(minutes=10))
+    assert value(registry, "taskclaim_queue_depth", queue="mail", state="due") == 3
+    assert value(registry, "taskclaim_queue_depth", queue="mail", state="deferred") == 1
+    assert value(registry, "taskclaim_queue_depth", queue="reports", state="running") == 1
+    assert value(registry, "taskclaim_queue_depth", queue="reports", state="due") == 0
+    assert 590 < value(registry, "taskclaim_queue_oldest_due_seconds", queue="mail") < 900
+    assert value(registry, "taskclaim_queue_oldest_due_seconds", queue="reports") == 0
+    assert registry.get_sample_value("taskclaim_queue_depth", {"queue": "default", "state": "due"}) is None

@@ -1,4 +1,5 @@
-"""``manage.py taskclaim_inspect KEY``: one task's state and the timeline of its attempts."""
+"""``manage.py taskclaim_inspect KEY``: one task's state and the timeline of its attempts;
+``manage.py taskclaim_inspect`` (no key): each queue's depth and the age of its oldest due task."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ NOT_FOUND = 1
 def task_as_dict(task: Task, lease_remaining: float | None, held: bool = False) -> dict[str, Any]:
     fields = ("id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
               "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
-              "dispatch", "created_at", "updated_at")
+              "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
     data = {name: getattr(task, name) for name in fields}
     data["lease_remaining"] = lease_remaining
     data["held"] = held
@@ -32,15 +33,20 @@ def seconds_between(attempt: Attempt) -> float | None:
 
 
 class Command(TaskClaimCommand):
-    help = "Show one task (by key and tenant) and the timeline of its attempts."
+    help = ("Show one task (by key and tenant) and the timeline of its attempts; with no key, each queue's "
+            "depth (due, deferred, running) and how long its oldest due task has waited.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("key", type=task_key, help="The task's key.")
+        parser.add_argument("key", type=task_key, nargs="?", default=None,
+                            help="The task's key (none: the queues).")
         parser.add_argument("--tenant", type=tenant_name, default="",
                             help="The task's tenant (default: %(default)r).")
         self.add_json_argument(parser)
 
-    def handle(self, *args: Any, key: str, tenant: str, as_json: bool, **options: Any) -> None:
+    def handle(self, *args: Any, key: str | None, tenant: str, as_json: bool, **options: Any) -> None:
+        if key is None:
+            self.write_queues(Task.objects.queue_stats(), as_json)
+            return
         task = Task.objects.annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
         if task is None:
             others = list(Task.objects.filter(key=key).order_by("tenant")
@@ -84,6 +90,9 @@ class Command(TaskClaimCommand):
             ("result", "-" if task.result is None else json.dumps(task.result)),
             ("result ref", task.result_ref or "-"),
             ("error", task.error or "-"),
+            ("queue", "- (claimed by key)" if task.queue is None else
+             f"{task.queue} priority={task.priority} path={task.task_path or '(a handler)'}"),
+            ("not before", task.run_after.isoformat() if task.run_after else "-"),
             ("created", task.created_at.isoformat()),
             ("updated", task.updated_at.isoformat()),
         ]
@@ -103,6 +112,19 @@ class Command(TaskClaimCommand):
                 extras.append(f"fenced-off writes={a.stale_writes}")
             out(f"  token {token:>4}  {a.started_at.isoformat()}  {span:>10}  {a.outcome:<10}  "
                 f"owner={a.owner!r} {' '.join(extras)}".rstrip())
+
+    def write_queues(self, stats: list[dict[str, Any]], as_json: bool) -> None:
+        if as_json:
+            self.write_json({"queues": stats})
+            return
+        out = self.stdout.write
+        if not stats:
+            out("no queued task is pending or running")
+            return
+        out(f"{'queue':<24}{'due':>8}{'deferred':>10}{'running':>9}  oldest due")
+        for q in stats:
+            age = "-" if q["oldest_due_age"] is None else f"{q['oldest_due_age']:.1f}s"
+            out(f"{q['queue']:<24}{q['due']:>8}{q['deferred']:>10}{q['running']:>9}  {age}")
 
 
 __all__ = ["Command"]
