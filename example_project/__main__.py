@@ -19,7 +19,8 @@ def main() -> int:
     args = parse_args(sys.argv[1:])  # --help and bad options answer before any install
     from devtools.venv import ensure_venv
 
-    ensure_venv("postgresql,langgraph,celery" if args.celery else "postgresql,langgraph")
+    # [tasks]: the backport of Django's Tasks framework, for --worker on Django 5.2.
+    ensure_venv("postgresql,langgraph,tasks,celery" if args.celery else "postgresql,langgraph,tasks")
     from example_project.simulator.main import main as demo_main
 
     return demo_main(sys.argv[1:])

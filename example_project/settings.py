@@ -8,6 +8,7 @@ the directory that holds the SQLite file and the generated artifacts.
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 from example_project.dburl import parse_database_url
@@ -38,6 +39,10 @@ INSTALLED_APPS = [
     "django_taskclaim",
     "example_project.testgen",
 ]
+# Django's Tasks framework (--worker): built into Django 6; on Django 5.2 the django_tasks backport,
+# an app (the demo installs it: the [tasks] extra).
+if find_spec("django.tasks") is None and find_spec("django_tasks") is not None:
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -71,9 +76,15 @@ TASKCLAIM_MAX_ATTEMPTS = 5
 TESTGEN_WORK_SECONDS = float(os.environ.get("TESTGEN_WORK_SECONDS", "1"))
 TESTGEN_STEPS = int(os.environ.get("TESTGEN_STEPS", "4"))
 
-# How a requested job reaches the agents: "demo" (the demo's simulated queue delivers it) or
-# "celery" (the job API publishes it with enqueue_once on commit).
+# How a requested job reaches the agents: "demo" (the demo's simulated queue delivers it),
+# "tasks" (the job API enqueues a Django task, run by taskclaim_worker) or "celery" (the job API
+# publishes it with enqueue_once on commit).
 TESTGEN_DISPATCH = os.environ.get("TESTGEN_DISPATCH", "demo")
+
+# Django's Tasks framework on the task table: `manage.py taskclaim_worker --queue testgen` runs
+# the jobs that the job API enqueues (example_project/testgen/jobs_tasks.py). The lease and the
+# attempts are TASKCLAIM_DEFAULT_LEASE and TASKCLAIM_MAX_ATTEMPTS (OPTIONS LEASE, MAX_ATTEMPTS).
+TASKS = {"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend", "QUEUES": ["testgen"]}}
 
 # Only read with --celery (example_project.celery_app). The settings that keep a broker from
 # losing work: acknowledge after the task, redeliver when a worker dies, prefetch one.

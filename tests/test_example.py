@@ -140,11 +140,15 @@ def test_demo_every_job_takes_effect_once_despite_duplicates_pause_and_kill(tmp_
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("demo_database")
-def test_demo_with_queue_workers_claiming_from_the_database(tmp_path: Path) -> None:
+def test_demo_with_django_tasks_run_by_taskclaim_workers(tmp_path: Path) -> None:
     proc = run_demo(tmp_path, *SHORT, "--worker", "--quiet", "--json")
     check_demo(tmp_path, proc, ("SIGSTOP", "SIGCONT", "SIGKILL", "FENCED"), queued=True)
-    assert "[claim_next]" not in proc.stdout  # --quiet: only the chaos and the summary
-    assert "drained" not in proc.stdout
+    assert "Django's Tasks framework" in proc.stdout
+    assert "[task " not in proc.stdout and "drained" not in proc.stdout  # --quiet: the chaos and the summary
+    run = json.loads(proc.stdout.strip().splitlines()[-1])["run"]
+    # Every job is one Django task (the double click enqueued nothing more), on the testgen queue.
+    rows = query(tmp_path, "SELECT queue, task_path FROM django_taskclaim_task WHERE key LIKE %s", [f"{run}:%"])
+    assert rows == [("testgen", "example_project.testgen.jobs_tasks.generate_suite")] * 6
 
 
 @pytest.mark.slow
@@ -180,7 +184,7 @@ def test_demo_path_never_imports_celery(tmp_path: Path) -> None:
         "os.environ['DJANGO_SETTINGS_MODULE'] = 'example_project.settings'\n"
         "django.setup()\n"
         "import example_project.simulator.main, example_project.simulator.worker\n"
-        "import example_project.simulator.work_agent\n"
+        "import example_project.simulator.work_agent, example_project.testgen.jobs_tasks\n"
         "import example_project.testgen.agent, example_project.testgen.views, example_project.urls\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu'))\n"
         "assert not bad, bad\n"
@@ -360,14 +364,67 @@ def test_publish_of_a_fenced_off_agent_writes_nothing(example_app, tmp_path) -> 
     assert Attempt.objects.get(task=task, token=1).stale_writes == 1
 
 
-def test_a_claimed_task_gives_back_the_job_it_stands_for() -> None:
-    from example_project.testgen.jobs import JobSpec
+# -- --worker mode: the job API enqueues Django tasks, taskclaim_worker runs them -------------
+@pytest.fixture
+def tasks_mode(example_app):  # type: ignore[no-untyped-def]
+    """The job API as ``--worker`` runs it: Django tasks on the example's ``TASKS``."""
+    example_tasks = {"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend", "QUEUES": ["testgen"]}}
+    with override_settings(TESTGEN_DISPATCH="tasks", TASKS=example_tasks):
+        yield example_app
 
-    spec = JobSpec(tenant="acme", run="run:7@x", service="payments", endpoint="POST /payments", version="v3")
-    assert JobSpec.from_task("acme", spec.task_key.key, spec.payload) == spec  # escaped run
-    other = JobSpec(tenant="acme", run="run-8", service="users", endpoint="GET /users", version="v3")
-    with pytest.raises(ValueError, match="is not a job of this payload"):
-        JobSpec.from_task("acme", spec.task_key.key, other.payload)
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_api_enqueues_one_keyed_django_task_per_job_and_a_worker_publishes_it(
+    client, tasks_mode
+) -> None:  # type: ignore[no-untyped-def]
+    from django_taskclaim.tasks.compat import TaskResultStatus
+    from django_taskclaim.tasks.runner import TaskRunner
+    from django_taskclaim.worker import work
+    from example_project.testgen.jobs_tasks import generate_suite
+
+    first = post(client, BODY)
+    assert first.status_code == 201, first.content
+    assert first.json() == {"key": KEY, "tenant": "acme", "status": "pending", "created": True}
+    assert post(client, BODY).json()["created"] is False  # a double click: the same task
+    conflict = post(client, {**BODY, "framework": "unittest"})  # the same job, other input
+    assert conflict.status_code == 409 and "different payload" in conflict.json()["error"]
+    row = Task.objects.get()
+    assert (row.tenant, row.key, row.queue) == ("acme", KEY, "testgen")
+    assert row.task_path == "example_project.testgen.jobs_tasks.generate_suite"
+
+    stats = work(TaskRunner("default"), owner="agent-1", queue="testgen", until_drained=True, poll=0.02)
+    assert (stats.succeeded, stats.failed) == (1, 0)
+    result = generate_suite.get_result(str(row.pk))
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.worker_ids == ["agent-1"]
+    assert result.return_value == {"tests": 2, "agent": "agent-1", "token": 1}  # what the fenced publish stored
+    assert list(tasks_mode.objects.values_list("job_key", "agent", "token")) == [(KEY, "agent-1", 1)]
+    done = post(client, BODY)
+    assert done.status_code == 200 and done.json()["status"] == "succeeded"  # never enqueued again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_enqueued_in_a_rolled_back_request_is_gone_and_a_failed_job_runs_again(
+    client, tasks_mode
+) -> None:  # type: ignore[no-untyped-def]
+    from django.db import transaction
+
+    from example_project.testgen.jobs import JobSpec
+    from example_project.testgen.views import request_job
+
+    spec = JobSpec("acme", "run-42", "payments", "POST /payments", "v3")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        request_job(spec)
+        raise RuntimeError("the request failed after the job was enqueued")
+    assert not Task.objects.exists()  # the task row rolled back with the request
+
+    task, created = request_job(spec)
+    assert created
+    [claim] = Task.objects.claim_next(owner="agent-1", queue="testgen", path="*")
+    claim.fail("the model was unavailable")  # no retry: FAILED
+    again = post(client, BODY)  # after_failure=RUN_AGAIN: requested again, it runs again
+    assert again.status_code == 200
+    assert again.json() == {"key": KEY, "tenant": "acme", "status": "pending", "created": False}
+    assert Task.objects.get().pk == task.pk
 
 
 def test_database_url_parsing() -> None:

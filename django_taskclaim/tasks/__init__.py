@@ -7,8 +7,10 @@ dead workers, retries with backoff, and exactly one task per declared identity.
     @task()
     @keyed(lambda order_id: TaskKey("charge", run=f"order-{order_id}", tenant="acme"))
     def charge(order_id):
-        with current_claim().fenced():            # the effect commits with the completion
+        claim = current_claim()
+        with claim.fenced():                      # the effect commits with the completion
             Payment.objects.create(order_id=order_id)
+            claim.complete("charged")
         return "charged"
 
 Run the tasks with ``manage.py taskclaim_worker --queue default``. See docs/django-tasks.md.

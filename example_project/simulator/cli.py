@@ -4,7 +4,7 @@ past its lease and another killed mid-work — and every job takes effect exactl
     python3 -m example_project                      # SQLite under example_project/var/, no server
     DATABASE_URL=postgresql://u:p@host/db python3 -m example_project
     python3 -m example_project --celery --redis-url redis://127.0.0.1:6379/0
-    python3 -m example_project --worker             # queue workers claim the jobs from the database
+    python3 -m example_project --worker             # Django tasks, run by taskclaim_worker agents
 
 The driver plays the message queue: it requests the jobs through the project's own
 ``POST /api/jobs`` view, delivers each job ``--copies`` times to agent processes (prefetch 1),
@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--worker",
         action="store_true",
-        help="run the agents as queue workers (django_taskclaim.worker.work, as manage.py "
-        "taskclaim_worker): they claim the queued jobs from the database, no message queue",
+        help="enqueue the jobs through Django's Tasks framework and run the agents as "
+        "'manage.py taskclaim_worker --queue testgen' workers: no message queue",
     )
     p.add_argument(
         "--redis-url",

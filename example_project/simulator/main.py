@@ -39,6 +39,8 @@ def main(argv: list[str]) -> int:
     )
     if args.celery:
         os.environ.update(celery_environment(args))
+    elif args.worker:  # the job API enqueues Django tasks (example_project/testgen/jobs_tasks.py)
+        os.environ["TESTGEN_DISPATCH"] = "tasks"
     setup_django()
     from django.conf import settings
 

@@ -1,13 +1,14 @@
-"""An agent process of ``--worker`` mode: a queue worker, its events as JSON on stdout.
+"""An agent process of ``--worker`` mode: a ``taskclaim_worker``, its events as JSON on stdout.
 
     python -m example_project.simulator.work_agent --name agent-1
 
-What ``manage.py taskclaim_worker example_project.testgen.agent.handle_claim --until-drained``
-runs: :func:`django_taskclaim.worker.work` claims the requested jobs straight from the task
-table (``claim_next``: pending first, then expired leases), runs the core agent's
-:func:`~example_project.testgen.agent.handle_claim` on each under ``keepalive()``, and stops once
-no job is left unfinished. No message queue: the database is the queue. The events are the
-delivery agent's (:mod:`.worker`), so that the driver can pause and kill agents mid-work.
+What ``manage.py taskclaim_worker --queue testgen --until-drained --owner agent-1`` runs:
+:func:`django_taskclaim.worker.work` with the Django Tasks backend's ``TaskRunner`` claims the
+jobs that the job API enqueued through Django's Tasks framework (``claim_next``: due tasks of the
+``testgen`` queue, and tasks whose lease expired), runs the task
+:func:`~example_project.testgen.jobs_tasks.generate_suite` on each under ``keepalive()``, and
+stops once no job is left unfinished. No message queue: the database is the queue. The events
+are the delivery agent's (:mod:`.worker`), so that the driver can pause and kill agents mid-work.
 """
 
 from __future__ import annotations
@@ -34,27 +35,31 @@ def main(argv: list[str] | None = None) -> None:
     from django.conf import settings
 
     from django_taskclaim import signals
+    from django_taskclaim.tasks import current_claim
+    from django_taskclaim.tasks.runner import TaskRunner
     from django_taskclaim.worker import work
 
-    from ..testgen.agent import handle_claim
+    from ..testgen.jobs_tasks import job_event
 
     report = Reporter(settings.TESTGEN_STEPS, settings.TASKCLAIM_DEFAULT_LEASE)
     taken_over: dict[tuple[str, str], dict[str, Any]] = {}  # claims that took an expired lease over
 
     def on_takeover(sender: Any, claim: Any, previous_owner: str, previous_token: int, **kw: Any) -> None:
-        # Sent when the claim is made, which may be before its handler runs (a batch).
+        # Sent when the claim is made, which may be before its task runs (a batch).
         taken_over[(claim.tenant, claim.key)] = {"previous_owner": previous_owner, "previous_token": previous_token}
 
+    def on_job_event(sender: Any, event: str, **fields: Any) -> None:
+        if event == "claimed":  # the task started under its claim: the job's fields from now on
+            claim = current_claim()
+            report.start({"delivery": f"task {claim.task_id}", "tenant": claim.tenant, "key": claim.key})
+            report.fields.update(taken_over.pop((claim.tenant, claim.key), {}))
+        report(event, **fields)
+
     signals.task_taken_over.connect(on_takeover, weak=False)
-
-    def handler(claim: Any) -> None:
-        report.start({"delivery": "claim_next", "tenant": claim.tenant, "key": claim.key})
-        report.fields.update(taken_over.pop((claim.tenant, claim.key), {}))
-        handle_claim(claim, report)
-
+    job_event.connect(on_job_event, weak=False)
     emit(event="ready", pid=os.getpid(), kind="worker")
     # A short poll: the demo's leases are short, and an agent waits for a paused agent's lease to run out.
-    stats = work(handler, owner=args.name, until_drained=True, poll=0.1)
+    stats = work(TaskRunner("default"), owner=args.name, queue="testgen", until_drained=True, poll=0.1)
     emit(event="stopped", succeeded=stats.succeeded, failed=stats.failed, fenced_off=stats.fenced_off)
 
 

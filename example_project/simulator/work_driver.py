@@ -1,12 +1,13 @@
-"""``--worker``: the agents are queue workers; the database is the queue.
+"""``--worker``: the jobs are Django tasks and the agents run ``taskclaim_worker``: no message queue.
 
 :class:`WorkerDriver` starts ``--agents`` :mod:`.work_agent` processes, each running
-:func:`django_taskclaim.worker.work` (as ``manage.py taskclaim_worker`` does) until no job is left
-unfinished. Nothing is delivered: the jobs requested through ``POST /api/jobs`` are PENDING tasks,
-and each agent claims the next one with ``claim_next`` (``FOR UPDATE SKIP LOCKED`` on
-PostgreSQL). The chaos is the delivery demo's: the first agent is paused (SIGSTOP) on its first
-claim until its job is taken over, the second is killed (SIGKILL) mid-work and replaced; a
-job whose lease ran out goes to the next agent that asks for work.
+:func:`django_taskclaim.worker.work` with the Django Tasks backend's ``TaskRunner`` (as
+``manage.py taskclaim_worker --queue testgen`` does) until no job is left unfinished. Nothing is
+delivered: ``POST /api/jobs`` enqueued each job through Django's Tasks framework (once, however
+often it was requested), and each agent claims the next one from the task table (``FOR UPDATE
+SKIP LOCKED`` on PostgreSQL). The chaos is the delivery demo's: the first agent is paused
+(SIGSTOP) on its first claim until its job is taken over, the second is killed (SIGKILL)
+mid-work and replaced; a job whose lease ran out goes to the next agent that asks for work.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .driver import Agent, QueueDriver
 class WorkerDriver(QueueDriver):
     """Starts the queue workers and plays the chaos; ``run()`` returns when they all stopped."""
 
-    deliveries_note = "none: each agent claims the next queued job itself (claim_next)"
+    deliveries_note = "none: Django tasks, each claimed by a taskclaim_worker from the task table"
 
     agent_stdin = subprocess.DEVNULL  # nothing is delivered
 
@@ -31,14 +32,14 @@ class WorkerDriver(QueueDriver):
     def banner(self) -> str:
         a = self.args
         return (
-            f"django-taskclaim demo (--worker): {a.jobs} jobs queued in the database, {a.agents} "
-            f"queue workers, lease {a.lease:g}s, work {a.work_seconds:g}s"
+            f"django-taskclaim demo (--worker): {a.jobs} jobs enqueued through Django's Tasks framework, "
+            f"{a.agents} taskclaim_worker agents, lease {a.lease:g}s, work {a.work_seconds:g}s"
         )
 
     def on_event(self, agent: Agent, ev: dict[str, Any]) -> None:
         if ev["event"] == "ready":
             agent.ready = True
-            self.log(agent.name, "started", f"pid {ev['pid']} (queue worker: claim_next)")
+            self.log(agent.name, "started", f"pid {ev['pid']} (taskclaim_worker --queue testgen)")
         elif ev["event"] == "stopped":
             agent.closing = True  # drained: nothing left unfinished
             self.log(agent.name, "drained", f"{ev['succeeded']} published, {ev['fenced_off']} fenced off")

@@ -4,11 +4,10 @@
       ├ running elsewhere, or done: a duplicate, refused without doing the work
       └ taken over while it worked (StaleClaim): nothing written, the draft thrown away
 
-:func:`run_job` is the whole protocol for a plain worker. :func:`handle_claim` is the same agent
-as the handler of a queue worker (``manage.py taskclaim_worker``): the worker claims requested
-jobs from the task table and keeps the lease alive; the agent writes and publishes. The Celery
-task (:mod:`.tasks`) and the LangGraph node (:mod:`.graph`) get their claim and keepalive from
-the integration and call :func:`generate_and_publish`: the same work, the same fenced publish.
+:func:`run_job` is the whole protocol for a plain worker. The Django task (:mod:`.jobs_tasks`,
+run by ``taskclaim_worker``), the Celery task (:mod:`.tasks`) and the LangGraph node
+(:mod:`.graph`) get their claim and keepalive from the integration and call
+:func:`generate_and_publish`: the same work, the same fenced publish.
 """
 
 from __future__ import annotations
@@ -45,24 +44,6 @@ def run_job(spec: JobSpec, owner: str, *, delivery_id: str = "", report: Report 
             generate_and_publish(outcome.claim, spec, owner, report)
     except StaleClaim as exc:  # another agent owns the job now: nothing of ours was written
         report("fenced", token=outcome.claim.token, action=exc.action)
-
-
-def handle_claim(claim: Claim, report: Report = ignore) -> None:
-    """A queue worker's handler: the job ``claim`` stands for, generated and published.
-
-        python -m example_project.manage taskclaim_worker example_project.testgen.agent.handle_claim
-
-    The worker (:func:`django_taskclaim.worker.work`) claimed the requested job with
-    ``claim_next`` and runs this under ``keepalive()``. The publish completes the claim in its
-    own ``fenced()`` transaction with the suite row, so the worker stores nothing more; a
-    ``StaleClaim`` (taken over meanwhile) goes back to the worker, which counts it fenced off.
-    """
-    spec = JobSpec.from_task(claim.tenant, claim.key, claim.payload)
-    try:
-        generate_and_publish(claim, spec, claim.owner, report)
-    except StaleClaim as exc:
-        report("fenced", token=claim.token, action=exc.action)
-        raise
 
 
 def generate_and_publish(

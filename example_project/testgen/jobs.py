@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 from django_taskclaim import TaskKey
 
@@ -47,14 +46,6 @@ class JobSpec:
         }
 
     @classmethod
-    def from_task(cls, tenant: str, key: str, payload: dict[str, Any]) -> JobSpec:
-        """The job a claimed task stands for: its run is the key's first part (``TaskKey`` layout)."""
-        spec = cls.from_payload(tenant, unquote(key.split(":", 1)[0]), payload)
-        if spec.task_key.key != key:
-            raise ValueError(f"task {key!r} is not a job of this payload ({spec.task_key.key!r})")
-        return spec
-
-    @classmethod
     def from_payload(cls, tenant: str, run: str, payload: dict[str, Any]) -> JobSpec:
         return cls(
             tenant=tenant,
@@ -64,3 +55,8 @@ class JobSpec:
             version=payload["spec_version"],
             framework=payload["framework"],
         )
+
+
+def job_key(tenant: str, run: str, payload: dict[str, Any]) -> TaskKey:
+    """The identity of the job that a task's arguments ask for (the Celery and Django tasks')."""
+    return JobSpec.from_payload(tenant, run, payload).task_key

@@ -11,15 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django_taskclaim import TaskKey
 from django_taskclaim.celery import claimed_task
 
 from .agent import generate_and_publish
-from .jobs import JobSpec
-
-
-def job_key(tenant: str, run: str, payload: dict[str, Any]) -> TaskKey:
-    return JobSpec.from_payload(tenant, run, payload).task_key
+from .jobs import JobSpec, job_key
 
 
 @claimed_task(

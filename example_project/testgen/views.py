@@ -34,23 +34,36 @@ OPTIONAL = {"version": "v1", "framework": "pytest"}
 def request_job(spec: JobSpec) -> tuple[Task, bool]:
     """Create the job's task (PENDING) unless it exists: ``(task, created)``. Idempotent.
 
-    With ``TESTGEN_DISPATCH = "celery"`` the Celery task is also published, once, on commit.
+    ``TESTGEN_DISPATCH = "tasks"`` enqueues it through Django's Tasks framework (for
+    ``taskclaim_worker``); ``"celery"`` also publishes the Celery task, once, on commit.
     """
-    if settings.TESTGEN_DISPATCH != "celery":
+    if settings.TESTGEN_DISPATCH not in ("tasks", "celery"):
         return ensure_task(spec.task_key, payload=spec.payload)
+    key = spec.task_key
+    with transaction.atomic():  # the request's transaction: the task row commits or rolls back with it
+        existed = Task.objects.filter(tenant=key.tenant, key=key.key).exists()
+        task = enqueue_task(spec) if settings.TESTGEN_DISPATCH == "tasks" else publish_celery(spec)
+    return task, not existed
+
+
+def enqueue_task(spec: JobSpec) -> Task:
+    """The job as a Django task keyed by its ``TaskKey``: one task however often it is requested."""
+    from .jobs_tasks import generate_suite  # imported in this mode only
+
+    result = generate_suite.enqueue(spec.tenant, spec.run, spec.payload)
+    return Task.objects.get(pk=result.id)  # a result's id is its task row's
+
+
+def publish_celery(spec: JobSpec) -> Task:
     # Imported here so that the demo without Celery never imports it.
     from django_taskclaim.celery import enqueue_once
 
     from .tasks import generate_suite
 
-    key = spec.task_key
-    with transaction.atomic():
-        existed = Task.objects.filter(tenant=key.tenant, key=key.key).exists()
-        # Creates the row in this transaction and publishes on commit; a key that is already
-        # pending, running or done is not published again.
-        enqueue_once(generate_suite, key=key, args=(spec.tenant, spec.run, spec.payload))
-        task, _ = ensure_task(key, payload=spec.payload)  # stores the payload's fingerprint
-    return task, not existed
+    # Creates the row in this transaction and publishes on commit; a key that is already
+    # pending, running or done is not published again.
+    enqueue_once(generate_suite, key=spec.task_key, args=(spec.tenant, spec.run, spec.payload))
+    return ensure_task(spec.task_key, payload=spec.payload)[0]  # stores the payload's fingerprint
 
 
 def jobs_state(run: str | None = None) -> list[dict[str, Any]]:
@@ -113,7 +126,7 @@ def jobs_api(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"error": str(exc)}, status=400)
     try:
         task, created = request_job(spec)
-    except PayloadMismatch as exc:
+    except (PayloadMismatch, InvalidTaskKey) as exc:  # the job exists, with other input (or as other work)
         return JsonResponse({"error": str(exc), "key": key.key, "tenant": key.tenant}, status=409)
     return JsonResponse(
         {"key": task.key, "tenant": task.tenant, "status": task.status, "created": created},
