@@ -13,11 +13,13 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .conf import settings
@@ -286,3 +288,45 @@ def fingerprint(payload: Any) -> str:
 def fingerprint_of(payload_text: str | None) -> str:
     """SHA-256 of already-canonical payload JSON (from :func:`payload_json`); ``""`` for none."""
     return "" if payload_text is None else hashlib.sha256(payload_text.encode()).hexdigest()
+
+
+# -- queued work ---------------------------------------------------------------------------
+#: The queue of queued work when none is named (Django's ``DEFAULT_TASK_QUEUE_NAME``).
+DEFAULT_QUEUE = "default"
+MAX_QUEUE_LENGTH = 100
+MAX_PATH_LENGTH = 255
+PRIORITY_RANGE = (-100, 100)  # Django's TASK_MIN_PRIORITY, TASK_MAX_PRIORITY
+
+
+def queue_name(queue: Any) -> str:
+    """A queue name as stored: 1–100 printable characters; ``InvalidArgument`` names the problem."""
+    if not isinstance(queue, str) or not queue:
+        raise InvalidArgument(f"a queue name must be a non-empty string, not {queue!r}")
+    return validate_text(queue, "queue", MAX_QUEUE_LENGTH)
+
+
+def queue_names(queue: str | Sequence[str]) -> list[str]:
+    """One queue name or several, as the sorted list of distinct names a queue claim takes."""
+    if not isinstance(queue, str | list | tuple | set | frozenset):
+        raise InvalidArgument(f"queue must be a queue name or a sequence of them, not {queue!r}")
+    names = [queue] if isinstance(queue, str) else list(queue)
+    if not names:
+        raise InvalidArgument("name at least one queue")
+    return sorted({queue_name(name) for name in names})
+
+
+def valid_priority(value: Any) -> int:
+    """A queued task's priority: a whole number from -100 to 100 (larger runs first)."""
+    low, high = PRIORITY_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"priority must be a whole number between {low} and {high}, not {value!r}")
+    return value
+
+
+def valid_run_after(value: Any) -> datetime | None:
+    """A "not before" time: an aware datetime, or ``None`` (at once)."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or timezone.is_naive(value):
+        raise InvalidArgument(f"run_after must be an aware datetime, not {value!r}")
+    return value

@@ -35,9 +35,8 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 
 from .conf import settings
 from .exceptions import StaleClaim
-from .keys import lease_seconds, positive_int
+from .keys import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
 from .lifecycle import Claim, claim_next, default_owner
-from .lifecycle.api import DEFAULT_QUEUE, queue_names
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute
 from .models import Task
 from .status import Status
@@ -81,6 +80,8 @@ class Runner:
     #: ``claim_next(path=...)``: ``""`` takes work for a handler (tasks that name no callable),
     #: ``"*"`` tasks that name the callable that runs them.
     path = ""
+    #: The lease its claims take when ``work()`` is given none (``None``: ``TASKCLAIM_DEFAULT_LEASE``).
+    lease: float | None = None
 
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         raise NotImplementedError
@@ -115,7 +116,8 @@ def work(
     ``atomic=True`` runs each handler inside ``claim.fenced()`` and completes it there: its
     database writes commit with the completion, once, or not at all.
     """
-    seconds = lease_seconds(lease)
+    runner = handler if isinstance(handler, Runner) else HandlerRunner(handler, atomic=atomic)
+    seconds = lease_seconds(runner.lease if lease is None else lease)
     positive_int(batch, "batch")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
@@ -123,7 +125,6 @@ def work(
     owner = owner or default_owner()
     stop = stop or threading.Event()
     wait = settings.POLL_INTERVAL if poll is None else poll
-    runner = handler if isinstance(handler, Runner) else HandlerRunner(handler, atomic=atomic)
     stats = WorkerStats()
     claims: list[Claim] = []
     while not stop.is_set():

@@ -190,9 +190,18 @@ def test_after_a_failure_a_keyed_task_is_reused_or_run_again_as_it_declares() ->
     assert first.status == TaskResultStatus.FAILED
     rerun = tasks.flaky_once.enqueue(1)  # RUN_AGAIN: reset under the same id
     assert rerun.id == first.id and rerun.status == TaskResultStatus.READY
+    assert (rerun.attempts, rerun.errors) == (0, [])  # a new run counts its attempts afresh
     drain()
     rerun.refresh()
     assert (rerun.status, rerun.return_value) == (TaskResultStatus.SUCCESSFUL, 1)
+    assert (rerun.attempts, rerun.errors) == (1, [])
+    assert Attempt.objects.filter(task_id=int(rerun.id)).count() == 2  # the audit trail keeps both runs'
+
+
+def test_an_identity_met_again_reports_the_task_as_stored_not_as_asked() -> None:
+    first = tasks.charge.enqueue(8, amount=1)
+    again = tasks.charge.using(priority=50).enqueue(8, amount=1)
+    assert again.id == first.id and again.task.priority == 0 == Task.objects.get().priority
 
 
 def test_an_unkeyed_task_is_new_work_on_every_enqueue() -> None:

@@ -14,19 +14,23 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.utils import timezone
-
 from ..conf import settings
 from ..exceptions import InvalidArgument, PayloadMismatch, TaskClaimError
 from ..keys import (
+    DEFAULT_QUEUE,
     MAX_OWNER_LENGTH,
+    MAX_PATH_LENGTH,
     TaskKey,
     canonical_json,
     fingerprint_of,
     lease_seconds,
     payload_json,
     positive_int,
+    queue_name,
+    queue_names,
     resolve_identity,
+    valid_priority,
+    valid_run_after,
     validate_text,
 )
 from ..status import Status
@@ -83,45 +87,6 @@ def _max_attempts(value: int | None) -> int:
     return settings.MAX_ATTEMPTS if value is None else positive_int(value, "max_attempts")
 
 
-#: The queue of queued work when none is named (Django's ``DEFAULT_TASK_QUEUE_NAME``).
-DEFAULT_QUEUE = "default"
-MAX_QUEUE_LENGTH = 100
-MAX_PATH_LENGTH = 255
-PRIORITY_RANGE = (-100, 100)  # Django's TASK_MIN_PRIORITY, TASK_MAX_PRIORITY
-
-
-def queue_name(queue: Any) -> str:
-    """A queue name as stored: 1–100 printable characters; ``InvalidArgument`` names the problem."""
-    if not isinstance(queue, str) or not queue:
-        raise InvalidArgument(f"a queue name must be a non-empty string, not {queue!r}")
-    return validate_text(queue, "queue", MAX_QUEUE_LENGTH)
-
-
-def queue_names(queue: str | Sequence[str]) -> list[str]:
-    """One queue name or several, as the sorted list of distinct names a queue claim takes."""
-    if not isinstance(queue, str | list | tuple | set | frozenset):
-        raise InvalidArgument(f"queue must be a queue name or a sequence of them, not {queue!r}")
-    names = [queue] if isinstance(queue, str) else list(queue)
-    if not names:
-        raise InvalidArgument("name at least one queue")
-    return sorted({queue_name(name) for name in names})
-
-
-def _priority(value: Any) -> int:
-    low, high = PRIORITY_RANGE
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(f"priority must be a whole number between {low} and {high}, not {value!r}")
-    return value
-
-
-def _run_after(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime) or timezone.is_naive(value):
-        raise InvalidArgument(f"run_after must be an aware datetime, not {value!r}")
-    return value
-
-
 def ensure(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
     dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str | None = None,
@@ -154,7 +119,7 @@ def ensure_task(
     if queue is None and (priority or run_after is not None or task_path):
         raise InvalidArgument("priority, run_after and task_path are for queued work: give a queue too")
     queue = None if queue is None else queue_name(queue)
-    priority, run_after = _priority(priority), _run_after(run_after)
+    priority, run_after = valid_priority(priority), valid_run_after(run_after)
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     # The row that made the insert conflict can be purged before it is read: insert again.
     for _ in range(3):

@@ -18,7 +18,16 @@ from django.db import connections, transaction
 from .. import signals
 from ..conf import settings
 from ..exceptions import InvalidArgument, InvalidResult, StaleClaim, TaskClaimError
-from ..keys import clean_text, lease_seconds, positive_int, resolve_identity, to_json, validate_text
+from ..keys import (
+    DEFAULT_QUEUE,
+    clean_text,
+    lease_seconds,
+    positive_int,
+    queue_names,
+    resolve_identity,
+    to_json,
+    validate_text,
+)
 from ..status import Status
 from ..store.rows import Claimed, TaskRow
 from . import transitions
@@ -251,8 +260,6 @@ class Claim(KeepaliveMixin):
         ``StaleClaim`` and claims nothing. A result that cannot be stored raises
         ``InvalidResult`` and writes nothing, as ``complete()`` does.
         """
-        from .api import DEFAULT_QUEUE, queue_names
-
         result_json = self._result_json(result, result_ref)
         seconds = self.lease if lease is None else lease_seconds(lease)
         positive_int(limit, "limit")

@@ -11,7 +11,15 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_taskclaim.exceptions import InvalidArgument, InvalidLease, InvalidTaskKey
-from django_taskclaim.keys import MAX_INT, MAX_OWNER_LENGTH, lease_seconds, validate_key, validate_tenant, validate_text
+from django_taskclaim.keys import (
+    MAX_INT,
+    MAX_OWNER_LENGTH,
+    lease_seconds,
+    queue_name,
+    validate_key,
+    validate_tenant,
+    validate_text,
+)
 from django_taskclaim.status import TERMINAL
 
 UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
@@ -134,8 +142,6 @@ def since_value(text: str) -> timedelta | datetime:
 
 def queue_arg(text: str) -> str:
     """A queue name: 1–100 printable characters."""
-    from django_taskclaim.lifecycle.api import queue_name
-
     try:
         return queue_name(text)
     except InvalidArgument as exc:

@@ -16,23 +16,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core import checks
-from django.db import DEFAULT_DB_ALIAS
 
 from ..conf import settings
-from ..exceptions import InvalidArgument, InvalidTaskKey, TaskClaimError
+from ..exceptions import InvalidTaskKey
 from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE
 from .compat import BaseTaskBackend, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, options_of
 from .results import result_of
-
-#: What ``OPTIONS`` may hold, and what each is.
-KNOWN_OPTIONS = {
-    "LEASE": "seconds a worker's claim lasts between heartbeats (default TASKCLAIM_DEFAULT_LEASE)",
-    "MAX_ATTEMPTS": "claims a task may get before it ends FAILED (default TASKCLAIM_MAX_ATTEMPTS)",
-    "BACKOFF": "retry backoff: a dict of Backoff's fields (default TASKCLAIM_RETRY_BACKOFF)",
-}
 
 
 class ClaimBackend(BaseTaskBackend):
@@ -52,7 +44,8 @@ class ClaimBackend(BaseTaskBackend):
         return settings.DATABASE
 
     def lease_for(self, func: Any) -> float:
-        own = options_of(func).lease
+        """The lease of ``func``'s claims: its ``claim_options``, else ``OPTIONS["LEASE"]``, else the setting."""
+        own = None if func is None else options_of(func).lease
         return own if own is not None else lease_seconds(self.options.get("LEASE"))
 
     def max_attempts_for(self, func: Any) -> int:
@@ -97,7 +90,8 @@ class ClaimBackend(BaseTaskBackend):
             if identity is not None and identity.after_failure == RUN_AGAIN and row.status in RESETTABLE:
                 type(row).objects.using(self.using).filter(pk=row.pk).reset()
                 row.refresh_from_db(using=self.using)
-        result = result_of(row, [] if created else self._attempts(row.pk), self.alias, task)
+        # A new row is the task as enqueued; an identity met again is the task as it was stored.
+        result = result_of(row, [] if created else self._attempts(row.pk), self.alias, task if created else None)
         if created:
             task_enqueued.send(type(self), task_result=result)
         return result
@@ -125,25 +119,3 @@ class ClaimBackend(BaseTaskBackend):
         from .checks import backend_messages
 
         return [*super().check(**kwargs), *backend_messages(self)]
-
-
-def options_problems(backend: ClaimBackend) -> list[str]:
-    """What is wrong with a backend's ``OPTIONS`` (each a sentence naming the option)."""
-    problems = [f"unknown option {name!r} (known: {', '.join(KNOWN_OPTIONS)})"
-                for name in backend.options if name not in KNOWN_OPTIONS]
-    for name, read in (("LEASE", lambda v: lease_seconds(v)),
-                       ("MAX_ATTEMPTS", lambda v: positive_int(v, "OPTIONS['MAX_ATTEMPTS']")),
-                       ("BACKOFF", lambda v: Backoff.of(v, "OPTIONS['BACKOFF']"))):
-        if backend.options.get(name) is not None:
-            try:
-                read(backend.options[name])
-            except (TaskClaimError, InvalidArgument, TypeError, ValueError) as exc:
-                problems.append(f"OPTIONS[{name!r}] = {backend.options[name]!r}: {exc}")
-    return problems
-
-
-def differs_from_callers(using: str) -> bool:
-    """Whether the task table lives elsewhere than the project's own rows (the default alias)."""
-    return using != DEFAULT_DB_ALIAS
-
-

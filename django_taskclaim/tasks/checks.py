@@ -6,12 +6,23 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.core import checks
+from django.db import DEFAULT_DB_ALIAS
 
 from ..conf import settings
+from ..exceptions import InvalidArgument, TaskClaimError
+from ..keys import lease_seconds, positive_int
+from ..retries import Backoff
 from .compat import FRAMEWORK
 
 if TYPE_CHECKING:
     from .backend import ClaimBackend
+
+#: What ``OPTIONS`` may hold, and what each is.
+KNOWN_OPTIONS = {
+    "LEASE": "seconds a worker's claim lasts between heartbeats (default TASKCLAIM_DEFAULT_LEASE)",
+    "MAX_ATTEMPTS": "claims a task may get before it ends FAILED (default TASKCLAIM_MAX_ATTEMPTS)",
+    "BACKOFF": "retry backoff: a dict of Backoff's fields (default TASKCLAIM_RETRY_BACKOFF)",
+}
 
 E201 = ("django_taskclaim.E201", "Task backend {alias!r}: {problem}.",
         "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS and BACKOFF.")
@@ -35,10 +46,6 @@ def _message(level: Any, spec: tuple[str, str, str], **fmt: object) -> checks.Ch
 
 
 def backend_messages(backend: ClaimBackend) -> list[checks.CheckMessage]:
-    from django.db import DEFAULT_DB_ALIAS
-
-    from .backend import differs_from_callers, options_problems
-
     messages = [_message(checks.Error, E201, alias=backend.alias, problem=problem)
                 for problem in options_problems(backend)]
     if differs_from_callers(backend.using):
@@ -49,3 +56,25 @@ def backend_messages(backend: ClaimBackend) -> list[checks.CheckMessage]:
     if FRAMEWORK == "django_tasks" and not apps.is_installed("django_tasks"):
         messages.append(_message(checks.Warning, W203, alias=backend.alias))
     return messages
+
+
+def options_problems(backend: ClaimBackend) -> list[str]:
+    """What is wrong with a backend's ``OPTIONS`` (each a sentence naming the option)."""
+    problems = [f"unknown option {name!r} (known: {', '.join(KNOWN_OPTIONS)})"
+                for name in backend.options if name not in KNOWN_OPTIONS]
+    for name, read in (("LEASE", lambda v: lease_seconds(v)),
+                       ("MAX_ATTEMPTS", lambda v: positive_int(v, "OPTIONS['MAX_ATTEMPTS']")),
+                       ("BACKOFF", lambda v: Backoff.of(v, "OPTIONS['BACKOFF']"))):
+        if backend.options.get(name) is not None:
+            try:
+                read(backend.options[name])
+            except (TaskClaimError, InvalidArgument, TypeError, ValueError) as exc:
+                problems.append(f"OPTIONS[{name!r}] = {backend.options[name]!r}: {exc}")
+    return problems
+
+
+def differs_from_callers(using: str) -> bool:
+    """Whether the task table lives elsewhere than the project's own rows (the default alias)."""
+    return using != DEFAULT_DB_ALIAS
+
+

@@ -49,7 +49,10 @@ def task_as_enqueued(row: TaskRow, backend: str) -> Any:
 
 def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any = None) -> Any:
     """The ``TaskResult`` of a task row: its status, times, arguments, errors, workers."""
-    claims = [a for a in attempts if a.token is not None]
+    # The attempts of this run: a task run again (RUN_AGAIN, an operator's reset) counts its
+    # attempts afresh, and a released attempt (given back untouched) never counted.
+    counted = [a for a in attempts if a.token is not None and a.outcome != Outcome.RELEASED]
+    claims = counted[len(counted) - row.attempts:] if row.attempts < len(counted) else counted
     errors = [TaskError(exception_class_path=a.error_class or LOST_ATTEMPT,
                         traceback=a.traceback or f"{LOST_ATTEMPT}: the worker stopped; its lease ran out\n")
               for a in claims if a.error_class or a.outcome in _LOST]

@@ -36,6 +36,7 @@ class TaskRunner(Runner):
         if not isinstance(backend, ClaimBackend):
             raise TypeError(f"task backend {alias!r} is {type(backend).__name__}, not ClaimBackend")
         self.backend = backend
+        self.lease = backend.lease_for(None)  # OPTIONS["LEASE"], else TASKCLAIM_DEFAULT_LEASE
 
     @property
     def queues(self) -> list[str]:

@@ -105,4 +105,4 @@ class Command(TaskClaimCommand):
         if unknown:
             raise CommandError(f"queue(s) {unknown} are not in TASKS[{backend!r}]['QUEUES'] "
                                f"({sorted(runner.backend.queues)})", returncode=USAGE_ERROR)
-        return runner, queues or runner.queues, lease if lease is not None else runner.backend.options.get("LEASE")
+        return runner, queues or runner.queues, lease
