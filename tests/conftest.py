@@ -34,17 +34,6 @@ def require_module(module: str, what: str) -> None:
         requirement_missing(what)
 
 
-@pytest.fixture(autouse=True)
-def _lean_claim_statement_first() -> None:
-    """Every test starts as a fresh process does: the PostgreSQL store sends the full claim
-    statement without the duplicate's read first (which one it sends follows what the process's
-    last claim met), so that a test counting statements or prepared statements does not depend
-    on the test before it."""
-    from django_taskclaim.store.postgresql import store
-
-    store.next_claim = "lean"
-
-
 @pytest.fixture
 def worker_env() -> dict[str, str]:
     """Environment for a child process that should use the test database."""

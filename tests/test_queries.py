@@ -8,7 +8,10 @@ from django.db import connection
 from django_taskclaim.models import Task
 from tests.conftest import expire
 
-pytestmark = pytest.mark.django_db
+# Claims in autocommit, as workers make them: what PostgreSQL's claim statement learns of a
+# session is kept once it commits (see PostgreSQLStore.claim_key), and each test gets a session
+# of its own.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def budget(pg: int, sqlite: int, mysql: int | None = None) -> int:

@@ -153,12 +153,24 @@ class PostgreSQLStore(SQLStore):
         # Typed: in INSERT … SELECT and CASE a bare parameter's type cannot be inferred.
         return f"%s::{sql_type}"
 
-    #: Which claim statement this process sends first for a claim by key, after what its last
-    #: claim met (see _claim_key_sql): ``"insert"`` after a claim that inserted a new task,
-    #: ``"lean"`` after one that claimed an existing task, ``"reading"`` after one that met a
-    #: task it could not claim. A hint only, shared by the threads of the process: every
-    #: statement gives the same answers, at most one round trip later.
-    next_claim = "lean"
+    #: Which claim statement a session sends first for a claim by key follows what its last
+    #: claim met (see _claim_key_sql; kept per session by ``prepared.claim_hint``): ``"insert"``
+    #: after a claim that inserted a new task, ``"lean"`` after one that claimed an existing task,
+    #: ``"reading"`` after one that met a task it could not claim. A hint only: every statement
+    #: gives the same answers, at most one round trip later. A session's first claim sends this.
+    first_claim = "lean"
+
+    @property
+    def next_claim(self) -> str:
+        """Deprecated: the claim hint is per session (``prepared.claim_hint``). Reads :attr:`first_claim`."""
+        return self.first_claim
+
+    @next_claim.setter
+    def next_claim(self, hint: str) -> None:
+        """Deprecated: every session, and every new one, sends ``hint`` next (use
+        ``prepared.set_claim_hint`` for one session)."""
+        prepared.forget_claim_hints()
+        self.first_claim = hint
 
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
@@ -167,7 +179,7 @@ class PostgreSQLStore(SQLStore):
         inserting = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
         if audit:
             inserting.append(delivery_id)
-        kind = self.next_claim
+        known = kind = prepared.claim_hint(cursor, self.first_claim)
         if kind == "insert":
             sql = self.statement(("claim_new", audit), lambda: self._claim_new_sql(audit))
             self.execute(cursor, sql, inserting)
@@ -189,21 +201,26 @@ class PostgreSQLStore(SQLStore):
         found = cursor.fetchone()
         n = len(TASK_COLUMNS)
         if found is None:
-            self.next_claim = "reading"
+            self._learn(cursor, known, "reading")
             return None  # nothing claimed: the lifecycle reads the task (read_state) and decides
         row = self.decode(found)
         if found[n + 1]:
             # A new task: both stamps are the one statement's (a claim of an existing task moves
             # only updated_at).
-            self.next_claim = "insert" if row.created_at == row.updated_at else "lean"
+            self._learn(cursor, known, "insert" if row.created_at == row.updated_at else "lean")
             return Claimed(row, found[n])
-        self.next_claim = "reading"
+        self._learn(cursor, known, "reading")
         expired, recorded = bool(found[n + 2]), bool(found[n + 3])
         if not is_duplicate(row, expired, fingerprint) or (audit and not recorded):
             # Not a duplicate as of this statement's snapshot (or the task vanished meanwhile):
             # the lifecycle reads the task afresh and decides.
             return None
         return Found(row, expired, True)
+
+    @staticmethod
+    def _learn(cursor: Any, known: str, hint: str) -> None:
+        if hint != known:
+            prepared.remember_claim(cursor, hint)
 
     def _claim_new_sql(self, audit: bool) -> str:
         """The claim of a key that has no task yet, and its attempt row: the insert alone.

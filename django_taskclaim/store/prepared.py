@@ -16,6 +16,7 @@ transaction mode, which hands each transaction to any session: check E010).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from collections.abc import Sequence
@@ -110,6 +111,51 @@ class _Shown:
 # wrapper anew cost a tenth of a claim's client CPU. Weak keys: a closed connection's cursor
 # goes with it.
 _DRIVERS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+# What each session's last claim by key met (which claim statement it sends next: see
+# PostgreSQLStore.claim_key), kept with the session as its driver cursor is.
+_CLAIM_HINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _session(cursor: Any) -> Any:
+    """The driver connection (one server session) of a Django cursor or a psycopg cursor."""
+    return getattr(getattr(cursor, "cursor", cursor), "connection", None)
+
+
+def claim_hint(cursor: Any, default: str) -> str:
+    """What the last claim by key on ``cursor``'s session met, or ``default`` before any."""
+    try:
+        return _CLAIM_HINTS.get(_session(cursor), default)
+    except TypeError:  # a driver connection that takes no weak reference: no memory
+        return default
+
+
+def remember_claim(cursor: Any, hint: str) -> None:
+    """Record what a claim by key on ``cursor``'s session met. Inside an atomic block, once it
+    commits: a claim rolled back taught nothing (and a test's rolled-back transaction leaves
+    the session as it found it)."""
+    raw = _session(cursor)
+    db = getattr(cursor, "db", None)
+
+    def record() -> None:
+        with contextlib.suppress(TypeError):  # a driver connection that takes no weak reference
+            _CLAIM_HINTS[raw] = hint
+
+    if db is not None and db.in_atomic_block:
+        db.on_commit(record)
+    else:
+        record()
+
+
+def set_claim_hint(cursor: Any, hint: str) -> None:
+    """Make ``hint`` the claim statement ``cursor``'s session sends next, now (for tools that compare statements)."""
+    _CLAIM_HINTS[_session(cursor)] = hint
+
+
+def forget_claim_hints() -> None:
+    """Every session sends its next claim as a fresh one does."""
+    _CLAIM_HINTS.clear()
 
 
 @async_unsafe
