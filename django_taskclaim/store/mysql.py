@@ -52,9 +52,9 @@ def _code(exc: Exception) -> int | None:
 
 
 # Operators lock task rows through the primary key, as owners do (by id). Through the (status, id)
-# index (the optimizer's pick for "status IN (...) AND id IN (...)") an operator held a row's
-# index entry while waiting for the row, and an owner completing that row (which moves its
-# (status, id) entry) waited for the entry: a deadlock.
+# index (the optimizer's pick for "status IN (...) AND id IN (...)") an operator would hold a
+# row's index entry while waiting for the row, and an owner completing that row (which moves its
+# (status, id) entry) would wait for the entry: a deadlock.
 BY_ROW = "FORCE INDEX (PRIMARY)"
 
 
@@ -307,8 +307,8 @@ class MySQLStore(SQLStore):
     def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
         # Lock the victims through the unique (tenant, key) index, then their rows: the order a
         # claim by key takes them in. Locked through the primary key first (the portable
-        # SELECT … FOR UPDATE), a purge deadlocked with every claim of a key it was deleting:
-        # the claim held the key's index entry and waited for the row, the DELETE the reverse.
+        # SELECT … FOR UPDATE), a purge would deadlock with a claim of a key it deletes: the
+        # claim holds the key's index entry and waits for the row, the DELETE the reverse.
         k, marks = self.quote("key"), placeholders(len(statuses))
         cutoff = cursor.db.ops.adapt_datetimefield_value(before)
         cursor.execute(  # candidates, read without locks

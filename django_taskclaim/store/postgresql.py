@@ -38,9 +38,9 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
 
     The attempt to close is looked up by its unique ``(task_id, token)``: for one claimed row
     (``single``) as values of scalar subqueries, which the planner turns into an index lookup
-    whatever it believes of the table's size. A join against ``claimed`` instead was planned
-    as a sequential scan of the attempt table while its statistics still said "small" (a
-    prepared statement keeps that plan): 3.5 ms per claim at 6,600 attempts, growing with them.
+    whatever it believes of the table's size. A join against ``claimed`` can be planned as a
+    sequential scan of the attempt table while its statistics still say "small", and a prepared
+    statement keeps that plan for the session while the table grows.
     """
     if single:
         match = ("a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed) "
@@ -61,8 +61,8 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
 
 def _name(column: str) -> str:
     """A task column as PostgreSQL reads it: only ``key`` is quoted. Short texts matter here: psycopg
-    caches the conversion of a statement's text only up to 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``),
-    and parsing the claim's text afresh on every call cost ~110 µs of client CPU per claim."""
+    caches the conversion of a statement's text only up to ``MAX_CACHED_STATEMENT_LENGTH`` bytes and
+    parses a longer one afresh on every call (tests/test_postgresql.py holds every hot statement under it)."""
     return f'"{column}"' if column == "key" else column
 
 
@@ -227,7 +227,7 @@ class PostgreSQLStore(SQLStore):
 
         After a claim that inserted, the next key is most likely new too, and the claim
         statement's update of an existing task (an index probe) and the close of a taken-over
-        attempt cost the server ~35 µs of CPU that a new key never needs. Where the key exists
+        attempt are server work that a new key never needs. Where the key exists
         this inserts nothing and writes nothing (no WAL flush), and claim_key sends the full
         statement.
         """
@@ -247,8 +247,8 @@ class PostgreSQLStore(SQLStore):
         duplicate's read and record (one round trip for the common duplicate: a task that
         existed before).
 
-        Two statements because the read and the record cost every claim, duplicate or not, ~30
-        µs of server CPU (the executor sets up their nodes even when they do nothing). Without
+        Two statements because the read and the record cost every claim server CPU, duplicate
+        or not (the executor sets up their nodes even when they do nothing). Without
         them a claim that claims nothing wrote nothing, and the lifecycle's next statement,
         :meth:`read_state`, reads the task and records the duplicate (a second round trip).
         The store sends the one that suits what this process's claims met last.
@@ -300,8 +300,8 @@ class PostgreSQLStore(SQLStore):
         """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
 
         Not ``INSERT … ON CONFLICT DO UPDATE … WHERE``: that locks the conflicting row even when
-        its WHERE is false, so the losers of a race on one key each held the row lock until their
-        own commit (a WAL flush) and were decided one after another. An ``UPDATE`` whose WHERE
+        its WHERE is false, so the losers of a race on one key would each hold the row lock until
+        their own commit (a WAL flush) and be decided one after another. An ``UPDATE`` whose WHERE
         fails on the row version it waited for (re-checked under READ COMMITTED) locks nothing,
         nor does ``ON CONFLICT DO NOTHING``: losers are decided together, without writing. A row
         committed after this statement's snapshot makes it claim nothing; the lifecycle reads
@@ -440,7 +440,7 @@ class PostgreSQLStore(SQLStore):
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
         # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
-        # against t was planned as a sequential scan of the attempt table, see _open_attempts).
+        # against t can be planned as a sequential scan of the attempt table, see _open_attempts).
         sql = self.statement(("finish audited", set_sql), lambda: (
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
             f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status), "

@@ -107,9 +107,9 @@ class _Shown:
 
 
 # One driver cursor per driver connection (one server session), reused by every statement of
-# the store, with the time zone its timestamps load in: making a psycopg cursor and its Django
-# wrapper anew cost a tenth of a claim's client CPU. Weak keys: a closed connection's cursor
-# goes with it.
+# the store, with the time zone its timestamps load in: a psycopg cursor and its Django wrapper
+# made anew for each statement weigh on the claim's client CPU (docs/profile.md). Weak keys: a
+# closed connection's cursor goes with it.
 _DRIVERS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -189,9 +189,9 @@ def cursor(db: Any) -> Any:
 
 
 class StoreCursorWrapper(CursorWrapper):
-    """Django's cursor wrapper, with a shorter way for the store's statements (a tenth of each
-    statement's client CPU): the same checks and error classes, ``execute_wrapper`` hooks
-    whenever any are installed, no logging (a logging connection gets Django's own wrapper)."""
+    """Django's cursor wrapper, with a shorter way for the store's statements: the same checks and
+    error classes, ``execute_wrapper`` hooks whenever any are installed, no logging (a logging
+    connection gets Django's own wrapper)."""
 
     def execute(self, sql: Any, params: Any = None) -> Any:
         db = self.db
@@ -219,8 +219,8 @@ def _fast_tz_loader(zone: Any) -> Any:
     """A timestamptz loader giving what Django's gives, at a fraction of its cost.
 
     Django loads timestamps with a subclass of psycopg's pure-Python loader (to set the
-    connection's time zone), about 11 µs each, three per claim. This one calls psycopg's own
-    loader for the session, compiled where psycopg has its C part, and sets the zone as Django's does.
+    connection's time zone), three per claim. This one calls psycopg's own loader for the
+    session, compiled where psycopg has its C part, and sets the zone as Django's does.
     """
     from psycopg import adapt
     from psycopg import adapters as defaults
