@@ -307,3 +307,36 @@ def test_the_claim_statement_follows_its_own_sessions_committed_claims() -> None
     with transaction.atomic():
         assert not Task.objects.claim("first", owner="second").claimed
     assert claim_hint() == "reading"
+
+
+def alter_owner(length: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE django_taskclaim_task ALTER COLUMN owner TYPE varchar({length})")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prepared_statements_survive_a_column_type_change() -> None:
+    """A migration that changes the type of a column the store's statements return makes their
+    prepared plans fail ("cached plan must not change result type", SQLSTATE 0A000) on every
+    session that prepared them: the store prepares them again. Outside a transaction the call
+    succeeds; inside one, the error aborted the caller's transaction, and the next call after the
+    rollback succeeds."""
+    from django.db import NotSupportedError, transaction
+
+    Task.objects.ensure("before")
+    assert Task.objects.claim_next(owner="w")
+    assert Task.objects.claim("claimed-before", owner="w").claimed
+    try:
+        alter_owner(512)
+        assert Task.objects.ensure("after").status == "pending"
+        [claim] = Task.objects.claim_next(owner="w")
+        assert claim.key == "after"
+        assert Task.objects.claim("claimed-after", owner="w").claimed
+        alter_owner(255)  # the plans prepared meanwhile change result type again
+        with pytest.raises(NotSupportedError, match="cached plan"), transaction.atomic():
+            Task.objects.ensure("inside")
+        with transaction.atomic():
+            assert Task.objects.ensure("inside").status == "pending"
+            assert [c.key for c in Task.objects.claim_next(owner="w")] == ["inside"]
+    finally:
+        alter_owner(255)

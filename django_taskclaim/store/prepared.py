@@ -30,6 +30,9 @@ from ..conf import settings
 
 _UNDEFINED_STATEMENT = "26000"  # prepared statement "…" does not exist
 _DUPLICATE_STATEMENT = "42P05"  # prepared statement "…" already exists
+_CHANGED_RESULT = "0A000"  # cached plan must not change result type
+#: What a session's prepared statements may fail with, where preparing them afresh mends it.
+_PREPARE_AGAIN = frozenset({_UNDEFINED_STATEMENT, _DUPLICATE_STATEMENT, _CHANGED_RESULT})
 
 # While Django leaves psycopg's prepare_threshold at None (its default), psycopg prepares
 # nothing, even when asked. For the store's own statements the threshold is lifted to a value no
@@ -287,14 +290,15 @@ def execute(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     try:
         _run(cursor, driver, sql, params, prepare=True)
     except DatabaseError as exc:
-        # psycopg's record of what this session prepared is wrong: someone ran DEALLOCATE ALL
-        # or DISCARD ALL on a Django cursor (psycopg does not watch those while Django keeps
-        # preparing off), or a pooler handed over a session that already holds statements of
-        # these names (a session-mode PgBouncer with no reset query). Start the session's
-        # statements afresh and run this one again, where the error aborted no transaction of
-        # the caller's; inside one, the caller's rollback comes first, and the next statement
-        # after it starts afresh.
-        if _sqlstate(exc) not in (_UNDEFINED_STATEMENT, _DUPLICATE_STATEMENT):
+        # The session's prepared statements no longer fit: psycopg's record of them is wrong
+        # (someone ran DEALLOCATE ALL or DISCARD ALL on a Django cursor, which psycopg does not
+        # watch while Django keeps preparing off, or a pooler handed over a session that already
+        # holds statements of these names: a session-mode PgBouncer with no reset query), or a
+        # migration changed the type of a column they return (PostgreSQL refuses to run such a
+        # plan, and the statement did nothing). Start the session's statements afresh and run
+        # this one again, where the error aborted no transaction of the caller's; inside one, the
+        # caller's rollback comes first, and the next statement after it starts afresh.
+        if _sqlstate(exc) not in _PREPARE_AGAIN:
             raise
         if not _outside_transaction(cursor.db):
             driver.stale = True
