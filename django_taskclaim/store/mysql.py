@@ -41,6 +41,20 @@ W021 = spec("django_taskclaim.W021", "MySQL database {alias!r} runs transactions
             "to 'read committed': under 'repeatable read' a claim that lost a race can read an old "
             "snapshot of the task inside the caller's transaction, and InnoDB's gap locks make racing "
             "claims deadlock more often.")
+E022 = spec("django_taskclaim.E022", "MySQL database {alias!r} connects with character set {charset!r}, "
+            "which cannot carry every Unicode character.",
+            "Set DATABASES[{alias!r}]['OPTIONS']['charset'] = 'utf8mb4' (Django before 5.2 connects with "
+            "'utf8', MySQL's 3-byte utf8mb3): an owner, an error or a delivery id with an emoji or another "
+            "4-byte character is refused in strict mode (error 1366: a failure that never lands, the task "
+            "left running) and stored as '?' otherwise.")
+E023 = spec("django_taskclaim.E023", "MySQL database {alias!r}: column(s) {columns} cannot store every "
+            "Unicode character (character set {charsets}).",
+            "Migration 0003_mysql_utf8mb4 converts every text column of the task tables to utf8mb4: "
+            "migrate django_taskclaim to 0002 and forward again, or convert them yourself (ALTER TABLE … "
+            "MODIFY … CHARACTER SET utf8mb4). Until then such text is refused in strict mode (error 1366) "
+            "and stored as '?' otherwise, and a worker no longer recognises the claims of its own name.")
+#: The migration that converts the task tables' text columns; E023 waits for it (migrate runs the checks).
+UTF8MB4_MIGRATION = ("django_taskclaim", "0003_mysql_utf8mb4")
 _DUPLICATE_KEY = 1062
 _DEADLOCK = 1213
 
@@ -102,7 +116,34 @@ class MySQLStore(SQLStore):
         level = options.get("isolation_level", "read committed")
         if str(level or "").lower() != "read committed":
             found.append(W021.warning(alias=alias, level=level))
+        # What the driver is asked for: OPTIONS over Django's default (utf8mb4 from Django 5.2).
+        charset = connection.get_connection_params().get("charset", "")
+        if str(charset).lower() != "utf8mb4":
+            found.append(E022.error(alias=alias, charset=charset))
+        if query:
+            found += self._narrow_columns_check(alias, connection)
         return found
+
+    def _narrow_columns_check(self, alias: str, connection: Any) -> list[CheckMessage]:
+        """E023: text columns of the task tables that are not utf8mb4, once the migration that
+        converts them has run (before it, ``migrate`` must not be stopped by this check)."""
+        from django.db.migrations.recorder import MigrationRecorder
+
+        if UTF8MB4_MIGRATION not in MigrationRecorder(connection).applied_migrations():
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT TABLE_NAME, COLUMN_NAME, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
+                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({placeholders(2)}) "
+                "AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME <> 'utf8mb4' "
+                "ORDER BY TABLE_NAME, ORDINAL_POSITION",
+                [TASK, ATTEMPT],
+            )
+            narrow = cursor.fetchall()
+        if not narrow:
+            return []
+        return [E023.error(alias=alias, columns=", ".join(f"{t}.{c}" for t, c, _ in narrow),
+                           charsets=", ".join(sorted({cs for _, _, cs in narrow})))]
 
     def retryable(self, error: Exception) -> bool:
         return _code(error) == _DEADLOCK
