@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.core.checks import CheckMessage
-from django.db import DatabaseError, IntegrityError
+from django.db import DatabaseError, IntegrityError, OperationalError
 
 from ..checkspec import spec
 from ..status import Outcome, Status
@@ -56,6 +56,7 @@ E023 = spec("django_taskclaim.E023", "MySQL database {alias!r}: column(s) {colum
 #: The migration that converts the task tables' text columns; E023 waits for it (migrate runs the checks).
 UTF8MB4_MIGRATION = ("django_taskclaim", "0003_mysql_utf8mb4")
 _DUPLICATE_KEY = 1062
+_LOCK_WAIT_TIMEOUT = 1205
 _DEADLOCK = 1213
 
 
@@ -79,11 +80,6 @@ class MySQLStore(SQLStore):
     needs_transaction = True
     row_locks = True
     for_update = " FOR UPDATE"
-    # A duplicate's audit row: the task row first, share-locked by the SELECT, then the attempt
-    # row, the order a purge takes them in (task rows FOR UPDATE, then their attempts). The
-    # foreign key check alone would lock the task row after the new attempt row, and deadlock
-    # with such a purge.
-    share_lock = " LOCK IN SHARE MODE"
 
     def quote(self, name: str) -> str:
         return f"`{name}`"
@@ -182,19 +178,26 @@ class MySQLStore(SQLStore):
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         now, t, k = self.now, TASK, self.quote("key")
-        # Take the existing row when it is claimable: a conditional UPDATE, re-checked by InnoDB
-        # on the latest committed version of the row it locks.
-        cursor.execute(
-            f"UPDATE {t} SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
-            f"WHERE tenant = %s AND {k} = %s AND {claimable(t, now)} AND {self.same_payload(t)}",
-            [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
-        )
         previous = None
-        if cursor.rowcount == 1:
+        # Take the existing row when it is claimable: a conditional UPDATE, re-checked by InnoDB
+        # on the latest committed version of the row it locks. It waits for the row's holder,
+        # hence only where a read just found a task it may claim (or read nothing).
+        matched = False
+        if exists is not False:
+            cursor.execute(
+                f"UPDATE {t} SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
+                f"WHERE tenant = %s AND {k} = %s AND {claimable(t, now)} AND {self.same_payload(t)}",
+                [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
+            )
+            matched = cursor.rowcount == 1
+        if matched:
             # The row is ours (locked) until this transaction commits.
             [(row, previous)] = self._claimed_rows(cursor, f"t.tenant = %s AND t.{k} = %s", [tenant, key], audit)
+        elif exists:
+            return None  # taken by a racing claim meanwhile: the lifecycle reads it again
         else:
             new_id = self._insert(cursor, self.task_values(running=True),
                                   [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
@@ -204,6 +207,34 @@ class MySQLStore(SQLStore):
         if audit:
             self._open_attempt(cursor, row, delivery_id, previous)
         return Claimed(row, previous)
+
+    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
+        """As the portable one; the audit row is left out where a transaction holds the task row
+        exclusively for longer than :attr:`duplicate_record_wait` (MariaDB; MySQL: at once).
+
+        The task row is share-locked first by the SELECT, then the attempt row is inserted: the
+        order a purge takes them in (task rows FOR UPDATE, then their attempts); the foreign key
+        check alone would lock the task row after the new attempt row, and deadlock with such a
+        purge. An owner inside ``fenced()`` holds a share lock too (see :meth:`lock`): no wait.
+        Claims, completions and operators hold the row exclusively for a moment, unless inside a
+        caller's transaction: the duplicate is answered without waiting for that.
+        """
+        if cursor.db.mysql_is_mariadb:
+            share = f" LOCK IN SHARE MODE WAIT {max(1, round(self.duplicate_record_wait))}"
+        else:  # MySQL has no WAIT n
+            share = " FOR SHARE SKIP LOCKED"
+        try:
+            cursor.execute(self.statement(("duplicate", share), lambda: self.duplicate_sql(share)),
+                           [owner, delivery_id, task_id])
+        except OperationalError as exc:
+            if _code(exc) != _LOCK_WAIT_TIMEOUT:
+                raise
+            return True  # still held (only this statement was undone): left out
+        if cursor.rowcount == 1:
+            return True
+        # Skipped (MySQL: held), or deleted by a purge: a plain read tells which.
+        cursor.execute(f"SELECT 1 FROM {TASK} WHERE id = %s", [task_id])
+        return cursor.fetchone() is not None
 
     def _open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, previous: str | None) -> None:
         """Record a claim; close the attempt it took over (``previous``: that attempt's owner)."""
@@ -312,7 +343,11 @@ class MySQLStore(SQLStore):
         return status
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
-        cursor.execute(f"SELECT 1 FROM {TASK} WHERE {owned()} FOR UPDATE", [task_id, token])
+        # A share lock: it holds off every change of the row (each is an exclusive lock) until the
+        # commit, and lets a duplicate's audit row (whose foreign key check share-locks the task
+        # row) in meanwhile, as PostgreSQL's FOR NO KEY UPDATE lets its FOR KEY SHARE in. The
+        # owner's own writes in the block take the exclusive lock then.
+        cursor.execute(f"SELECT 1 FROM {TASK} WHERE {owned()} LOCK IN SHARE MODE", [task_id, token])
         return cursor.fetchone() is not None
 
     def row_free(self, cursor: Any, task_id: int) -> int | None:

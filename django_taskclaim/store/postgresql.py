@@ -99,6 +99,10 @@ class PostgreSQLStore(SQLStore):
     json_param = "%s::jsonb"
     needs_transaction = False
     row_locks = True
+    # Its claim statement never waits for an owner's fenced(): a row whose version in the
+    # statement's snapshot fails the claim's WHERE is not locked, ON CONFLICT DO NOTHING locks
+    # nothing, and the duplicate's FOR KEY SHARE does not conflict with fenced()'s FOR NO KEY UPDATE.
+    looks_first = False
     for_update = " FOR UPDATE"
 
     def lease_sql(self) -> str:
@@ -175,6 +179,7 @@ class PostgreSQLStore(SQLStore):
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         inserting = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
         if audit:
