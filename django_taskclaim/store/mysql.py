@@ -210,14 +210,14 @@ class MySQLStore(SQLStore):
 
     def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
         """As the portable one; the audit row is left out where a transaction holds the task row
-        exclusively for longer than :attr:`duplicate_record_wait` (MariaDB; MySQL: at once).
+        for longer than :attr:`duplicate_record_wait` (MariaDB; MySQL, which has no ``WAIT n``: at
+        once): its owner inside ``fenced()``, or a claim or an operator inside a caller's
+        transaction. Claims, completions and operators otherwise hold it for a moment.
 
         The task row is share-locked first by the SELECT, then the attempt row is inserted: the
         order a purge takes them in (task rows FOR UPDATE, then their attempts); the foreign key
         check alone would lock the task row after the new attempt row, and deadlock with such a
-        purge. An owner inside ``fenced()`` holds a share lock too (see :meth:`lock`): no wait.
-        Claims, completions and operators hold the row exclusively for a moment, unless inside a
-        caller's transaction: the duplicate is answered without waiting for that.
+        purge. Either lock waits for a transaction that holds the row exclusively.
         """
         if cursor.db.mysql_is_mariadb:
             share = f" LOCK IN SHARE MODE WAIT {max(1, round(self.duplicate_record_wait))}"
@@ -343,11 +343,10 @@ class MySQLStore(SQLStore):
         return status
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
-        # A share lock: it holds off every change of the row (each is an exclusive lock) until the
-        # commit, and lets a duplicate's audit row (whose foreign key check share-locks the task
-        # row) in meanwhile, as PostgreSQL's FOR NO KEY UPDATE lets its FOR KEY SHARE in. The
-        # owner's own writes in the block take the exclusive lock then.
-        cursor.execute(f"SELECT 1 FROM {TASK} WHERE {owned()} LOCK IN SHARE MODE", [task_id, token])
+        # Exclusive, not a share lock (which would let a duplicate's audit row in meanwhile): the
+        # owner's own write in the block would then have to upgrade it, and deadlock with a claim,
+        # a heartbeat or an operator queued for the row.
+        cursor.execute(f"SELECT 1 FROM {TASK} WHERE {owned()} FOR UPDATE", [task_id, token])
         return cursor.fetchone() is not None
 
     def row_free(self, cursor: Any, task_id: int) -> int | None:
