@@ -9,6 +9,7 @@ class TaskClaimConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks
+        from . import checks, contrib
 
         checks.register()
+        contrib.register_checks()

@@ -248,6 +248,51 @@ def test_requeued_names_the_row_and_the_message_apart() -> None:
     assert (found.task_pk, found.celery_id, found.key) == (task.pk, "msg-f", "work-f")
 
 
+def test_requeue_lost_records_each_resend_and_a_second_sweep_sends_nothing() -> None:
+    """Each re-send is recorded (send count, ``updated_at`` from the database clock) by the guarded
+    ``requeue`` transition before its message goes out; the next sweep finds nothing lost."""
+    from django_taskclaim.lifecycle import reclaim_expired_rows
+
+    memory = celery.Celery("requeue-test", broker="memory://")  # kombu's in-process transport
+    dispatch = {"task": "tests.celery_app.work", "args": ["g"], "kwargs": {}, "sent": 1}
+    lost = ensure("work-g", dispatch={**dispatch, "task_id": "msg-g"})
+    Task.objects.filter(pk=lost.pk).update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    ensure("work-h", dispatch={**dispatch, "task_id": "msg-h"})
+    held = Task.objects.claim("work-h", owner="gone", lease=600).claim
+    assert held is not None
+    expire(held)
+    sent = requeue_lost(reclaim_expired_rows(), older_than=60, app=memory)
+    assert sorted((r.key, r.celery_id, r.error) for r in sent) == [("work-g", "msg-g", None), ("work-h", "msg-h", None)]
+    for task in Task.objects.filter(key__in=["work-g", "work-h"]):
+        assert task.status == "pending" and task.dispatch["sent"] == 2
+        assert task.updated_at > dt.datetime(2001, 1, 1, tzinfo=dt.UTC)
+    with memory.connection_for_read() as conn:
+        queue = conn.SimpleQueue("celery")
+        ids = sorted(queue.get(timeout=5).headers["id"] for _ in range(2))
+        queue.close()
+    assert ids == ["msg-g", "msg-h"]
+    assert requeue_lost(older_than=60, app=memory) == []  # just re-sent: not lost
+
+
+def test_the_requeue_transition_is_guarded() -> None:
+    """It records a re-send only of a task still pending with the reclaimed token, or unchanged
+    for ``older_than`` seconds by the database clock: a task claimed meanwhile is never sent."""
+    from django_taskclaim.lifecycle import transitions
+
+    pending = ensure("work-i", dispatch={"task": "tests.celery_app.work", "task_id": "msg-i"})
+    again = '{"sent": 2, "task": "tests.celery_app.work", "task_id": "msg-i"}'
+    assert not transitions.requeue("default", pending.pk, again, older_than=60)  # fresh
+    Task.objects.filter(pk=pending.pk).update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    assert not transitions.requeue("default", pending.pk, again, token=1)  # never claimed: token 0
+    assert transitions.requeue("default", pending.pk, again, older_than=60)
+    assert Task.objects.get(pk=pending.pk).dispatch["sent"] == 2
+    Task.objects.filter(pk=pending.pk).update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    assert Task.objects.claim("work-i", owner="w").claimed  # claimed between the sweep's read and write
+    assert not transitions.requeue("default", pending.pk, again, older_than=0)
+    assert not transitions.requeue("default", pending.pk, again, token=1)
+    assert Task.objects.get(pk=pending.pk).dispatch["sent"] == 2
+
+
 #: Every public name ``django_taskclaim.celery`` had while it was one module (before the split).
 BEFORE_THE_SPLIT = {
     "AMQP_SCHEMES", "CONSUMER_TIMEOUT_DEFAULT", "ON_BUSY", "REQUEUE_AFTER", "VISIBILITY_TIMEOUT_DEFAULTS",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from django_taskclaim import checks
+from django_taskclaim.contrib.celery import checks
 
 try:
     from kombu import Queue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 
 import pytest
@@ -110,6 +111,20 @@ def test_checks_are_registered_with_django() -> None:
         call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
 
 
-def test_ids_are_unique() -> None:
-    specs = [v for k, v in vars(checks).items() if k[:1] in "EW" and k[1:].isdigit()]
-    assert len({s[0] for s in specs}) == len(specs)
+def test_every_id_is_declared_once_and_tested() -> None:
+    """IDs live with their checks (the app, each store, each integration), declared through one
+    list that refuses an ID twice; every ID declared has a test that names it."""
+    from pathlib import Path
+
+    from django_taskclaim.checkspec import SPECS, spec
+
+    with pytest.raises(RuntimeError, match="declared twice"):
+        spec("django_taskclaim.E001", "again", "never")
+    assert SPECS["django_taskclaim.E004"] is checks.E004
+    # Registered by the app at start-up: every store's checks and every integration's.
+    assert {"django_taskclaim.E002", "django_taskclaim.E010", "django_taskclaim.W020", "django_taskclaim.W021",
+            "django_taskclaim.E101", "django_taskclaim.W106"} <= set(SPECS)
+    this = inspect.getsource(test_every_id_is_declared_once_and_tested)
+    tests = "".join(path.read_text() for path in Path(__file__).parent.glob("test_*.py")).replace(this, "")
+    untested = [check_id for check_id in SPECS if check_id.rsplit(".", 1)[1] not in tests]
+    assert not untested, untested

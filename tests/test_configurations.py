@@ -85,7 +85,7 @@ def test_the_configuration_is_in_effect() -> None:
 
 def test_the_system_checks_pass() -> None:
     """The documented settings of each configuration raise no check of django-taskclaim."""
-    assert checks.check_database() == [] and checks.check_settings() == [] and checks.check_pooler() == []
+    assert checks.check_database() == [] and checks.check_settings() == []
 
 
 def test_workers_run_as_the_configuration_says(spawn) -> None:  # type: ignore[no-untyped-def]

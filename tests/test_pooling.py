@@ -59,7 +59,7 @@ def behind_transaction_pooler(monkeypatch):  # type: ignore[no-untyped-def]
 @pytest.mark.usefixtures("behind_transaction_pooler")
 @override_settings(TASKCLAIM_PREPARED_STATEMENTS=True)
 def test_e010_prepared_statements_behind_a_transaction_mode_pooler() -> None:
-    (error,) = checks.check_pooler()
+    (error,) = checks.check_database()
     assert error.id == "django_taskclaim.E010" and "'default'" in error.msg
     assert "TASKCLAIM_PREPARED_STATEMENTS = False" in error.hint
 
@@ -67,11 +67,11 @@ def test_e010_prepared_statements_behind_a_transaction_mode_pooler() -> None:
 @pytest.mark.usefixtures("behind_transaction_pooler")
 @override_settings(TASKCLAIM_PREPARED_STATEMENTS=False)
 def test_e010_silent_with_the_documented_setting() -> None:
-    assert checks.check_pooler() == []
+    assert checks.check_database() == []
 
 
 def test_e010_silent_without_a_transaction_mode_pooler() -> None:
-    assert checks.check_pooler() == []  # prepared statements on, as by default: fine here
+    assert checks.check_database() == []  # prepared statements on, as by default: fine here
 
 
 @postgresql_only
@@ -100,7 +100,7 @@ def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_abor
     from django.db import DatabaseError, transaction
 
     # "first" and "second" send the same claim statement: after the claim of "zero" inserted a
-    # new task, the insert alone (see PostgreSQLStore.next_claim).
+    # new task, the insert alone (see prepared.claim_hint).
     Task.objects.claim("zero", owner="w")
     Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
     transaction.set_autocommit(False)

@@ -1,19 +1,21 @@
 """The store: all SQL of the app, one module per database, behind one Protocol.
 
 ``VENDORS`` is the registry: Django's ``connection.vendor`` -> the store for it. The lifecycle
-asks ``get_store(alias)``; the system check reads ``VENDORS`` (and each store's
-``unsupported()``); ``DbNow``/``DbNowPlus`` put the database clock into ORM queries.
-Adding a database is one store module and one line here.
+asks ``get_store(alias)``; the system check asks :func:`system_check` (E001 for a vendor with no
+store here, else the store's own ``system_check``); ``DbNow``/``DbNowPlus`` put the database
+clock into ORM queries. Adding a database is one store module and one line here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.checks import CheckMessage
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models import DateTimeField, Func
 
+from ..checkspec import spec
 from . import mysql, postgresql, sqlite
 from .protocol import Store
 
@@ -22,6 +24,20 @@ VENDORS: dict[str, Store] = {
     "sqlite": sqlite.store,
     "mysql": mysql.store,  # MySQL 8 and MariaDB 10.6+ (Django's vendor "mysql" for both)
 }
+
+
+E001 = spec("django_taskclaim.E001", "Database {alias!r} ({vendor}) is not supported by django-taskclaim.",
+            "Use PostgreSQL or MySQL/MariaDB (production) or SQLite (development) for the task "
+            "table; set TASKCLAIM_DATABASE to an alias of one of them.")
+
+
+def system_check(alias: str, db: Any, *, query: bool = False) -> list[CheckMessage]:
+    """The system check of the task database ``alias`` (Django connection ``db``): E001 where no
+    store serves its vendor, else what its store finds (``Store.system_check``)."""
+    found = VENDORS.get(db.vendor)
+    if found is None:
+        return [E001.error(alias=alias, vendor=db.vendor)]
+    return found.system_check(alias, db, query=query)
 
 
 def get_store(alias: str) -> Store:
@@ -62,4 +78,4 @@ class DbNowPlus(Func):
         return sql, tuple(params)
 
 
-__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "store_of"]
+__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "store_of", "system_check"]

@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.core.checks import CheckMessage
 from django.db import transaction
 
+from ..checkspec import spec
+from ..conf import settings
 from ..status import Outcome, Status
 from . import prepared
 from .rows import ATTEMPT, TASK, TASK_COLUMNS, Claimed, Found, Moved
@@ -36,9 +39,9 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
 
     The attempt to close is looked up by its unique ``(task_id, token)``: for one claimed row
     (``single``) as values of scalar subqueries, which the planner turns into an index lookup
-    whatever it believes of the table's size. A join against ``claimed`` instead was planned
-    as a sequential scan of the attempt table while its statistics still said "small" (a
-    prepared statement keeps that plan): 3.5 ms per claim at 6,600 attempts, growing with them.
+    whatever it believes of the table's size. A join against ``claimed`` can be planned as a
+    sequential scan of the attempt table while its statistics still say "small", and a prepared
+    statement keeps that plan for the session while the table grows.
     """
     if single:
         match = ("a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed) "
@@ -59,8 +62,8 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
 
 def _name(column: str) -> str:
     """A task column as PostgreSQL reads it: only ``key`` is quoted. Short texts matter here: psycopg
-    caches the conversion of a statement's text only up to 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``),
-    and parsing the claim's text afresh on every call cost ~110 µs of client CPU per claim."""
+    caches the conversion of a statement's text only up to ``MAX_CACHED_STATEMENT_LENGTH`` bytes and
+    parses a longer one afresh on every call (tests/test_postgresql.py holds every hot statement under it)."""
     return f'"{column}"' if column == "key" else column
 
 
@@ -72,7 +75,6 @@ def _name(column: str) -> str:
 # the task columns by position; the final SELECTs leave this column out (one timestamp less
 # to send and parse per claim).
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
-_INSERT_COLUMNS = ", ".join(_name(c) for c in TASK_COLUMNS[1:])
 _CLAIMED_COLUMNS = ", ".join(f"c.{_name(c)}" for c in TASK_COLUMNS)
 _CUR_COLUMNS = ", ".join(f"cur.{_name(c)}" for c in TASK_COLUMNS)
 _SELECT_WITH_PREVIOUS = (
@@ -83,6 +85,14 @@ _SELECT_PLAIN = f" SELECT {_CLAIMED_COLUMNS}, NULL FROM claimed c ORDER BY c.id"
 _MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
 
 
+E010 = spec("django_taskclaim.E010", "Database {alias!r} is set up for a transaction-mode connection pooler "
+            "(DISABLE_SERVER_SIDE_CURSORS = True) and TASKCLAIM_PREPARED_STATEMENTS is on.",
+            "Set TASKCLAIM_PREPARED_STATEMENTS = False. A pooler in transaction mode (PgBouncer's "
+            "pool_mode = transaction, and the like) runs each transaction on any server session, where "
+            "the statements django-taskclaim prepared in another session do not exist (PgBouncer "
+            "1.21+ with max_prepared_statements may carry them: untested, see docs/configurations.md).")
+
+
 class PostgreSQLStore(SQLStore):
     vendor = "postgresql"
     # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
@@ -90,16 +100,38 @@ class PostgreSQLStore(SQLStore):
     json_param = "%s::jsonb"
     needs_transaction = False
     row_locks = True
+    # Its claim statement never waits for an owner's fenced(): a row whose version in the
+    # statement's snapshot fails the claim's WHERE is not locked, ON CONFLICT DO NOTHING locks
+    # nothing, and the duplicate's FOR KEY SHARE does not conflict with fenced()'s FOR NO KEY UPDATE.
+    looks_first = False
     for_update = " FOR UPDATE"
 
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
+
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        """E010: prepared statements cannot live behind a transaction-mode pooler.
+
+        Django asks for ``DISABLE_SERVER_SIDE_CURSORS = True`` exactly there (PgBouncer in
+        transaction mode), so that setting is the sign; a session-mode pooler or Django's own
+        pool keeps a session per connection, where prepared statements work.
+        """
+        found = super().system_check(alias, connection, query=query)
+        if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS") and settings.PREPARED_STATEMENTS:
+            found.append(E010.error(alias=alias))
+        return found
 
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         return f"({self.lease_sql()})", [float(seconds)]
 
     def cursor(self, db: Any) -> Any:
         return prepared.cursor(db)
+
+    def estimated_rows(self, cursor: Any, table: str) -> int | None:
+        # pg_class.reltuples, kept by ANALYZE and autovacuum: -1 (or NULL) before the first.
+        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        row = cursor.fetchone()
+        return None if row is None or row[0] is None or row[0] < 0 else int(row[0])
 
     def execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
         prepared.execute(cursor, sql, params)
@@ -119,21 +151,41 @@ class PostgreSQLStore(SQLStore):
     def returning(self, table: str = "") -> str:
         return self.columns(table) + _CLAIMED_AT
 
-    #: Which claim statement this process sends first for a claim by key, after what its last
-    #: claim met (see _claim_key_sql): ``"insert"`` after a claim that inserted a new task,
-    #: ``"lean"`` after one that claimed an existing task, ``"reading"`` after one that met a
-    #: task it could not claim. A hint only, shared by the threads of the process: every
-    #: statement gives the same answers, at most one round trip later.
-    next_claim = "lean"
+    def quote(self, name: str) -> str:
+        return _name(name)
+
+    def param(self, sql_type: str) -> str:
+        # Typed: in INSERT … SELECT and CASE a bare parameter's type cannot be inferred.
+        return f"%s::{sql_type}"
+
+    #: Which claim statement a session sends first for a claim by key follows what its last
+    #: claim met (see _claim_key_sql; kept per session by ``prepared.claim_hint``): ``"insert"``
+    #: after a claim that inserted a new task, ``"lean"`` after one that claimed an existing task,
+    #: ``"reading"`` after one that met a task it could not claim. A hint only: every statement
+    #: gives the same answers, at most one round trip later. A session's first claim sends this.
+    first_claim = "lean"
+
+    @property
+    def next_claim(self) -> str:
+        """Deprecated: the claim hint is per session (``prepared.claim_hint``). Reads :attr:`first_claim`."""
+        return self.first_claim
+
+    @next_claim.setter
+    def next_claim(self, hint: str) -> None:
+        """Deprecated: every session, and every new one, sends ``hint`` next (use
+        ``prepared.set_claim_hint`` for one session)."""
+        prepared.forget_claim_hints()
+        self.first_claim = hint
 
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         inserting = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
         if audit:
             inserting.append(delivery_id)
-        kind = self.next_claim
+        known = kind = prepared.claim_hint(cursor, self.first_claim)
         if kind == "insert":
             sql = self.statement(("claim_new", audit), lambda: self._claim_new_sql(audit))
             self.execute(cursor, sql, inserting)
@@ -155,15 +207,15 @@ class PostgreSQLStore(SQLStore):
         found = cursor.fetchone()
         n = len(TASK_COLUMNS)
         if found is None:
-            self.next_claim = "reading"
+            self._learn(cursor, known, "reading")
             return None  # nothing claimed: the lifecycle reads the task (read_state) and decides
         row = self.decode(found)
         if found[n + 1]:
             # A new task: both stamps are the one statement's (a claim of an existing task moves
             # only updated_at).
-            self.next_claim = "insert" if row.created_at == row.updated_at else "lean"
+            self._learn(cursor, known, "insert" if row.created_at == row.updated_at else "lean")
             return Claimed(row, found[n])
-        self.next_claim = "reading"
+        self._learn(cursor, known, "reading")
         expired, recorded = bool(found[n + 2]), bool(found[n + 3])
         if not is_duplicate(row, expired, fingerprint) or (audit and not recorded):
             # Not a duplicate as of this statement's snapshot (or the task vanished meanwhile):
@@ -171,12 +223,17 @@ class PostgreSQLStore(SQLStore):
             return None
         return Found(row, expired, True)
 
+    @staticmethod
+    def _learn(cursor: Any, known: str, hint: str) -> None:
+        if hint != known:
+            prepared.remember_claim(cursor, hint)
+
     def _claim_new_sql(self, audit: bool) -> str:
         """The claim of a key that has no task yet, and its attempt row: the insert alone.
 
         After a claim that inserted, the next key is most likely new too, and the claim
         statement's update of an existing task (an index probe) and the close of a taken-over
-        attempt cost the server ~35 µs of CPU that a new key never needs. Where the key exists
+        attempt are server work that a new key never needs. Where the key exists
         this inserts nothing and writes nothing (no WAL flush), and claim_key sends the full
         statement.
         """
@@ -186,10 +243,8 @@ class PostgreSQLStore(SQLStore):
 
     def _insert_sql(self, only_if: str = "") -> str:
         """An insert of a new running task for the key, skipped where the key has a task."""
-        now = self.now
         return (
-            f"INSERT INTO {TASK} ({_INSERT_COLUMNS}) SELECT %s::text, %s::text, {RUNNING}, %s::text, 1, 1, "
-            f"%s::integer, {self.lease_sql()}, %s::jsonb, %s::text, NULL, '', '', NULL, {now}, {now} "
+            f"INSERT INTO {TASK} ({self.insert_columns()}) SELECT {self.task_values(running=True)} "
             f'{only_if}ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}'
         )
 
@@ -198,8 +253,8 @@ class PostgreSQLStore(SQLStore):
         duplicate's read and record (one round trip for the common duplicate: a task that
         existed before).
 
-        Two statements because the read and the record cost every claim, duplicate or not, ~30
-        µs of server CPU (the executor sets up their nodes even when they do nothing). Without
+        Two statements because the read and the record cost every claim server CPU, duplicate
+        or not (the executor sets up their nodes even when they do nothing). Without
         them a claim that claims nothing wrote nothing, and the lifecycle's next statement,
         :meth:`read_state`, reads the task and records the duplicate (a second round trip).
         The store sends the one that suits what this process's claims met last.
@@ -251,23 +306,18 @@ class PostgreSQLStore(SQLStore):
         """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
 
         Not ``INSERT … ON CONFLICT DO UPDATE … WHERE``: that locks the conflicting row even when
-        its WHERE is false, so the losers of a race on one key each held the row lock until their
-        own commit (a WAL flush) and were decided one after another. An ``UPDATE`` whose WHERE
+        its WHERE is false, so the losers of a race on one key would each hold the row lock until
+        their own commit (a WAL flush) and be decided one after another. An ``UPDATE`` whose WHERE
         fails on the row version it waited for (re-checked under READ COMMITTED) locks nothing,
         nor does ``ON CONFLICT DO NOTHING``: losers are decided together, without writing. A row
         committed after this statement's snapshot makes it claim nothing; the lifecycle reads
         the row and tries again when it is claimable.
         """
-        t, now = "t", self.now  # the task table's alias: shorter texts (see _name)
+        t = "t"  # the task table's alias: shorter texts (see _name)
         return (
-            f"upd AS (UPDATE {TASK} t SET status = {RUNNING}, owner = %s, fencing_token = {t}.fencing_token + 1, "
-            f"attempts = {t}.attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now}, "
-            f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN %s::jsonb ELSE {t}.payload END, "
-            f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' THEN %s "
-            f"ELSE {t}.payload_fingerprint END "
-            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, now)} '
-            f"AND (%s::text = '' OR {t}.payload_fingerprint IN ('', %s::text)) "
-            f"RETURNING {self.returning(t)}), "
+            f"upd AS (UPDATE {TASK} t SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
+            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, self.now)} '
+            f"AND {self.same_payload(t)} RETURNING {self.returning(t)}), "
             f"ins AS ({self._insert_sql('WHERE NOT EXISTS (SELECT 1 FROM upd) ')}), "
             f"claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)"
         )
@@ -315,9 +365,7 @@ class PostgreSQLStore(SQLStore):
             f"pending AS MATERIALIZED (SELECT id FROM {t} WHERE status = {PENDING} {tenant_sql} "
             f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED), "
             f"picked AS (SELECT id FROM (SELECT id FROM expired UNION ALL SELECT id FROM pending) u LIMIT %s), "
-            f"claimed AS (UPDATE {t} q SET status = {RUNNING}, owner = %s, "
-            f"fencing_token = q.fencing_token + 1, attempts = q.attempts + 1, "
-            f"lease_expires_at = {self.lease_sql()}, updated_at = {now} FROM picked p "
+            f"claimed AS (UPDATE {t} q SET {self.claim_set('q')} FROM picked p "
             f"WHERE q.id = p.id AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         return sql + _open_attempts(single=False) if audit else sql
@@ -398,7 +446,7 @@ class PostgreSQLStore(SQLStore):
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
         # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
-        # against t was planned as a sequential scan of the attempt table, see _open_attempts).
+        # against t can be planned as a sequential scan of the attempt table, see _open_attempts).
         sql = self.statement(("finish audited", set_sql), lambda: (
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
             f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status), "

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from django.core.checks import CheckMessage
+
 from .rows import Claimed, Found, Moved, TaskRow
 
 
@@ -24,16 +26,26 @@ class Store(Protocol):
     needs_transaction: bool
     #: Whether the database locks rows (so ``row_free`` can tell a held row from a free one).
     row_locks: bool
+    #: Whether a claim by key reads the task first (:meth:`read_state`) and claims only a task it
+    #: may take: where the claim's write would wait for the row's holder (an owner inside
+    #: ``fenced()``: MySQL's row lock, SQLite's one writer), so that a duplicate never waits.
+    looks_first: bool
 
     # -- set-up ----------------------------------------------------------------------------
     def cursor(self, db: Any) -> Any:
         """A cursor on Django connection ``db`` for this store's statements (a ``CursorWrapper``)."""
 
-    def unsupported(self, connection: Any) -> str | None:
-        """Why this server cannot hold the task table (too old…), or ``None``: for the system check."""
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        """The system check of database ``alias`` (Django connection ``connection``) for this store:
+        a server too old, settings that break claims. ``query``: Django asked for the database
+        checks of this alias (``check --database``, ``migrate``), so the check may query the server."""
 
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         """SQL and parameters for the database clock plus ``seconds`` (negative: the past)."""
+
+    def estimated_rows(self, cursor: Any, table: str) -> int | None:
+        """The database's own estimate of ``table``'s rows (PostgreSQL's planner statistics), without
+        counting them; ``None`` where the database keeps none or has not estimated yet."""
 
     def to_datetime(self, value: Any) -> datetime | None:
         """A datetime column's value as an aware datetime."""
@@ -58,8 +70,12 @@ class Store(Protocol):
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         """Claim ``(tenant, key)``: create it RUNNING, take a pending one, or take over an expired lease.
+
+        ``exists``: what a read just before found (``looks_first``): no task (``False``), a task
+        it may claim (``True``), or nothing read (``None``).
 
         ``None`` when nothing was claimed (the lifecycle then calls :meth:`read_state`). A store
         that reads the task in the same statement may answer a duplicate delivery at once: a
@@ -70,7 +86,9 @@ class Store(Protocol):
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
         audit: bool, in_transaction: bool,
     ) -> Found | None:
-        """After a claim took nothing: the task as it is, recording a duplicate delivery."""
+        """The task as it is (``None``: absent), recording a duplicate delivery: after a claim took
+        nothing, or before it (``looks_first``). Never waits for a transaction holding the task:
+        where the audit row would (MySQL's foreign key, SQLite's write lock), it is left out."""
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
@@ -125,6 +143,13 @@ class Store(Protocol):
         """Count a fenced-off write on the attempt that made it."""
 
     # -- the sweeper and operators ---------------------------------------------------------
+    def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
+                older_than: float | None) -> bool:
+        """A pending task whose message is about to be sent again: store ``dispatch`` (JSON) and move
+        ``updated_at`` to now, only while it is still pending with ``token`` (a task the sweeper just
+        reclaimed) or, without a token, last updated more than ``older_than`` seconds ago by the
+        database clock. Whether it matched: two sweepers never send one task twice in a round."""
+
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
         """Expired RUNNING tasks to PENDING (FAILED with no attempts left)."""
 

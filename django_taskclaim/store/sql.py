@@ -15,9 +15,11 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.checks import CheckMessage
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from ..checkspec import spec
 from ..status import Outcome, Status
 from .rows import ATTEMPT, DATETIME_COLUMNS, JSON_COLUMNS, TASK, TASK_COLUMNS, Claimed, Found, Moved, TaskRow
 
@@ -26,13 +28,20 @@ _JSON_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in JSON_COLUMNS)
 _DATETIME_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in DATETIME_COLUMNS)
 
 
+E002 = spec("django_taskclaim.E002", "Database {alias!r} cannot hold the task table: {problem}.",
+            "Upgrade the database server (or the SQLite library) to a supported version; see "
+            "docs/databases.md.")
+E003 = spec("django_taskclaim.E003", "USE_TZ is False with {vendor}.",
+            "Leases are compared with the database's UTC clock, and {vendor} stores datetimes without "
+            "a time zone: set USE_TZ = True, so that Django stores them in UTC too.")
+
+
 def word(choice: str) -> str:
     """A status or outcome as a SQL literal (a fixed word of ``status.py``, never user input)."""
     return f"'{choice}'"
 
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (word(s) for s in Status.values)
-INSERT_COLUMNS = ", ".join(f'"{c}"' for c in TASK_COLUMNS[1:])
 EXHAUSTED_ERROR = "lease expired with no attempts left"
 # A release gives the task back untouched: this attempt does not count. Owners and operators
 # (force-release) release alike.
@@ -77,10 +86,16 @@ class SQLStore:
     json_param = "%s"
     needs_transaction = True
     row_locks = False
+    looks_first = True
     #: Appended to the SELECT of rows an operator then changes (row locks where the database has them).
     for_update = ""
-    #: Appended to the read of the task a duplicate's audit row is inserted for (see record_duplicate).
-    share_lock = ""
+    #: Seconds a duplicate delivery's audit row may wait for a transaction holding the task, where
+    #: it would wait (SQLite's one write lock, MySQL's exclusive row lock), before it is left out:
+    #: claims and completions hold it for a moment, an owner's fenced() block for as long as it
+    #: runs, and the duplicate's answer must not wait for that.
+    duplicate_record_wait = 1.0
+    #: The database's name in check E003 when it stores datetimes without a time zone.
+    naive_datetimes: str | None = None
 
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
@@ -107,10 +122,24 @@ class SQLStore:
         return seconds
 
     def unsupported(self, connection: Any) -> str | None:
+        """Why this server cannot hold the task table (too old…), or ``None``: check E002."""
         return None
+
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        """E002 (a server :meth:`unsupported` refuses) and E003; stores add their own checks."""
+        found: list[CheckMessage] = []
+        if (problem := self.unsupported(connection)) is not None:
+            found.append(E002.error(alias=alias, problem=problem))
+        if self.naive_datetimes and not settings.USE_TZ:
+            found.append(E003.error(vendor=self.naive_datetimes))
+        return found
 
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         return self.lease_sql(), [self.lease_param(seconds)]
+
+    def estimated_rows(self, cursor: Any, table: str) -> int | None:
+        """The database's own estimate of ``table``'s rows without counting them; ``None`` where it keeps none."""
+        return None
 
     def columns(self, table: str = "") -> str:
         """The task columns in ``TASK_COLUMNS`` order (qualified by ``table`` if given)."""
@@ -127,6 +156,49 @@ class SQLStore:
     def returning(self, table: str = "") -> str:
         """What a statement that writes a task row returns: its columns, in order."""
         return self.columns(table)
+
+    def param(self, sql_type: str) -> str:
+        """A parameter of ``sql_type`` (``text``, ``integer``): a bare ``%s`` where the database infers it."""
+        return "%s"
+
+    # -- the statements' shared parts: each vendor's claims and inserts are built from these ----
+    def insert_columns(self) -> str:
+        """The columns of a new task row, in ``TASK_COLUMNS`` order without ``id``."""
+        return self.statement(("insert_columns",), lambda: ", ".join(self.quote(c) for c in TASK_COLUMNS[1:]))
+
+    def task_values(self, *, running: bool) -> str:
+        """A new task row's values for :meth:`insert_columns`: a claim's (``running``: RUNNING under a
+        lease, its first attempt) or ``ensure()``'s (PENDING). Parameters: tenant, key, owner
+        (``running``), max_attempts, lease (``running``), payload, payload fingerprint, dispatch
+        (not ``running``)."""
+        text, now = self.param("text"), self.now
+        if running:
+            state = f"{RUNNING}, {text}, 1, 1, {self.param('integer')}, {self.lease_sql()}"
+        else:
+            state = f"{PENDING}, '', 0, 0, {self.param('integer')}, NULL"
+        dispatch = "NULL" if running else self.json_param
+        return f"{text}, {text}, {state}, {self.json_param}, {text}, NULL, '', '', {dispatch}, {now}, {now}"
+
+    def claim_set(self, table: str, owner: str = "%s", lease: str = "") -> str:
+        """The SET clause of every claim, by key or queue style: RUNNING for ``owner``, the next
+        fencing token and attempt, a lease from the database clock (``lease``: SQL for the expiry;
+        by default the lease parameter added to the clock). ``table``: the task table's name or
+        alias in the statement."""
+        return (f"status = {RUNNING}, owner = {owner}, fencing_token = {table}.fencing_token + 1, "
+                f"attempts = {table}.attempts + 1, lease_expires_at = {lease or self.lease_sql()}, "
+                f"updated_at = {self.now}")
+
+    def adopt_payload_set(self, table: str, payload: str = "", fingerprint: str = "%s") -> str:
+        """The SET clause by which a claim stores its payload on a task created without one (and only then)."""
+        return (f"payload = CASE WHEN {table}.payload_fingerprint = '' THEN {payload or self.json_param} "
+                f"ELSE {table}.payload END, payload_fingerprint = CASE WHEN {table}.payload_fingerprint = '' "
+                f"THEN {fingerprint} ELSE {table}.payload_fingerprint END")
+
+    def same_payload(self, table: str) -> str:
+        """A claim's payload fits the task's: none given, none stored, or the same (two parameters:
+        the fingerprint twice)."""
+        text = self.param("text")
+        return f"({text} = '' OR {table}.payload_fingerprint IN ('', {text}))"
 
     def begin_write(self, cursor: Any) -> None:
         """Nothing to do where row locks serialise writers; SQLite overrides it."""
@@ -171,22 +243,16 @@ class SQLStore:
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
-        now, t = self.now, TASK
-        cursor.execute(
-            f"INSERT INTO {t} ({INSERT_COLUMNS}) VALUES (%s, %s, {RUNNING}, %s, 1, 1, %s, "
-            f"{self.lease_sql()}, {self.json_param}, %s, NULL, '', '', NULL, {now}, {now}) "
-            f'ON CONFLICT (tenant, "key") DO UPDATE SET status = {RUNNING}, owner = excluded.owner, '
-            f"fencing_token = {t}.fencing_token + 1, attempts = {t}.attempts + 1, "
-            f"lease_expires_at = excluded.lease_expires_at, updated_at = excluded.updated_at, "
-            f"payload = CASE WHEN {t}.payload_fingerprint = '' THEN excluded.payload ELSE {t}.payload END, "
-            f"payload_fingerprint = CASE WHEN {t}.payload_fingerprint = '' "
-            f"THEN excluded.payload_fingerprint ELSE {t}.payload_fingerprint END "
-            f"WHERE {claimable(t, now)} AND (excluded.payload_fingerprint = '' "
-            f"OR {t}.payload_fingerprint IN ('', excluded.payload_fingerprint)) "
-            f"RETURNING {self.returning()}",
-            [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint],
-        )
+        sql = self.statement(("claim_key",), lambda: (
+            f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=True)}) "
+            f"ON CONFLICT (tenant, {self.quote('key')}) DO UPDATE SET "
+            f"{self.claim_set(TASK, 'excluded.owner', 'excluded.lease_expires_at')}, "
+            f"{self.adopt_payload_set(TASK, 'excluded.payload', 'excluded.payload_fingerprint')} "
+            f"WHERE {claimable(TASK, self.now)} AND (excluded.payload_fingerprint = '' "
+            f"OR {TASK}.payload_fingerprint IN ('', excluded.payload_fingerprint)) RETURNING {self.returning()}"))
+        cursor.execute(sql, [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
         found = cursor.fetchone()
         if found is None:
             return None
@@ -234,14 +300,15 @@ class SQLStore:
         One statement that inserts only while the task row exists: a purge that deleted the
         task since it was read makes this insert nothing instead of violating the foreign key.
         """
-        self.execute(
-            cursor,
-            f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
-            f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
-            f"FROM {TASK} WHERE id = %s{self.share_lock}",
-            [owner, delivery_id, task_id],
-        )
+        self.execute(cursor, self.duplicate_sql(), [owner, delivery_id, task_id])
         return bool(cursor.rowcount == 1)
+
+    def duplicate_sql(self, lock: str = "") -> str:
+        """The insert of a duplicate's audit row for task ``id`` (parameters: owner, delivery id,
+        task id), reading the task row with ``lock``."""
+        return (f"INSERT INTO {ATTEMPT} (task_id, token, owner, delivery_id, started_at, ended_at, outcome, "
+                f"stale_writes) SELECT id, NULL, %s, %s, {self.now}, {self.now}, {word(Outcome.DUPLICATE)}, 0 "
+                f"FROM {TASK} WHERE id = %s{lock}")
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
@@ -251,8 +318,7 @@ class SQLStore:
         tenant_sql, params = ("AND tenant = %s", [tenant]) if tenant is not None else ("", [])
         # Expired leases first (older work), then the oldest pending tasks.
         cursor.execute(
-            f"UPDATE {t} SET status = {RUNNING}, owner = %s, fencing_token = fencing_token + 1, "
-            f"attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, updated_at = {now} "
+            f"UPDATE {t} SET {self.claim_set(t)} "
             f"WHERE id IN (SELECT id FROM {t} WHERE {claimable(t, now)} {tenant_sql} "
             f"ORDER BY status = {PENDING}, id LIMIT %s) AND {claimable(t, now)} "
             f"RETURNING {self.returning()}",
@@ -278,9 +344,9 @@ class SQLStore:
     ) -> TaskRow | None:
         self.execute(
             cursor,
-            f"INSERT INTO {TASK} ({INSERT_COLUMNS}) VALUES (%s, %s, {PENDING}, '', 0, 0, %s, NULL, "
-            f"{self.json_param}, %s, NULL, '', '', {self.json_param}, {self.now}, {self.now}) "
-            f'ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}',
+            self.statement(("ensure",), lambda: (
+                f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=False)}) "
+                f"ON CONFLICT (tenant, {self.quote('key')}) DO NOTHING RETURNING {self.returning()}")),
             [tenant, key, max_attempts, payload, fingerprint, dispatch],
         )
         found = cursor.fetchone()
@@ -382,6 +448,21 @@ class SQLStore:
         )
 
     # -- the sweeper and operators ---------------------------------------------------------
+    def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
+                older_than: float | None) -> bool:
+        guard, params = "fencing_token = %s", [token]
+        if token is None:
+            if older_than is None:
+                raise ValueError("requeue needs the token of a reclaimed task or an age (older_than)")
+            cutoff, params = self.shifted_now(-older_than)
+            guard = f"updated_at < {cutoff}"
+        cursor.execute(
+            f"UPDATE {TASK} SET dispatch = {self.json_param}, updated_at = {self.now} "
+            f"WHERE id = %s AND status = {PENDING} AND {guard}",
+            [dispatch, task_id, *params],
+        )
+        return bool(cursor.rowcount == 1)
+
     def reclaim_set_sql(self, table: str = TASK) -> str:
         # The owner is cleared with the lease; the attempt log keeps who held it.
         left = f"{table}.attempts < {table}.max_attempts"

@@ -10,14 +10,29 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from django.conf import settings
+from django.core.checks import CheckMessage
+from django.db import OperationalError
+
+from ..checkspec import spec
 from .rows import TASK
 from .sql import SQLStore
 
 MINIMUM_VERSION = (3, 35)  # UPDATE … RETURNING
+#: Seconds a SQLite connection waits for the write lock before "database is locked": with
+#: several queue workers on one file, Django's default of 5 s is not enough (docs/databases.md).
+RECOMMENDED_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = 5.0  # Python's sqlite3.connect() default, which Django keeps
+W020 = spec("django_taskclaim.W020", "SQLite database {alias!r} waits {timeout} for a lock before "
+            "\"database is locked\".",
+            "Set DATABASES[{alias!r}]['OPTIONS']['timeout'] = 30 (seconds) or more: SQLite has one "
+            "writer, and with several workers (claim_next, fenced(), run_once) a writer can wait "
+            "longer than the default 5 s for its turn.")
 
 
 class SQLiteStore(SQLStore):
     vendor = "sqlite"
+    naive_datetimes = "SQLite"
     # UTC in the text form Django stores datetimes in (six fraction digits), because SQLite
     # compares these columns as text. Its clock has millisecond resolution.
     now = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')"
@@ -33,6 +48,32 @@ class SQLiteStore(SQLStore):
             return (f"SQLite {sqlite3.sqlite_version} is too old: claims need SQLite "
                     f"{'.'.join(map(str, MINIMUM_VERSION))} or newer (UPDATE … RETURNING)")
         return None
+
+    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+        found = super().system_check(alias, connection, query=query)
+        # The settings as they are now (override_settings changes these, not the connection's copy).
+        database: dict[str, Any] = settings.DATABASES[alias]
+        options: dict[str, Any] = database.get("OPTIONS") or {}
+        timeout = options.get("timeout", DEFAULT_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            found.append(W020.warning(alias=alias, timeout=f"{timeout!r} (not a number of seconds)"))
+        elif timeout < RECOMMENDED_TIMEOUT:
+            default = " (the default)" if "timeout" not in options else ""
+            found.append(W020.warning(alias=alias, timeout=f"{timeout:g} s{default}"))
+        return found
+
+    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
+        options: dict[str, Any] = cursor.db.settings_dict.get("OPTIONS") or {}
+        usual = float(options.get("timeout", DEFAULT_TIMEOUT))  # what Django gave sqlite3.connect()
+        cursor.execute(f"PRAGMA busy_timeout = {int(min(usual, self.duplicate_record_wait) * 1000)}")
+        try:
+            return super().record_duplicate(cursor, task_id, owner, delivery_id)
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            return True  # the write lock stayed held (an owner's fenced(), a long transaction): left out
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout = {int(usual * 1000)}")
 
     def begin_write(self, cursor: Any) -> None:
         # A deferred transaction that reads first holds a shared lock (or, in WAL mode, a

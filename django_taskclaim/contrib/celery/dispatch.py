@@ -19,9 +19,10 @@ from django.utils import timezone
 from ... import lifecycle
 from ...conf import settings
 from ...exceptions import InvalidTaskKey
-from ...keys import TaskKey, resolve_identity
+from ...keys import TaskKey, canonical_json, resolve_identity
+from ...lifecycle import transitions
 from ...status import Status
-from ...store import DbNow, DbNowPlus
+from ...store import DbNowPlus
 from ...store.rows import Moved
 from .app import celery_app
 from .options import ClaimOptions
@@ -166,22 +167,22 @@ def requeue_lost(
 
     using = using or settings.DATABASE
     rows = Task.objects.using(using)
-    picked: list[tuple[Any, Any]] = []  # (task, guard filter)
+    picked: list[tuple[Any, int | None]] = []  # (task, the token it was reclaimed with)
     status = {} if dry_run else {"status": Status.PENDING}
     for moved in reclaimed:
         if moved.status != Status.PENDING:
             continue
         task = rows.filter(pk=moved.id, fencing_token=moved.token, dispatch__isnull=False, **status).first()
         if task is not None:
-            picked.append((task, {"fencing_token": moved.token}))
+            picked.append((task, moved.token))
     if older_than is not None:
         # The database's clock, like updated_at itself: a sweeper's own clock may be off.
-        cutoff = DbNowPlus(-older_than)
-        stale = rows.filter(status=Status.PENDING, dispatch__isnull=False, updated_at__lt=cutoff).order_by("id")
+        stale = rows.filter(status=Status.PENDING, dispatch__isnull=False,
+                            updated_at__lt=DbNowPlus(-older_than)).order_by("id")
         seen = {t.pk for t, _ in picked}
         for task in stale[:limit] if limit else stale:
             if task.pk not in seen and not _eta_ahead(task.dispatch):
-                picked.append((task, {"updated_at__lt": cutoff}))
+                picked.append((task, None))
     if limit:
         picked = picked[:limit]
     if dry_run:
@@ -189,14 +190,15 @@ def requeue_lost(
                 for task, _ in picked if isinstance(task.dispatch, dict) and task.dispatch.get("task")]
     app = app or celery_app()
     done = []
-    for task, guard in picked:
+    for task, token in picked:
         dispatch = dict(task.dispatch) if isinstance(task.dispatch, dict) else {}
         name = dispatch.get("task")
         if not name:
             continue
         dispatch["sent"] = int(dispatch.get("sent", 1)) + 1
-        sent = rows.filter(pk=task.pk, status=Status.PENDING, **guard).update(updated_at=DbNow(), dispatch=dispatch)
-        if not sent:
+        # The guarded write first: two sweepers never send the same task twice in one round.
+        if not transitions.requeue(using, task.pk, canonical_json(dispatch, "dispatch"), token=token,
+                                   older_than=None if token is not None else older_than):
             continue  # claimed or re-sent by someone else meanwhile
         item = Requeued(task.pk, task.key, task.tenant, str(dispatch.get("task_id") or ""))
         try:
