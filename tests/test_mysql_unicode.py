@@ -97,6 +97,11 @@ def test_e022_a_connection_character_set_other_than_utf8mb4(monkeypatch, charset
 def test_e023_a_task_table_column_that_is_not_utf8mb4() -> None:
     assert check_database(databases=["default"]) == []
     with connection.cursor() as cursor:
+        # Put back as it was, collation too: another collation of utf8mb4 would make the admin's
+        # join with django_celery_results fail ("Illegal mix of collations") in later tests.
+        cursor.execute("SELECT COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+                       "AND TABLE_NAME = 'django_taskclaim_attempt' AND COLUMN_NAME = 'delivery_id'")
+        [collation] = cursor.fetchone()
         cursor.execute("ALTER TABLE django_taskclaim_attempt MODIFY delivery_id varchar(255) "
                        "CHARACTER SET latin1 NOT NULL")
     try:
@@ -107,5 +112,5 @@ def test_e023_a_task_table_column_that_is_not_utf8mb4() -> None:
         assert "0003_mysql_utf8mb4" in error.hint
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE django_taskclaim_attempt MODIFY delivery_id varchar(255) "
-                           "CHARACTER SET utf8mb4 NOT NULL")
+            cursor.execute("ALTER TABLE django_taskclaim_attempt MODIFY delivery_id varchar(255) "  # noqa: S608
+                           f"CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL")

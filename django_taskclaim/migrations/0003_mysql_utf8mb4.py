@@ -48,13 +48,19 @@ def to_utf8mb4(apps, schema_editor):
         return
     q = schema_editor.quote_name
     with connection.cursor() as cursor:
+        # The database's own utf8mb4 collation where it has one: the server's default collation
+        # for utf8mb4 may differ, and comparing columns of two collations of one character set
+        # (a join with another app's table) fails with "Illegal mix of collations".
+        cursor.execute("SELECT @@collation_database")
+        [database_collation] = cursor.fetchone()
+        collate = f" COLLATE {database_collation}" if str(database_collation).startswith("utf8mb4_") else ""
         for table in TABLES:
             narrow = _narrow_columns(cursor, table)
             if not narrow:
                 continue
             checks = _column_checks(cursor, connection, table)
             changes = [
-                f"MODIFY {q(name)} {kind} CHARACTER SET utf8mb4 {'NULL' if nullable else 'NOT NULL'}"
+                f"MODIFY {q(name)} {kind} CHARACTER SET utf8mb4{collate} {'NULL' if nullable else 'NOT NULL'}"
                 + (f" CHECK ({checks[name]})" if name in checks else "")
                 for name, kind, nullable in narrow
             ]
