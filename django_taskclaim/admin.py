@@ -28,7 +28,7 @@ from django.utils.translation import ngettext
 
 from .lifecycle import reclaim_expired_rows
 from .models import HELD_REASON, Attempt, Task, TaskQuerySet, held_ids
-from .store import DbNow
+from .store import DbNow, get_store
 
 logger = logging.getLogger("django_taskclaim")
 PREVIEW_LENGTH = 80
@@ -66,26 +66,26 @@ ESTIMATE_ABOVE = 10_000
 
 
 def estimated_rows(using: str, table: str) -> int:
-    """PostgreSQL's estimate of a table's rows (``pg_class.reltuples``, kept by ANALYZE and
-    autovacuum); -1 when the table was never analysed."""
+    """The database's own estimate of a table's rows without counting them (its store's
+    ``estimated_rows``: PostgreSQL's planner statistics); -1 where it keeps none."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
-        row = cursor.fetchone()
-    return -1 if row is None or row[0] is None else int(row[0])
+        found = get_store(using).estimated_rows(cursor, table)
+    return -1 if found is None else found
 
 
 class EstimatedCountPaginator(Paginator):
-    """Counts an unfiltered list of a large PostgreSQL table from the planner's statistics.
+    """Counts an unfiltered list of a large table from the database's statistics (PostgreSQL's).
 
     ``COUNT(*)`` reads the whole table (or a whole index) on every page view; the estimate is
     one catalogue lookup, and the admin only needs it for the page links. A filtered or
-    searched list, a table below ``ESTIMATE_ABOVE`` rows, and SQLite get the exact count.
+    searched list, a table below ``ESTIMATE_ABOVE`` rows, and a database that keeps no estimate
+    get the exact count.
     """
 
     @cached_property
     def count(self) -> int:
         qs = self.object_list
-        if isinstance(qs, QuerySet) and not qs.query.where and connections[qs.db].vendor == "postgresql":
+        if isinstance(qs, QuerySet) and not qs.query.where:
             estimate = estimated_rows(qs.db, qs.model._meta.db_table)
             if estimate >= ESTIMATE_ABOVE:
                 return estimate

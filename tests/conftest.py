@@ -34,17 +34,6 @@ def require_module(module: str, what: str) -> None:
         requirement_missing(what)
 
 
-@pytest.fixture(autouse=True)
-def _lean_claim_statement_first() -> None:
-    """Every test starts as a fresh process does: the PostgreSQL store sends the full claim
-    statement without the duplicate's read first (which one it sends follows what the process's
-    last claim met), so that a test counting statements or prepared statements does not depend
-    on the test before it."""
-    from django_taskclaim.store.postgresql import store
-
-    store.next_claim = "lean"
-
-
 @pytest.fixture
 def worker_env() -> dict[str, str]:
     """Environment for a child process that should use the test database."""
@@ -120,7 +109,8 @@ def expire(task_or_pk) -> None:  # type: ignore[no-untyped-def]
     Task.objects.filter(pk=pk).update(lease_expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
 
 
-# MySQL/MariaDB: how many other sessions have a statement on the task table waiting ("updating":
-# InnoDB's information_schema.innodb_trx did not list the waiting transaction from inside ours).
+# MySQL/MariaDB: how many other sessions have a statement on the task table waiting ("updating"
+# for an UPDATE, "update" for an INSERT: InnoDB's information_schema.innodb_trx did not list the
+# waiting transaction from inside ours).
 MYSQL_LOCK_WAITS = ("SELECT count(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() "
-                    "AND LOWER(state) = 'updating' AND info LIKE '%%django_taskclaim_task%%'")
+                    "AND LOWER(state) IN ('updating', 'update') AND info LIKE '%%django_taskclaim_task%%'")

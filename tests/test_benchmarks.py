@@ -34,8 +34,8 @@ def prepared_statements() -> list[str]:
 
 @pytest.mark.django_db
 def test_claim_and_complete_run_as_prepared_statements() -> None:
-    # After a claim of a new key the next claim sends the insert alone (see
-    # PostgreSQLStore.next_claim): from then on, fresh keys send the same statements.
+    # Fresh keys send the same statements from the second claim on (which claim statement a
+    # session sends follows its last committed claim: prepared.claim_hint).
     Task.objects.claim("warm", owner="w").claim.complete()  # type: ignore[union-attr]
     Task.objects.claim("prepared", owner="w").claim.complete()  # type: ignore[union-attr]
     after_first = set(prepared_statements())
@@ -62,7 +62,7 @@ def test_prepared_statements_can_be_turned_off(settings) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_statements_are_prepared_again_after_deallocate() -> None:
-    Task.objects.claim("zero", owner="w")  # the next claims send the insert alone (next_claim)
+    Task.objects.claim("zero", owner="w")  # the next claims send the insert alone (prepared.claim_hint)
     Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
     with connection.cursor() as cursor:
         cursor.execute("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does to the session

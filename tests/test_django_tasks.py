@@ -303,3 +303,15 @@ def test_check_reports_options_it_cannot_honour_and_a_task_database_elsewhere() 
         assert [m.id for m in ClaimBackend("z", {}).check()] == ["django_taskclaim.W201"]
     with override_settings(TASKCLAIM_AUDIT=False):
         assert [m.id for m in ClaimBackend("z", {}).check()] == ["django_taskclaim.W202"]
+
+
+def test_w203_the_backport_outside_installed_apps() -> None:
+    from django.conf import settings
+
+    from django_taskclaim.tasks.compat import FRAMEWORK
+
+    if FRAMEWORK != "django_tasks":
+        pytest.skip("Django 6 has the framework built in: there is no app to install")
+    apps = [app for app in settings.INSTALLED_APPS if app != "django_tasks"]
+    with override_settings(INSTALLED_APPS=apps):
+        assert [m.id for m in ClaimBackend("z", {}).check()] == ["django_taskclaim.W203"]

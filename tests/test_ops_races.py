@@ -118,16 +118,16 @@ def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> No
 
 def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(spawn_ops: Spawn) -> None:
     """24 workers claim_next + fenced() on one SQLite file with the busy timeout the docs
-    recommend (checks.RECOMMENDED_SQLITE_TIMEOUT): none sees "database is locked", and every
+    recommend (store.sqlite.RECOMMENDED_TIMEOUT): none sees "database is locked", and every
     task's effect is applied exactly once."""
-    from django_taskclaim.checks import RECOMMENDED_SQLITE_TIMEOUT
+    from django_taskclaim.store.sqlite import RECOMMENDED_TIMEOUT
 
     if connection.vendor != "sqlite":
         pytest.skip("the busy timeout is SQLite's")
     for i in range(480):
         Task.objects.ensure(f"q-{i}", queue="default")
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_ops",
-           "TASKCLAIM_TEST_SQLITE_TIMEOUT": str(RECOMMENDED_SQLITE_TIMEOUT)}
+           "TASKCLAIM_TEST_SQLITE_TIMEOUT": str(RECOMMENDED_TIMEOUT)}
     workers = [spawn_ops("drain", "--seconds", "300", "--until-empty", "--work-ms", "3", env=env)
                for _ in range(24)]
     exits = run_together(workers, timeout=400)

@@ -100,7 +100,7 @@ def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_abor
     from django.db import DatabaseError, transaction
 
     # "first" and "second" send the same claim statement: after the claim of "zero" inserted a
-    # new task, the insert alone (see PostgreSQLStore.next_claim).
+    # new task, the insert alone (see prepared.claim_hint).
     Task.objects.claim("zero", owner="w")
     Task.objects.claim("first", owner="w").claim.complete()  # type: ignore[union-attr]
     transaction.set_autocommit(False)

@@ -17,6 +17,22 @@ def _postgresql_only() -> None:
         pytest.skip("PostgreSQL only")
 
 
+def set_claim_hint(kind: str) -> None:
+    """Make the test session's next claim by key send the statement ``kind``."""
+    from django_taskclaim.store import prepared
+
+    with prepared.cursor(connection) as cursor:
+        prepared.set_claim_hint(cursor, kind)
+
+
+def claim_hint() -> str:
+    """The claim statement the test session sends next (``"lean"`` before any claim)."""
+    from django_taskclaim.store import prepared
+
+    with prepared.cursor(connection) as cursor:
+        return prepared.claim_hint(cursor, "lean")
+
+
 def test_heartbeats_are_hot_updates() -> None:
     claim = Task.objects.claim("job").claim
     for _ in range(20):
@@ -157,10 +173,8 @@ def test_every_hot_statement_fits_psycopgs_statement_cache(audit: bool) -> None:
         sent.append((sql, len(params or ())))
         return execute(sql, params, many, context)
 
-    from django_taskclaim.store.postgresql import store
-
     def claim(key: str, owner: str, kind: str):  # type: ignore[no-untyped-def]
-        store.next_claim = kind  # the insert alone, the claim statement with or without the duplicate's read
+        set_claim_hint(kind)  # the insert alone, the claim statement with or without the duplicate's read
         return Task.objects.claim(key, owner=owner)
 
     with override_settings(TASKCLAIM_AUDIT=audit), connection.execute_wrapper(record):
@@ -236,16 +250,15 @@ def test_the_fast_timestamp_loader_matches_djangos_in_every_zone(zone_name: str 
     assert [v.tzinfo for v in ours] == [v.tzinfo for v in djangos] == [zone] * len(values)
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kind", ["insert", "lean", "reading"])
 def test_a_claim_gives_the_task_as_stored_whichever_statement_claimed(kind: str) -> None:
     """Each of the three claim statements gives the task as a read of the row gives it (jsonb's
     own form of the payload, the tenant, the max attempts, both time stamps), and a claim that
     inserted makes the insert alone the next statement."""
-    from django_taskclaim.store.postgresql import store
     from django_taskclaim.store.rows import TASK_COLUMNS
 
-    store.next_claim = kind
+    set_claim_hint(kind)
     payload = {"b": [1e100, 0.5], "a": {"z": None, "é": "x"}}
     outcome = Task.objects.claim(f"fresh-{kind}", tenant="acme", owner="w", payload=payload, max_attempts=7)
     assert outcome.claim is not None
@@ -253,7 +266,7 @@ def test_a_claim_gives_the_task_as_stored_whichever_statement_claimed(kind: str)
     assert {c: getattr(outcome.task, c) for c in TASK_COLUMNS} == {c: getattr(stored, c) for c in TASK_COLUMNS}
     assert outcome.claim.payload == stored.payload
     assert outcome.claim.lease_expires_at == stored.lease_expires_at and outcome.claim.token == 1
-    assert store.next_claim == "insert"  # a claim that inserted: the insert alone comes next
+    assert claim_hint() == "insert"  # a claim that inserted: the insert alone comes next
 
 
 @pytest.mark.django_db
@@ -286,3 +299,63 @@ def test_the_store_cursor_keeps_djangos_checks_hooks_and_error_classes() -> None
             Task.objects.claim("after-an-error", owner="w")
         transaction.set_rollback(True)
     assert not Task.objects.filter(key="after-an-error").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_statement_follows_its_own_sessions_committed_claims() -> None:
+    """What a claim by key met steers the next claim statement of its session only, and only once
+    it committed: another session starts afresh, and a rolled-back claim teaches nothing."""
+    from django.db import connections, transaction
+
+    from django_taskclaim.store import prepared
+
+    assert claim_hint() == "lean"  # a new session
+    Task.objects.claim("first", owner="w")
+    assert claim_hint() == "insert"
+    other = connections.create_connection("default")
+    try:
+        with prepared.cursor(other) as cursor:
+            assert prepared.claim_hint(cursor, "lean") == "lean"
+    finally:
+        other.close()
+    with transaction.atomic():
+        assert not Task.objects.claim("first", owner="second").claimed  # met a task it could not claim
+        assert claim_hint() == "insert"  # not before the commit
+        transaction.set_rollback(True)
+    assert claim_hint() == "insert"
+    with transaction.atomic():
+        assert not Task.objects.claim("first", owner="second").claimed
+    assert claim_hint() == "reading"
+
+
+def alter_owner(length: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE django_taskclaim_task ALTER COLUMN owner TYPE varchar({length})")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prepared_statements_survive_a_column_type_change() -> None:
+    """A migration that changes the type of a column the store's statements return makes their
+    prepared plans fail ("cached plan must not change result type", SQLSTATE 0A000) on every
+    session that prepared them: the store prepares them again. Outside a transaction the call
+    succeeds; inside one, the error aborted the caller's transaction, and the next call after the
+    rollback succeeds."""
+    from django.db import NotSupportedError, transaction
+
+    Task.objects.ensure("before")
+    assert Task.objects.claim_next(owner="w")
+    assert Task.objects.claim("claimed-before", owner="w").claimed
+    try:
+        alter_owner(512)
+        assert Task.objects.ensure("after").status == "pending"
+        [claim] = Task.objects.claim_next(owner="w")
+        assert claim.key == "after"
+        assert Task.objects.claim("claimed-after", owner="w").claimed
+        alter_owner(255)  # the plans prepared meanwhile change result type again
+        with pytest.raises(NotSupportedError, match="cached plan"), transaction.atomic():
+            Task.objects.ensure("inside")
+        with transaction.atomic():
+            assert Task.objects.ensure("inside").status == "pending"
+            assert [c.key for c in Task.objects.claim_next(owner="w")] == ["inside"]
+    finally:
+        alter_owner(255)

@@ -186,16 +186,24 @@ def claim_key(
 ) -> Claimed | Found | None:
     """Claim (or take over) ``(tenant, key)``; else the task as found (``None``: it vanished)."""
     store, audit, inside = get_store(using), settings.AUDIT, in_transaction(using)
-    result = _write(using, lambda cursor: store.claim_key(
-        cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload, fingerprint=fingerprint,
-        max_attempts=max_attempts, delivery_id=delivery_id, audit=audit, in_transaction=inside))
-    if isinstance(result, Claimed):
-        return result
-    found = result
-    if found is None:  # nothing claimed, and the statement did not settle it: read afresh
+
+    def read_state() -> Found | None:
         with cursor_for(using) as cursor:
-            found = store.read_state(cursor, tenant=tenant, key=key, owner=owner, fingerprint=fingerprint,
-                                     delivery_id=delivery_id, audit=audit, in_transaction=inside)
+            return store.read_state(cursor, tenant=tenant, key=key, owner=owner, fingerprint=fingerprint,
+                                    delivery_id=delivery_id, audit=audit, in_transaction=inside)
+
+    # Where the claim's write would wait for the row's holder (an owner inside fenced()), the task
+    # is read first: one it may not claim is answered from the read, without waiting.
+    found = read_state() if store.looks_first else None
+    if found is None or found.claimable(fingerprint):
+        # None yet, one it may claim, or not read: the write may wait for a racing claim's transaction.
+        exists = (found is not None) if store.looks_first else None
+        result = _write(using, lambda cursor: store.claim_key(
+            cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload, fingerprint=fingerprint,
+            max_attempts=max_attempts, delivery_id=delivery_id, audit=audit, in_transaction=inside, exists=exists))
+        if isinstance(result, Claimed):
+            return result
+        found = result if result is not None else read_state()  # nothing claimed, nothing settled: read afresh
     if found is not None and found.duplicate:
         if logger.isEnabledFor(logging.INFO):
             logger.info("duplicate delivery", extra={"key": key, "tenant": tenant,

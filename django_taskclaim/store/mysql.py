@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.core.checks import CheckMessage
-from django.db import DatabaseError, IntegrityError, connections
+from django.db import DatabaseError, IntegrityError, OperationalError, connections
 
 from ..checkspec import spec
 from ..status import Outcome, Status
@@ -42,7 +42,22 @@ W021 = spec("django_taskclaim.W021", "MySQL database {alias!r} runs transactions
             "to 'read committed': under 'repeatable read' a claim that lost a race can read an old "
             "snapshot of the task inside the caller's transaction, and InnoDB's gap locks make racing "
             "claims deadlock more often.")
+E022 = spec("django_taskclaim.E022", "MySQL database {alias!r} connects with character set {charset!r}, "
+            "which cannot carry every Unicode character.",
+            "Set DATABASES[{alias!r}]['OPTIONS']['charset'] = 'utf8mb4' (Django before 5.2 connects with "
+            "'utf8', MySQL's 3-byte utf8mb3): an owner, an error or a delivery id with an emoji or another "
+            "4-byte character is refused in strict mode (error 1366: a failure that never lands, the task "
+            "left running) and stored as '?' otherwise.")
+E023 = spec("django_taskclaim.E023", "MySQL database {alias!r}: column(s) {columns} cannot store every "
+            "Unicode character (character set {charsets}).",
+            "Migration 0003_mysql_utf8mb4 converts every text column of the task tables to utf8mb4: "
+            "migrate django_taskclaim to 0002 and forward again, or convert them yourself (ALTER TABLE … "
+            "MODIFY … CHARACTER SET utf8mb4). Until then such text is refused in strict mode (error 1366) "
+            "and stored as '?' otherwise, and a worker no longer recognises the claims of its own name.")
+#: The migration that converts the task tables' text columns; E023 waits for it (migrate runs the checks).
+UTF8MB4_MIGRATION = ("django_taskclaim", "0003_mysql_utf8mb4")
 _DUPLICATE_KEY = 1062
+_LOCK_WAIT_TIMEOUT = 1205
 _DEADLOCK = 1213
 
 
@@ -53,9 +68,9 @@ def _code(exc: Exception) -> int | None:
 
 
 # Operators lock task rows through the primary key, as owners do (by id). Through the (status, id)
-# index (the optimizer's pick for "status IN (...) AND id IN (...)") an operator held a row's
-# index entry while waiting for the row, and an owner completing that row (which moves its
-# (status, id) entry) waited for the entry: a deadlock.
+# index (the optimizer's pick for "status IN (...) AND id IN (...)") an operator would hold a
+# row's index entry while waiting for the row, and an owner completing that row (which moves its
+# (status, id) entry) would wait for the entry: a deadlock.
 BY_ROW = "FORCE INDEX (PRIMARY)"
 
 
@@ -66,11 +81,6 @@ class MySQLStore(SQLStore):
     needs_transaction = True
     row_locks = True
     for_update = " FOR UPDATE"
-    # A duplicate's audit row: the task row first, share-locked by the SELECT, then the attempt
-    # row, the order a purge takes them in (task rows FOR UPDATE, then their attempts). The
-    # foreign key check alone would lock the task row after the new attempt row, and deadlock
-    # with such a purge.
-    share_lock = " LOCK IN SHARE MODE"
 
     def quote(self, name: str) -> str:
         return f"`{name}`"
@@ -103,7 +113,34 @@ class MySQLStore(SQLStore):
         level = options.get("isolation_level", "read committed")
         if str(level or "").lower() != "read committed":
             found.append(W021.warning(alias=alias, level=level))
+        # What the driver is asked for: OPTIONS over Django's default (utf8mb4 from Django 5.2).
+        charset = connection.get_connection_params().get("charset", "")
+        if str(charset).lower() != "utf8mb4":
+            found.append(E022.error(alias=alias, charset=charset))
+        if query:
+            found += self._narrow_columns_check(alias, connection)
         return found
+
+    def _narrow_columns_check(self, alias: str, connection: Any) -> list[CheckMessage]:
+        """E023: text columns of the task tables that are not utf8mb4, once the migration that
+        converts them has run (before it, ``migrate`` must not be stopped by this check)."""
+        from django.db.migrations.recorder import MigrationRecorder
+
+        if UTF8MB4_MIGRATION not in MigrationRecorder(connection).applied_migrations():
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT TABLE_NAME, COLUMN_NAME, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
+                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({placeholders(2)}) "
+                "AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME <> 'utf8mb4' "
+                "ORDER BY TABLE_NAME, ORDINAL_POSITION",
+                [TASK, ATTEMPT],
+            )
+            narrow = cursor.fetchall()
+        if not narrow:
+            return []
+        return [E023.error(alias=alias, columns=", ".join(f"{t}.{c}" for t, c, _ in narrow),
+                           charsets=", ".join(sorted({cs for _, _, cs in narrow})))]
 
     def retryable(self, error: Exception) -> bool:
         return _code(error) == _DEADLOCK
@@ -142,19 +179,26 @@ class MySQLStore(SQLStore):
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         now, t, k = self.now, TASK, self.quote("key")
-        # Take the existing row when it is claimable: a conditional UPDATE, re-checked by InnoDB
-        # on the latest committed version of the row it locks.
-        cursor.execute(
-            f"UPDATE {t} SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
-            f"WHERE tenant = %s AND {k} = %s AND {claimable(t, now)} AND {self.same_payload(t)}",
-            [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
-        )
         previous = None
-        if cursor.rowcount == 1:
+        # Take the existing row when it is claimable: a conditional UPDATE, re-checked by InnoDB
+        # on the latest committed version of the row it locks. It waits for the row's holder,
+        # hence only where a read just found a task it may claim (or read nothing).
+        matched = False
+        if exists is not False:
+            cursor.execute(
+                f"UPDATE {t} SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
+                f"WHERE tenant = %s AND {k} = %s AND {claimable(t, now)} AND {self.same_payload(t)}",
+                [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
+            )
+            matched = cursor.rowcount == 1
+        if matched:
             # The row is ours (locked) until this transaction commits.
             [(row, previous)] = self._claimed_rows(cursor, f"t.tenant = %s AND t.{k} = %s", [tenant, key], audit)
+        elif exists:
+            return None  # taken by a racing claim meanwhile: the lifecycle reads it again
         else:
             new_id = self._insert(cursor, self.task_values(running=True),
                                   [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
@@ -164,6 +208,34 @@ class MySQLStore(SQLStore):
         if audit:
             self._open_attempt(cursor, row, delivery_id, previous)
         return Claimed(row, previous)
+
+    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
+        """As the portable one; the audit row is left out where a transaction holds the task row
+        for longer than :attr:`duplicate_record_wait` (MariaDB; MySQL, which has no ``WAIT n``: at
+        once): its owner inside ``fenced()``, or a claim or an operator inside a caller's
+        transaction. Claims, completions and operators otherwise hold it for a moment.
+
+        The task row is share-locked first by the SELECT, then the attempt row is inserted: the
+        order a purge takes them in (task rows FOR UPDATE, then their attempts); the foreign key
+        check alone would lock the task row after the new attempt row, and deadlock with such a
+        purge. Either lock waits for a transaction that holds the row exclusively.
+        """
+        if cursor.db.mysql_is_mariadb:
+            share = f" LOCK IN SHARE MODE WAIT {max(1, round(self.duplicate_record_wait))}"
+        else:  # MySQL has no WAIT n
+            share = " FOR SHARE SKIP LOCKED"
+        try:
+            cursor.execute(self.statement(("duplicate", share), lambda: self.duplicate_sql(share)),
+                           [owner, delivery_id, task_id])
+        except OperationalError as exc:
+            if _code(exc) != _LOCK_WAIT_TIMEOUT:
+                raise
+            return True  # still held (only this statement was undone): left out
+        if cursor.rowcount == 1:
+            return True
+        # Skipped (MySQL: held), or deleted by a purge: a plain read tells which.
+        cursor.execute(f"SELECT 1 FROM {TASK} WHERE id = %s", [task_id])
+        return cursor.fetchone() is not None
 
     def _open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, previous: str | None) -> None:
         """Record a claim; close the attempt it took over (``previous``: that attempt's owner)."""
@@ -298,6 +370,9 @@ class MySQLStore(SQLStore):
         return status
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
+        # Exclusive, not a share lock (which would let a duplicate's audit row in meanwhile): the
+        # owner's own write in the block would then have to upgrade it, and deadlock with a claim,
+        # a heartbeat or an operator queued for the row.
         cursor.execute(f"SELECT 1 FROM {TASK} WHERE {owned()} FOR UPDATE", [task_id, token])
         return cursor.fetchone() is not None
 
@@ -334,8 +409,8 @@ class MySQLStore(SQLStore):
     def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
         # Lock the victims through the unique (tenant, key) index, then their rows: the order a
         # claim by key takes them in. Locked through the primary key first (the portable
-        # SELECT … FOR UPDATE), a purge deadlocked with every claim of a key it was deleting:
-        # the claim held the key's index entry and waited for the row, the DELETE the reverse.
+        # SELECT … FOR UPDATE), a purge would deadlock with a claim of a key it deletes: the
+        # claim holds the key's index entry and waits for the row, the DELETE the reverse.
         k, marks = self.quote("key"), placeholders(len(statuses))
         cutoff = cursor.db.ops.adapt_datetimefield_value(before)
         cursor.execute(  # candidates, read without locks

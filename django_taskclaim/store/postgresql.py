@@ -41,9 +41,9 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
 
     The attempt to close is looked up by its unique ``(task_id, token)``: for one claimed row
     (``single``) as values of scalar subqueries, which the planner turns into an index lookup
-    whatever it believes of the table's size. A join against ``claimed`` instead was planned
-    as a sequential scan of the attempt table while its statistics still said "small" (a
-    prepared statement keeps that plan): 3.5 ms per claim at 6,600 attempts, growing with them.
+    whatever it believes of the table's size. A join against ``claimed`` can be planned as a
+    sequential scan of the attempt table while its statistics still say "small", and a prepared
+    statement keeps that plan for the session while the table grows.
     """
     if single:
         match = ("a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed) "
@@ -63,8 +63,8 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
 
 def _name(column: str) -> str:
     """A task column as PostgreSQL reads it: only ``key`` is quoted. Short texts matter here: psycopg
-    caches the conversion of a statement's text only up to 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``),
-    and parsing the claim's text afresh on every call cost ~110 µs of client CPU per claim."""
+    caches the conversion of a statement's text only up to ``MAX_CACHED_STATEMENT_LENGTH`` bytes and
+    parses a longer one afresh on every call (tests/test_postgresql.py holds every hot statement under it)."""
     return f'"{column}"' if column == "key" else column
 
 
@@ -93,6 +93,10 @@ class PostgreSQLStore(SQLStore):
     json_param = "%s::jsonb"
     needs_transaction = False
     row_locks = True
+    # Its claim statement never waits for an owner's fenced(): a row whose version in the
+    # statement's snapshot fails the claim's WHERE is not locked, ON CONFLICT DO NOTHING locks
+    # nothing, and the duplicate's FOR KEY SHARE does not conflict with fenced()'s FOR NO KEY UPDATE.
+    looks_first = False
     for_update = " FOR UPDATE"
 
     def lease_sql(self) -> str:
@@ -147,21 +151,34 @@ class PostgreSQLStore(SQLStore):
         # Typed: in INSERT … SELECT and CASE a bare parameter's type cannot be inferred.
         return f"%s::{sql_type}"
 
-    #: Which claim statement this process sends first for a claim by key, after what its last
-    #: claim met (see _claim_key_sql): ``"insert"`` after a claim that inserted a new task,
-    #: ``"lean"`` after one that claimed an existing task, ``"reading"`` after one that met a
-    #: task it could not claim. A hint only, shared by the threads of the process: every
-    #: statement gives the same answers, at most one round trip later.
-    next_claim = "lean"
+    #: Which claim statement a session sends first for a claim by key follows what its last
+    #: claim met (see _claim_key_sql; kept per session by ``prepared.claim_hint``): ``"insert"``
+    #: after a claim that inserted a new task, ``"lean"`` after one that claimed an existing task,
+    #: ``"reading"`` after one that met a task it could not claim. A hint only: every statement
+    #: gives the same answers, at most one round trip later. A session's first claim sends this.
+    first_claim = "lean"
+
+    @property
+    def next_claim(self) -> str:
+        """Deprecated: the claim hint is per session (``prepared.claim_hint``). Reads :attr:`first_claim`."""
+        return self.first_claim
+
+    @next_claim.setter
+    def next_claim(self, hint: str) -> None:
+        """Deprecated: every session, and every new one, sends ``hint`` next (use
+        ``prepared.set_claim_hint`` for one session)."""
+        prepared.forget_claim_hints()
+        self.first_claim = hint
 
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         inserting = [tenant, key, owner, max_attempts, lease, payload, fingerprint]
         if audit:
             inserting.append(delivery_id)
-        kind = self.next_claim
+        known = kind = prepared.claim_hint(cursor, self.first_claim)
         if kind == "insert":
             sql = self.statement(("claim_new", audit), lambda: self._claim_new_sql(audit))
             self.execute(cursor, sql, inserting)
@@ -182,7 +199,7 @@ class PostgreSQLStore(SQLStore):
         self.execute(cursor, sql, params)
         found = cursor.fetchone()
         if found is None:
-            self.next_claim = "reading"
+            self._learn(cursor, known, "reading")
             return None  # nothing claimed: the lifecycle reads the task (read_state) and decides
         row = self.decode(found)
         # After the task's columns: when it was claimed, whether its lease has expired, the owner
@@ -191,9 +208,9 @@ class PostgreSQLStore(SQLStore):
         if claimed:
             # A new task: both stamps are the one statement's (a claim of an existing task moves
             # only updated_at).
-            self.next_claim = "insert" if row.created_at == row.updated_at else "lean"
+            self._learn(cursor, known, "insert" if row.created_at == row.updated_at else "lean")
             return Claimed(row, previous)
-        self.next_claim = "reading"
+        self._learn(cursor, known, "reading")
         expired, recorded = bool(expired), bool(recorded)
         if not is_duplicate(row, expired, fingerprint) or (audit and not recorded):
             # Not a duplicate as of this statement's snapshot (or the task vanished meanwhile):
@@ -201,12 +218,17 @@ class PostgreSQLStore(SQLStore):
             return None
         return Found(row, expired, True)
 
+    @staticmethod
+    def _learn(cursor: Any, known: str, hint: str) -> None:
+        if hint != known:
+            prepared.remember_claim(cursor, hint)
+
     def _claim_new_sql(self, audit: bool) -> str:
         """The claim of a key that has no task yet, and its attempt row: the insert alone.
 
         After a claim that inserted, the next key is most likely new too, and the claim
         statement's update of an existing task (an index probe) and the close of a taken-over
-        attempt cost the server ~35 µs of CPU that a new key never needs. Where the key exists
+        attempt are server work that a new key never needs. Where the key exists
         this inserts nothing and writes nothing (no WAL flush), and claim_key sends the full
         statement.
         """
@@ -225,8 +247,8 @@ class PostgreSQLStore(SQLStore):
         duplicate's read and record (one round trip for the common duplicate: a task that
         existed before).
 
-        Two statements because the read and the record cost every claim, duplicate or not, ~30
-        µs of server CPU (the executor sets up their nodes even when they do nothing). Without
+        Two statements because the read and the record cost every claim server CPU, duplicate
+        or not (the executor sets up their nodes even when they do nothing). Without
         them a claim that claims nothing wrote nothing, and the lifecycle's next statement,
         :meth:`read_state`, reads the task and records the duplicate (a second round trip).
         The store sends the one that suits what this process's claims met last.
@@ -279,8 +301,8 @@ class PostgreSQLStore(SQLStore):
         """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
 
         Not ``INSERT … ON CONFLICT DO UPDATE … WHERE``: that locks the conflicting row even when
-        its WHERE is false, so the losers of a race on one key each held the row lock until their
-        own commit (a WAL flush) and were decided one after another. An ``UPDATE`` whose WHERE
+        its WHERE is false, so the losers of a race on one key would each hold the row lock until
+        their own commit (a WAL flush) and be decided one after another. An ``UPDATE`` whose WHERE
         fails on the row version it waited for (re-checked under READ COMMITTED) locks nothing,
         nor does ``ON CONFLICT DO NOTHING``: losers are decided together, without writing. A row
         committed after this statement's snapshot makes it claim nothing; the lifecycle reads
@@ -437,7 +459,7 @@ class PostgreSQLStore(SQLStore):
         if not audit:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
         # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
-        # against t was planned as a sequential scan of the attempt table, see _open_attempts).
+        # against t can be planned as a sequential scan of the attempt table, see _open_attempts).
         sql = self.statement(("finish audited", set_sql, attempt_set), lambda: (
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
             f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status), "

@@ -16,6 +16,7 @@ transaction mode, which hands each transaction to any session: check E010).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from collections.abc import Sequence
@@ -29,6 +30,9 @@ from ..conf import settings
 
 _UNDEFINED_STATEMENT = "26000"  # prepared statement "…" does not exist
 _DUPLICATE_STATEMENT = "42P05"  # prepared statement "…" already exists
+_CHANGED_RESULT = "0A000"  # cached plan must not change result type
+#: What a session's prepared statements may fail with, where preparing them afresh mends it.
+_PREPARE_AGAIN = frozenset({_UNDEFINED_STATEMENT, _DUPLICATE_STATEMENT, _CHANGED_RESULT})
 
 # While Django leaves psycopg's prepare_threshold at None (its default), psycopg prepares
 # nothing, even when asked. For the store's own statements the threshold is lifted to a value no
@@ -106,10 +110,55 @@ class _Shown:
 
 
 # One driver cursor per driver connection (one server session), reused by every statement of
-# the store, with the time zone its timestamps load in: making a psycopg cursor and its Django
-# wrapper anew cost a tenth of a claim's client CPU. Weak keys: a closed connection's cursor
-# goes with it.
+# the store, with the time zone its timestamps load in: a psycopg cursor and its Django wrapper
+# made anew for each statement weigh on the claim's client CPU (docs/profile.md). Weak keys: a
+# closed connection's cursor goes with it.
 _DRIVERS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+# What each session's last claim by key met (which claim statement it sends next: see
+# PostgreSQLStore.claim_key), kept with the session as its driver cursor is.
+_CLAIM_HINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _session(cursor: Any) -> Any:
+    """The driver connection (one server session) of a Django cursor or a psycopg cursor."""
+    return getattr(getattr(cursor, "cursor", cursor), "connection", None)
+
+
+def claim_hint(cursor: Any, default: str) -> str:
+    """What the last claim by key on ``cursor``'s session met, or ``default`` before any."""
+    try:
+        return _CLAIM_HINTS.get(_session(cursor), default)
+    except TypeError:  # a driver connection that takes no weak reference: no memory
+        return default
+
+
+def remember_claim(cursor: Any, hint: str) -> None:
+    """Record what a claim by key on ``cursor``'s session met. Inside an atomic block, once it
+    commits: a claim rolled back taught nothing (and a test's rolled-back transaction leaves
+    the session as it found it)."""
+    raw = _session(cursor)
+    db = getattr(cursor, "db", None)
+
+    def record() -> None:
+        with contextlib.suppress(TypeError):  # a driver connection that takes no weak reference
+            _CLAIM_HINTS[raw] = hint
+
+    if db is not None and db.in_atomic_block:
+        db.on_commit(record)
+    else:
+        record()
+
+
+def set_claim_hint(cursor: Any, hint: str) -> None:
+    """Make ``hint`` the claim statement ``cursor``'s session sends next, now (for tools that compare statements)."""
+    _CLAIM_HINTS[_session(cursor)] = hint
+
+
+def forget_claim_hints() -> None:
+    """Every session sends its next claim as a fresh one does."""
+    _CLAIM_HINTS.clear()
 
 
 @async_unsafe
@@ -143,9 +192,9 @@ def cursor(db: Any) -> Any:
 
 
 class StoreCursorWrapper(CursorWrapper):
-    """Django's cursor wrapper, with a shorter way for the store's statements (a tenth of each
-    statement's client CPU): the same checks and error classes, ``execute_wrapper`` hooks
-    whenever any are installed, no logging (a logging connection gets Django's own wrapper)."""
+    """Django's cursor wrapper, with a shorter way for the store's statements: the same checks and
+    error classes, ``execute_wrapper`` hooks whenever any are installed, no logging (a logging
+    connection gets Django's own wrapper)."""
 
     def execute(self, sql: Any, params: Any = None) -> Any:
         db = self.db
@@ -173,8 +222,8 @@ def _fast_tz_loader(zone: Any) -> Any:
     """A timestamptz loader giving what Django's gives, at a fraction of its cost.
 
     Django loads timestamps with a subclass of psycopg's pure-Python loader (to set the
-    connection's time zone), about 11 µs each, three per claim. This one calls psycopg's own
-    loader for the session, compiled where psycopg has its C part, and sets the zone as Django's does.
+    connection's time zone), three per claim. This one calls psycopg's own loader for the
+    session, compiled where psycopg has its C part, and sets the zone as Django's does.
     """
     from psycopg import adapt
     from psycopg import adapters as defaults
@@ -241,14 +290,15 @@ def execute(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     try:
         _run(cursor, driver, sql, params, prepare=True)
     except DatabaseError as exc:
-        # psycopg's record of what this session prepared is wrong: someone ran DEALLOCATE ALL
-        # or DISCARD ALL on a Django cursor (psycopg does not watch those while Django keeps
-        # preparing off), or a pooler handed over a session that already holds statements of
-        # these names (a session-mode PgBouncer with no reset query). Start the session's
-        # statements afresh and run this one again, where the error aborted no transaction of
-        # the caller's; inside one, the caller's rollback comes first, and the next statement
-        # after it starts afresh.
-        if _sqlstate(exc) not in (_UNDEFINED_STATEMENT, _DUPLICATE_STATEMENT):
+        # The session's prepared statements no longer fit: psycopg's record of them is wrong
+        # (someone ran DEALLOCATE ALL or DISCARD ALL on a Django cursor, which psycopg does not
+        # watch while Django keeps preparing off, or a pooler handed over a session that already
+        # holds statements of these names: a session-mode PgBouncer with no reset query), or a
+        # migration changed the type of a column they return (PostgreSQL refuses to run such a
+        # plan, and the statement did nothing). Start the session's statements afresh and run
+        # this one again, where the error aborted no transaction of the caller's; inside one, the
+        # caller's rollback comes first, and the next statement after it starts afresh.
+        if _sqlstate(exc) not in _PREPARE_AGAIN:
             raise
         if not _outside_transaction(cursor.db):
             driver.stale = True

@@ -26,6 +26,10 @@ class Store(Protocol):
     needs_transaction: bool
     #: Whether the database locks rows (so ``row_free`` can tell a held row from a free one).
     row_locks: bool
+    #: Whether a claim by key reads the task first (:meth:`read_state`) and claims only a task it
+    #: may take: where the claim's write would wait for the row's holder (an owner inside
+    #: ``fenced()``: MySQL's row lock, SQLite's one writer), so that a duplicate never waits.
+    looks_first: bool
 
     # -- set-up ----------------------------------------------------------------------------
     def cursor(self, db: Any) -> Any:
@@ -66,8 +70,12 @@ class Store(Protocol):
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         """Claim ``(tenant, key)``: create it RUNNING, take a pending one, or take over an expired lease.
+
+        ``exists``: what a read just before found (``looks_first``): no task (``False``), a task
+        it may claim (``True``), or nothing read (``None``).
 
         ``None`` when nothing was claimed (the lifecycle then calls :meth:`read_state`). A store
         that reads the task in the same statement may answer a duplicate delivery at once: a
@@ -78,7 +86,9 @@ class Store(Protocol):
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
         audit: bool, in_transaction: bool,
     ) -> Found | None:
-        """After a claim took nothing: the task as it is, recording a duplicate delivery."""
+        """The task as it is (``None``: absent), recording a duplicate delivery: after a claim took
+        nothing, or before it (``looks_first``). Never waits for a transaction holding the task:
+        where the audit row would (MySQL's foreign key, SQLite's write lock), it is left out."""
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,

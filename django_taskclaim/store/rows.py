@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from ..status import Status
+
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
 
@@ -61,12 +63,21 @@ def in_claim_order(claimed: list[Claimed]) -> list[Claimed]:
 
 
 class Found(NamedTuple):
-    """A task a claim could not take: its row, whether its lease has expired by the database
-    clock, and whether this delivery was recorded as a duplicate."""
+    """A task as a claim found it: its row, whether its lease has expired by the database clock,
+    and whether this delivery is a duplicate (held under a live lease, or done, with a payload
+    that fits), recorded as one in the audit trail where the store could without waiting."""
 
     row: TaskRow
     expired: bool
     duplicate: bool
+
+    def claimable(self, fingerprint: str) -> bool:
+        """Whether a claim whose payload has ``fingerprint`` may take the task as found: pending, or
+        running under an expired lease with attempts left, and a payload that fits."""
+        row = self.row
+        free = row.status == Status.PENDING or (
+            row.status == Status.RUNNING and self.expired and row.attempts < row.max_attempts)
+        return free and (not fingerprint or row.payload_fingerprint in ("", fingerprint))
 
 
 class Moved(NamedTuple):

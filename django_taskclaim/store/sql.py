@@ -119,10 +119,14 @@ class SQLStore:
     json_param = "%s"
     needs_transaction = True
     row_locks = False
+    looks_first = True
     #: Appended to the SELECT of rows an operator then changes (row locks where the database has them).
     for_update = ""
-    #: Appended to the read of the task a duplicate's audit row is inserted for (see record_duplicate).
-    share_lock = ""
+    #: Seconds a duplicate delivery's audit row may wait for a transaction holding the task, where
+    #: it would wait (SQLite's one write lock, MySQL's exclusive row lock), before it is left out:
+    #: claims and completions hold it for a moment, an owner's fenced() block for as long as it
+    #: runs, and the duplicate's answer must not wait for that.
+    duplicate_record_wait = 1.0
     #: The database's name in check E003 when it stores datetimes without a time zone.
     naive_datetimes: str | None = None
 
@@ -284,6 +288,7 @@ class SQLStore:
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
+        exists: bool | None = None,
     ) -> Claimed | Found | None:
         sql = self.statement(("claim_key",), lambda: (
             f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=True)}) "
@@ -340,14 +345,14 @@ class SQLStore:
         One statement that inserts only while the task row exists: a purge that deleted the
         task since it was read makes this insert nothing instead of violating the foreign key.
         """
-        self.execute(
-            cursor,
-            f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT id, NULL, %s, %s, {self.now}, {self.now}, "
-            f"{word(Outcome.DUPLICATE)}, 0, {NO_ERROR} "
-            f"FROM {TASK} WHERE id = %s{self.share_lock}",
-            [owner, delivery_id, task_id],
-        )
+        self.execute(cursor, self.duplicate_sql(), [owner, delivery_id, task_id])
         return bool(cursor.rowcount == 1)
+
+    def duplicate_sql(self, lock: str = "") -> str:
+        """The insert of a duplicate's audit row for task ``id`` (parameters: owner, delivery id,
+        task id), reading the task row with ``lock``."""
+        return (f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT id, NULL, %s, %s, {self.now}, {self.now}, "
+                f"{word(Outcome.DUPLICATE)}, 0, {NO_ERROR} FROM {TASK} WHERE id = %s{lock}")
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage
+from django.db import OperationalError
 
 from ..checkspec import spec
 from .rows import TASK
@@ -60,6 +61,19 @@ class SQLiteStore(SQLStore):
             default = " (the default)" if "timeout" not in options else ""
             found.append(W020.warning(alias=alias, timeout=f"{timeout:g} s{default}"))
         return found
+
+    def record_duplicate(self, cursor: Any, task_id: int, owner: str, delivery_id: str) -> bool:
+        options: dict[str, Any] = cursor.db.settings_dict.get("OPTIONS") or {}
+        usual = float(options.get("timeout", DEFAULT_TIMEOUT))  # what Django gave sqlite3.connect()
+        cursor.execute(f"PRAGMA busy_timeout = {int(min(usual, self.duplicate_record_wait) * 1000)}")
+        try:
+            return super().record_duplicate(cursor, task_id, owner, delivery_id)
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            return True  # the write lock stayed held (an owner's fenced(), a long transaction): left out
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout = {int(usual * 1000)}")
 
     def begin_write(self, cursor: Any) -> None:
         # A deferred transaction that reads first holds a shared lock (or, in WAL mode, a

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.apps import apps
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS
 
+from ..checkspec import spec
 from ..conf import settings
 from ..exceptions import InvalidArgument, TaskClaimError
 from ..keys import lease_seconds, positive_int
@@ -24,37 +25,32 @@ KNOWN_OPTIONS = {
     "BACKOFF": "retry backoff: a dict of Backoff's fields (default TASKCLAIM_RETRY_BACKOFF)",
 }
 
-E201 = ("django_taskclaim.E201", "Task backend {alias!r}: {problem}.",
+E201 = spec("django_taskclaim.E201", "Task backend {alias!r}: {problem}.",
         "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS and BACKOFF.")
-W201 = ("django_taskclaim.W201", "Task backend {alias!r} stores tasks in database {using!r}, not in {default!r}.",
+W201 = spec("django_taskclaim.W201", "Task backend {alias!r} stores tasks in database {using!r}, not in {default!r}.",
         "enqueue() inside transaction.atomic() on {default!r} does not commit or roll back with the "
         "task: a task can outlive a rolled-back caller (or the caller's rows be missing when it runs). "
         "Enqueue inside transaction.atomic(using={using!r}), or keep the task table in the database of "
         "the rows the tasks work on (TASKCLAIM_DATABASE).")
-W202 = ("django_taskclaim.W202", "Task backend {alias!r}: TASKCLAIM_AUDIT is False.",
+W202 = spec("django_taskclaim.W202", "Task backend {alias!r}: TASKCLAIM_AUDIT is False.",
         "Results read their errors, worker ids and attempt counts from the attempt rows, which "
         "TASKCLAIM_AUDIT = False does not write: get_result() reports none of them. Set it True.")
-W203 = ("django_taskclaim.W203", "Task backend {alias!r} runs on the django_tasks backport, which is not in "
+W203 = spec("django_taskclaim.W203", "Task backend {alias!r} runs on the django_tasks backport, which is not in "
         "INSTALLED_APPS.",
         "Add 'django_tasks' to INSTALLED_APPS: without it the backport registers neither its checks "
         "nor its log receivers.")
 
 
-def _message(level: Any, spec: tuple[str, str, str], **fmt: object) -> checks.CheckMessage:
-    check_id, msg, hint = spec
-    return level(msg.format(**fmt), hint=hint.format(**fmt), id=check_id)
-
-
 def backend_messages(backend: ClaimBackend) -> list[checks.CheckMessage]:
-    messages = [_message(checks.Error, E201, alias=backend.alias, problem=problem)
+    messages: list[checks.CheckMessage] = [E201.error(alias=backend.alias, problem=problem)
                 for problem in options_problems(backend)]
     if differs_from_callers(backend.using):
-        messages.append(_message(checks.Warning, W201, alias=backend.alias, using=backend.using,
+        messages.append(W201.warning(alias=backend.alias, using=backend.using,
                                  default=DEFAULT_DB_ALIAS))
     if not settings.AUDIT:
-        messages.append(_message(checks.Warning, W202, alias=backend.alias))
+        messages.append(W202.warning(alias=backend.alias))
     if FRAMEWORK == "django_tasks" and not apps.is_installed("django_tasks"):
-        messages.append(_message(checks.Warning, W203, alias=backend.alias))
+        messages.append(W203.warning(alias=backend.alias))
     return messages
 
 

@@ -11,7 +11,7 @@ messages, and every unacknowledged delivery comes back. Redis's visibility timeo
 RabbitMQ's ``consumer_timeout`` are shorter than a pause, so both brokers also redeliver the
 messages of paused workers (and Celery stops a worker whose channel RabbitMQ closed for it:
 a replacement starts). The sweeper
-(what ``manage.py reclaim --requeue --every`` does in production) moves expired leases back
+(what ``manage.py taskclaim_reclaim --requeue --every`` does in production) moves expired leases back
 and re-sends the messages of tasks that nobody is going to run. The checker is the same.
 """
 

@@ -474,7 +474,7 @@ class Harness:
             self.top_up()
             now = time.monotonic()
             if now >= next_sweep:
-                # What `manage.py reclaim --every` does, racing the workers' takeovers.
+                # What `manage.py taskclaim_reclaim --every` does, racing the workers' takeovers.
                 self.sweep()
                 next_sweep = now + opts.lease
             if now >= next_fault:

@@ -4,8 +4,10 @@
 - ``broker``: what the broker does with an unacknowledged message (visibility and consumer timeouts);
 - ``options``: a claimed task's options, its key from its arguments, the registry of claimed tasks;
 - ``tasks``: ``ClaimedTask`` (the body run under a claim) and ``@claimed_task``;
-- ``dispatch``: ``enqueue_once`` and ``requeue_lost``.
+- ``dispatch``: ``enqueue_once`` and ``requeue_lost``;
+- ``checks``: the bridge's system checks (E101, W101–W106), registered through ``contrib.INTEGRATIONS``.
 
 Imports go one way, down this list: ``app`` and ``broker`` import neither, ``options`` imports
-``app``, ``tasks`` imports ``options`` and ``broker``, ``dispatch`` imports ``options`` and ``app``.
+``app``, ``tasks`` imports ``options`` and ``broker``, ``dispatch`` imports ``options`` and ``app``,
+``checks`` imports ``app``, ``broker`` and ``options`` (only when it runs: Celery may be absent).
 """

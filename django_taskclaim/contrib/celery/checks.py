@@ -25,7 +25,7 @@ E101 = spec("django_taskclaim.E101", "The Celery app cannot be loaded: {problem}
 W101 = spec("django_taskclaim.W101", "Celery acks_late is off for claimed task(s): {tasks}.",
             "Set CELERY_TASK_ACKS_LATE = True (or acks_late=True on the task): with early acks a "
             "message is acknowledged before the body runs, and a worker that dies mid-task loses it "
-            "(only 'reclaim --requeue' brings it back).")
+            "(only 'taskclaim_reclaim --requeue' brings it back).")
 W102 = spec("django_taskclaim.W102", "Celery worker_prefetch_multiplier is {value}.",
             "Set CELERY_WORKER_PREFETCH_MULTIPLIER = 1: prefetched messages wait unacknowledged behind "
             "a busy worker slot, where a Redis/SQS visibility timeout delivers them a second time, where "
@@ -52,7 +52,7 @@ W106 = spec("django_taskclaim.W106", "Quorum queue {queue!r} has x-delivery-limi
             "Set x-delivery-limit to at least max_attempts, or lower max_attempts: whichever is lower "
             "ends a message that keeps killing its worker. When RabbitMQ's limit comes first it drops "
             "(or dead-letters) the message while the task stays unfinished in the database, until "
-            "'reclaim --requeue' sends it again; when max_attempts comes first the task ends FAILED "
+            "'taskclaim_reclaim --requeue' sends it again; when max_attempts comes first the task ends FAILED "
             "and every later delivery raises TaskFailed. (A busy retry publishes a new message, so "
             "RabbitMQ counts only the returns that found the task free.)")
 

@@ -29,7 +29,7 @@ from .options import ClaimOptions
 
 logger = logging.getLogger("django_taskclaim")
 
-#: Default ``manage.py reclaim --requeue-after``: a PENDING task enqueued through the bridge
+#: Default ``manage.py taskclaim_reclaim --requeue-after``: a PENDING task enqueued through the bridge
 #: whose message was last sent longer ago than this is considered lost and sent again.
 REQUEUE_AFTER = 300.0
 
@@ -40,7 +40,7 @@ class Enqueued:
 
     ``created`` is True when this call created the task and will publish on commit (``sent``
     turns True once the message went out; ``error`` holds a publishing failure, which
-    ``reclaim --requeue`` repairs). Otherwise ``status`` says what was found.
+    ``taskclaim_reclaim --requeue`` repairs). Otherwise ``status`` says what was found.
     """
 
     task: Any
@@ -79,7 +79,7 @@ def enqueue_once(
     A ``(tenant, key)`` that already exists (pending, running or finished) publishes nothing;
     the returned handle says which state it found. ``key``/``tenant`` must be the ones the
     task computes from ``args``/``kwargs``. What is needed to publish again is stored in
-    ``Task.dispatch`` for ``reclaim --requeue``.
+    ``Task.dispatch`` for ``taskclaim_reclaim --requeue``.
     """
     opts: ClaimOptions | None = getattr(task, "taskclaim", None)
     if not isinstance(opts, ClaimOptions):
@@ -111,9 +111,9 @@ def enqueue_once(
     def publish() -> None:
         try:
             task.apply_async(args=args, kwargs=kwargs, task_id=task_id, **apply_async_options)
-        except Exception as exc:  # the row is committed PENDING: reclaim --requeue sends it later
+        except Exception as exc:  # the row is committed PENDING: taskclaim_reclaim --requeue sends it later
             handle.error = exc
-            logger.exception("enqueue_once: publishing failed; reclaim --requeue will send it again",
+            logger.exception("enqueue_once: publishing failed; taskclaim_reclaim --requeue will send it again",
                              extra={"key": key, "tenant": tenant, "delivery_id": task_id})
             return
         handle.sent = True

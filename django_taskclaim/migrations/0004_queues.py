@@ -64,7 +64,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY on PostgreSQL
 
     dependencies = [
-        ("django_taskclaim", "0002_mysql_status_index"),
+        ("django_taskclaim", "0003_mysql_utf8mb4"),
     ]
 
     operations = [
