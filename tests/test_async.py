@@ -79,7 +79,7 @@ def test_the_async_calls_have_the_sync_outcomes() -> None:
 def test_afail_arelease_aclaim_next_and_areclaim_expired() -> None:
     async def scenario() -> None:
         for key in ("a", "b", "c"):
-            await Task.objects.aensure(key, max_attempts=2)
+            await Task.objects.aensure(key, max_attempts=2, queue="default")
         first, second = await Task.objects.aclaim_next(owner="w", lease=5, limit=2)
         assert await first.afail("boom", retry=True) == "pending"
         await second.arelease()

@@ -91,4 +91,4 @@ def test_the_lease_bound_is_the_setting_read_at_call_time() -> None:
     with override_settings(TASKCLAIM_MAX_LEASE=2_000_000):  # longer than the default maximum: accepted
         out = io.StringIO()
         call_command("taskclaim_worker", HANDLER, "--lease", "700000", "--until-drained", "--json", stdout=out)
-    assert json.loads(out.getvalue()) == {"succeeded": 0, "failed": 0, "fenced_off": 0}
+    assert json.loads(out.getvalue()) == {"succeeded": 0, "failed": 0, "fenced_off": 0, "unrecorded": 0}

@@ -319,7 +319,7 @@ class Harness:
             want = min(want, cap - len(self.log.enqueued))
         for _ in range(max(want, 0)):
             key = f"chaos:{self.opts.seed}:{len(self.log.enqueued)}"
-            self.db(partial(Task.objects.ensure, key, max_attempts=100_000))
+            self.db(partial(Task.objects.ensure, key, max_attempts=100_000, queue="default"))
             self.log.enqueued.append(key)
 
     # -- the nemesis ----------------------------------------------------------------------
