@@ -156,7 +156,11 @@ def _lock_wait(seconds: float) -> None:
     from django_taskclaim.store import get_store
 
     with connection.cursor() as cursor:
-        get_store("default").limit_lock_waits(cursor, seconds)
+        if connection.vendor == "postgresql":
+            # For this whole session (the store's limit is transaction-local, for the keepalive).
+            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
+        else:  # the session's own setting on SQLite and MySQL
+            get_store("default").limit_lock_waits(cursor, seconds)
 
 
 def taker(args: argparse.Namespace) -> None:
