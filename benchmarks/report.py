@@ -39,7 +39,7 @@ METHODOLOGY = (
     'quarter of the CPUs busy, or 5 % stolen, is recorded as a warning at the top: such a run is not a '
     'record.'
     "\n"
-    '- **No timed assertions in CI.** `tests/test_benchmarks.py` runs `--smoke` and checks only the '
+    '- **No timed assertions in CI.** `tests/repository/test_benchmarks.py` runs `--smoke` and checks only the '
     "report's structure, zero duplicates and one winner per key."
     "\n"
 )
@@ -165,7 +165,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
     add("")
     add("Reproduce with `pip install -e '.[bench]'` then `python -m benchmarks --start-server` (a private "
         "PostgreSQL with `fsync=on` and `full_page_writes=on`) or `python -m benchmarks --pg-url URL`; "
-        "`--smoke` runs tiny sizes without the peers in seconds (CI does, in `tests/test_benchmarks.py`), "
+        "`--smoke` runs tiny sizes without the peers in seconds (CI does, in `tests/repository/test_benchmarks.py`), "
         "`--max-rows` caps the table-size phase, `--drain-tasks` the queue drain, `--tasks-drain` the Django Tasks "
         "phase's drain, `--phases` picks phases (`--smoke` leaves out the Django Tasks phase unless named).")
     add("")

@@ -4,5 +4,5 @@ source checkout's virtualenv (``venv``), and polling with a deadline (``polling`
 
 Standard library only (the servers and the virtualenv come before anything is installed).
 It lives beside the app, not in it: the wheel holds ``django_taskclaim`` alone
-(``tests/test_packaging.py``), and a user's production install carries none of this.
+(``tests/repository/test_packaging.py``), and a user's production install carries none of this.
 """

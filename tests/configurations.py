@@ -2,7 +2,7 @@
 
 Standard library only (the test runner reads it before the virtualenv exists). Each name is a
 value of ``TASKCLAIM_TEST_CONFIG``, which ``tests/settings.py`` turns into settings and the
-worker processes (``tests/procs.py``) into caller behaviour; docs/configurations.md says what
+worker processes (``tests/programs/claimer.py``) into caller behaviour; docs/configurations.md says what
 each one means for users.
 """
 
@@ -22,4 +22,4 @@ CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
 # What runs in each configuration unless test paths are given: races between real processes
 # (one winner; a drain where every effect lands once; pauses past the lease and kills), and
 # the configuration's own tests.
-CORE = ["tests/test_concurrency.py", "tests/test_configurations.py"]
+CORE = ["tests/processes/test_concurrency.py", "tests/databases/test_configurations.py"]

@@ -71,8 +71,8 @@ def spawning(module: str, base_env: dict[str, str]) -> Iterator[Callable[..., su
 
 @pytest.fixture
 def spawn(worker_env):  # type: ignore[no-untyped-def]
-    """Start ``python -m tests.procs ARGS`` processes; any still running at the end are killed."""
-    with spawning("tests.procs", worker_env) as start:
+    """Start ``python -m tests.programs.claimer ARGS`` processes; any still running at the end are killed."""
+    with spawning("tests.programs.claimer", worker_env) as start:
         yield start
 
 

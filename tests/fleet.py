@@ -13,7 +13,7 @@ Event = dict[str, Any]
 
 
 class Fleet:
-    """Start ``tests.procs`` workers through the ``spawn`` fixture and follow their events."""
+    """Start ``tests.programs.claimer`` workers through the ``spawn`` fixture and follow their events."""
 
     def __init__(self, spawn: Callable[..., subprocess.Popen[str]]) -> None:
         self.spawn = spawn

@@ -154,7 +154,7 @@ LOGGING = {
     "loggers": {"django_taskclaim": {"handlers": ["null"], "level": "INFO", "propagate": True}},
 }
 
-# ---- Celery bridge (tests/celery_app.py reads these with namespace="CELERY") ----------------
+# ---- Celery bridge (tests/programs/celery_app.py reads these with namespace="CELERY") ----------------
 # The recommended settings of docs/celery.md. Worker processes started by the tests get the
 # broker and a few knobs through the environment.
 _REDIS_URL = os.environ.get("TASKCLAIM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -1,4 +1,5 @@
-"""Test settings for processes started by the operator tests (``tests/test_ops_*.py``).
+"""Test settings for processes started by the operator tests (``tests/processes/test_ops_races.py``,
+``tests/operators/test_ops_second_db.py``).
 
 The suite's settings, plus what a few tests vary through the environment:
 

@@ -1,4 +1,4 @@
-"""Views the configuration tests race with real processes (tests/test_configurations.py)."""
+"""Views the configuration tests race with real processes (tests/databases/test_configurations.py)."""
 
 from __future__ import annotations
 

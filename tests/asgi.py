@@ -1,8 +1,0 @@
-"""The ASGI application the async server tests run under uvicorn (``tests.asgi:application``)."""
-
-import os
-
-from django.core.asgi import get_asgi_application
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.asgi_settings")
-application = get_asgi_application()

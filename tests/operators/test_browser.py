@@ -1,0 +1,107 @@
+"""The admin in a real headless Chromium (the Debian package) against a live server.
+
+An operator logs in, finds the RUNNING task, runs *release* on it and reads the message;
+the database then shows the task PENDING and the worker's old claim is fenced off.
+A screenshot is saved to ``artifacts/`` (the run's test artifact).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_taskclaim.exceptions import StaleClaim
+from django_taskclaim.models import Attempt, Task
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+TIMEOUT = 20
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from tests.conftest import requirement_missing
+
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(binary, os.X_OK):
+            requirement_missing(f"{binary} (Debian packages chromium, chromium-driver)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        requirement_missing("selenium")
+    profile = tempfile.mkdtemp(prefix="taskclaim-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--window-size=1400,1000", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(TIMEOUT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_operator_releases_a_running_task_in_the_browser(browser, live_server) -> None:  # type: ignore[no-untyped-def]
+    from django.contrib.auth.models import Permission, User
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)  # noqa: S106
+    user.user_permissions.set(Permission.objects.filter(
+        content_type__app_label="django_taskclaim", codename__in=["view_task", "release_task"]))
+    worker_claim = Task.objects.claim("nightly-report", tenant="acme", owner="worker-7",
+                                      lease=600).claim
+    assert worker_claim is not None
+    Task.objects.ensure("waiting-1", tenant="acme")
+    done = Task.objects.claim("done-1", tenant="acme").claim
+    assert done
+    done.complete("ok")
+    wait = WebDriverWait(browser, TIMEOUT)
+
+    # Log in through the real admin login form.
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_taskclaim/task/")
+    browser.find_element(By.NAME, "username").send_keys("oncall")
+    browser.find_element(By.NAME, "password").send_keys("correct horse")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.ID, "result_list")))
+
+    # Find the RUNNING task: filter by status, then pick its row.
+    browser.find_element(By.LINK_TEXT, "Running").click()
+    wait.until(ec.url_contains("status__exact=running"))
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 1
+    row = rows[0]
+    assert "nightly-report" in row.text and "worker-7" in row.text and "left" in row.text
+    row.find_element(By.CSS_SELECTOR, "input.action-select").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("release")
+    browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+
+    message = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "ul.messagelist li")))
+    assert message.text == "Released 1 task; its owner is fenced off."
+    ARTIFACTS.mkdir(exist_ok=True)
+    vendor = os.environ.get("TASKCLAIM_TEST_DB", "sqlite")
+    assert browser.save_screenshot(str(ARTIFACTS / f"admin-release-{vendor}.png"))
+
+    task = Task.objects.get(key="nightly-report", tenant="acme")
+    assert task.status == Task.Status.PENDING and task.owner == ""
+    with pytest.raises(StaleClaim):
+        worker_claim.complete({"late": True})
+    assert Task.objects.get(pk=task.pk).status == Task.Status.PENDING
+    attempt = Attempt.objects.get(task=task, token=worker_claim.token)
+    assert attempt.outcome == "released" and attempt.stale_writes == 1

@@ -1,0 +1,138 @@
+"""Operators racing workers, as separate OS processes: purge beside claims, cancel and the
+admin's cancel action beside busy SQLite writers, many queue workers on one SQLite file.
+
+Every process reports each exception it met; the tests assert there were none (no
+``IntegrityError`` from a task purged under a claim, no "database is locked") and that what
+the workers saw is a valid outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_taskclaim.models import Task
+from tests.conftest import spawning
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def spawn_ops(worker_env: dict[str, str]) -> Iterator[Spawn]:
+    """Start ``python -m tests.programs.ops ARGS``; any still running at the end are killed."""
+    with spawning("tests.programs.ops", worker_env) as start:
+        yield start
+
+
+def run_together(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[dict[str, Any]]:
+    """Wait until every process is connected, start them at once, return each one's exit event."""
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert json.loads(line)["event"] == "ready", (line, proc.stderr.read() if proc.stderr else "")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    exits = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        exits.append(events[-1])
+    return exits
+
+
+def all_errors(exits: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [error for exit_ in exits for error in exit_["errors"]]
+
+
+# -- item: a purge racing claims ---------------------------------------------------------------
+def test_claims_racing_a_purge_loop_never_raise(spawn_ops: Spawn) -> None:
+    """Claims of a few keys, done and purged over and over: a claim whose task vanished between
+    its statements claims it afresh; none raises ``IntegrityError``, and every claim that lost
+    saw the task running or succeeded (with its result)."""
+    # Half of them ensure() first: its read after a conflicting insert can race the purge too.
+    claimers = [spawn_ops("claimer", "--seconds", "6", "--keys", "6", *(["--ensure"] if i % 2 else []))
+                for i in range(4)]
+    purger = spawn_ops("operator", "purge", "--seconds", "6", "--backdate")
+    exits = run_together([*claimers, purger])
+    errors = all_errors(exits)
+    assert errors == [], Counter(e["type"] for e in errors)
+    counts: Counter[str] = Counter()
+    for exit_ in exits[:-1]:
+        counts.update(exit_["counts"])
+        assert exit_["invalid"] == []
+    assert exits[-1]["runs"] > 10, exits[-1]  # the purge did run, over and over
+    # Keys were claimed afresh after purges, and the other claims found them done.
+    print("purge-race figures:", dict(counts), "purge runs:", exits[-1]["runs"])
+    assert counts["claimed"] > 6 and counts["succeeded"] > 0 and counts["ensured"] > 0, counts
+
+
+# -- item: SQLite writers beside operator actions ----------------------------------------------
+def effects_by_key() -> Counter[str]:
+    from tests.testapp.models import Effect
+
+    return Counter(Effect.objects.values_list("task_key", flat=True))
+
+
+def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> None:
+    """8 queue workers (claim_next + fenced()) drain the table while QuerySet.cancel(), the
+    admin's cancel action and taskclaim_purge run in loops beside them. On SQLite an action that
+    read before it wrote failed at once with "database is locked"; none may fail, and each task
+    ends with its effect applied once (succeeded) or never (cancelled)."""
+    for i in range(300):
+        Task.objects.ensure(f"w-{i}", queue="default")
+    for i in range(100):
+        Task.objects.ensure(f"c-{i}", queue="default")  # cancelled by QuerySet.cancel()
+        Task.objects.ensure(f"a-{i}", queue="default")  # cancelled by the admin action
+    workers = [spawn_ops("drain", "--seconds", "60", "--until-empty", "--work-ms", "5") for _ in range(8)]
+    rounds = ("--min-runs", "10", "--seconds", "4", "--pause", "0.02")
+    operators = [
+        spawn_ops("operator", "cancel", "--prefix", "c-", *rounds),
+        spawn_ops("operator", "admin-cancel", "--prefix", "a-", *rounds),
+        spawn_ops("operator", "purge", "--status", "succeeded", *rounds),
+    ]
+    exits = run_together([*workers, *operators])
+    errors = all_errors(exits)
+    assert errors == [], Counter((e["type"], e["text"]) for e in errors)
+    assert not Task.objects.unfinished().exists()
+    effects = effects_by_key()
+    assert max(effects.values()) == 1  # keys are never reused here: purged or not, one effect
+    for key, status in Task.objects.values_list("key", "status"):
+        assert effects[key] == (1 if status == "succeeded" else 0), (key, status, effects[key])
+    assert len(effects) + Task.objects.filter(status="cancelled").count() == 500
+    # What the two cancelling operators report having cancelled is what is cancelled.
+    assert sum(exit_["changed"] for exit_ in exits[len(workers):]) == Task.objects.filter(status="cancelled").count()
+    print("operator-race figures:", Counter(Task.objects.values_list("status", flat=True)),
+          "operator runs:", [exit_["runs"] for exit_ in exits[len(workers):]])
+
+
+def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(spawn_ops: Spawn) -> None:
+    """24 workers claim_next + fenced() on one SQLite file with the busy timeout the docs
+    recommend (store.sqlite.RECOMMENDED_TIMEOUT): none sees "database is locked", and every
+    task's effect is applied exactly once."""
+    from django_taskclaim.store.sqlite import RECOMMENDED_TIMEOUT
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the busy timeout is SQLite's")
+    for i in range(480):
+        Task.objects.ensure(f"q-{i}", queue="default")
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_ops",
+           "TASKCLAIM_TEST_SQLITE_TIMEOUT": str(RECOMMENDED_TIMEOUT)}
+    workers = [spawn_ops("drain", "--seconds", "300", "--until-empty", "--work-ms", "3", env=env)
+               for _ in range(24)]
+    exits = run_together(workers, timeout=400)
+    errors = all_errors(exits)
+    assert errors == [], Counter((e["type"], e["text"]) for e in errors)
+    assert Task.objects.succeeded().count() == 480
+    effects = effects_by_key()
+    assert len(effects) == 480 and set(effects.values()) == {1}

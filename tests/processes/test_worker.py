@@ -1,0 +1,260 @@
+"""The queue worker's one-commit loop: complete_and_claim_next, work(), manage.py taskclaim_worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from devtools.polling import wait_until
+from django_taskclaim.exceptions import InvalidResult, StaleClaim
+from django_taskclaim.models import Attempt, Task
+from django_taskclaim.worker import work
+from tests.conftest import expire, spawning
+from tests.testapp.models import Effect
+
+
+def queue(n: int, prefix: str = "t") -> list[str]:
+    keys = [f"{prefix}{i:03d}" for i in range(n)]
+    for i, key in enumerate(keys):
+        Task.objects.ensure(key, payload={"n": i}, queue="default")
+    return keys
+
+
+@pytest.mark.django_db
+def test_complete_and_claim_next_completes_then_claims_the_next_in_order() -> None:
+    queue(4)
+    [first] = Task.objects.claim_next(owner="w")
+    assert first.key == "t000" and first.payload == {"n": 0}
+    nxt = first.complete_and_claim_next({"ok": 0}, limit=2)
+    assert [c.key for c in nxt] == ["t001", "t002"]
+    assert all(c.owner == "w" and c.lease == first.lease for c in nxt)
+    done = Task.objects.get(key="t000")
+    assert done.status == Task.Status.SUCCEEDED and done.result == {"ok": 0}
+    assert list(Task.objects.running().order_by("key").values_list("key", flat=True)) == ["t001", "t002"]
+    outcomes = dict(Attempt.objects.values_list("task__key", "outcome"))
+    assert outcomes == {"t000": "succeeded", "t001": "running", "t002": "running"}
+
+
+@pytest.mark.django_db
+def test_complete_and_claim_next_is_one_statement_on_postgresql(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    queue(3)
+    [first] = Task.objects.claim_next(owner="w")
+    # PostgreSQL: one statement (and so one commit); elsewhere complete + claim_next, one transaction.
+    with django_assert_num_queries({"postgresql": 1, "sqlite": 6}.get(connection.vendor, 7)):
+        assert [c.key for c in first.complete_and_claim_next()] == ["t001"]
+
+
+@pytest.mark.django_db
+def test_the_last_task_completes_with_nothing_left_to_claim() -> None:
+    queue(1)
+    [only] = Task.objects.claim_next(owner="w")
+    assert only.complete_and_claim_next("done") == []
+    assert Task.objects.get(key="t000").status == Task.Status.SUCCEEDED
+
+
+@pytest.mark.django_db
+def test_a_fenced_off_completion_claims_nothing() -> None:
+    queue(3)
+    [mine] = Task.objects.claim_next(owner="w", lease=30)
+    expire(mine)
+    assert Task.objects.claim("t000", owner="thief").claimed
+    with pytest.raises(StaleClaim):
+        mine.complete_and_claim_next("late", limit=2)
+    assert Task.objects.get(key="t000").owner == "thief"
+    assert Task.objects.pending().count() == 2  # nothing claimed for the fenced-off worker
+
+
+@pytest.mark.django_db
+def test_an_unstorable_result_writes_nothing_and_claims_nothing() -> None:
+    queue(2)
+    [mine] = Task.objects.claim_next(owner="w")
+    with pytest.raises(InvalidResult):
+        mine.complete_and_claim_next({"bad": {1, 2}})
+    assert Task.objects.get(key="t000").status == Task.Status.RUNNING
+    assert Task.objects.pending().count() == 1
+
+
+@pytest.mark.django_db
+def test_the_running_task_itself_is_never_claimed_again_by_its_completion() -> None:
+    queue(1)
+    [mine] = Task.objects.claim_next(owner="w", lease=30)
+    expire(mine)  # its own lease ran out, nobody took over: the completion still counts
+    assert mine.complete_and_claim_next() == []
+    assert Task.objects.get(key="t000").status == Task.Status.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_drains_the_queue_retries_failures_and_fails_unstorable_results() -> None:
+    queue(6)
+    seen: Counter[str] = Counter()
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        seen[claim.key] += 1
+        if claim.key == "t002" and claim.attempt == 1:
+            raise RuntimeError("flaky")
+        if claim.key == "t004":
+            return {"unstorable": {1}}
+        return {"n": claim.payload["n"]}
+
+    stats = work(handler, owner="w", batch=2, until_drained=True)
+    assert (stats.succeeded, stats.failed, stats.fenced_off) == (5, 2, 0)
+    assert seen == Counter({"t002": 2, "t000": 1, "t001": 1, "t003": 1, "t004": 1, "t005": 1})
+    states = dict(Task.objects.values_list("key", "status"))
+    assert states.pop("t004") == Task.Status.FAILED  # ran once, its result refused, never run again
+    assert set(states.values()) == {Task.Status.SUCCEEDED}
+    assert Task.objects.get(key="t003").result == {"n": 3}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_atomic_rolls_back_the_handlers_writes_with_a_failure() -> None:
+    queue(2)
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        Effect.objects.create(task_key=claim.key, token=claim.token, worker="w")
+        if claim.key == "t001":
+            raise RuntimeError("after the write")
+        return "ok"
+
+    stats = work(handler, owner="w", atomic=True, until_drained=True, max_tasks=2)
+    assert (stats.succeeded, stats.failed) == (1, 1)
+    assert list(Effect.objects.values_list("task_key", flat=True)) == ["t000"]
+    assert Task.objects.get(key="t001").status == Task.Status.PENDING  # retried later, attempt 1 of 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_that_ends_its_claim_itself_is_not_completed_again() -> None:
+    queue(3)
+    ran: Counter[str] = Counter()
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        ran[claim.key] += 1
+        if claim.key == "t001":
+            claim.fail("no endpoint spec", retry=False)  # ended FAILED by the handler: counted failed
+            return "ignored"
+        with claim.fenced():  # the publish and the completion commit together, once
+            Effect.objects.create(task_key=claim.key, token=claim.token, worker="w")
+            claim.complete({"published": claim.key}, result_ref=f"suites/{claim.key}.py")
+        return "ignored"
+
+    stats = work(handler, owner="w", until_drained=True)
+    assert (stats.succeeded, stats.failed, stats.fenced_off) == (2, 1, 0)
+    assert ran == Counter({"t000": 1, "t001": 1, "t002": 1})
+    tasks = {t.key: t for t in Task.objects.all()}
+    assert tasks["t001"].status == Task.Status.FAILED and tasks["t001"].error == "no endpoint spec"
+    assert (tasks["t002"].result, tasks["t002"].result_ref) == ({"published": "t002"}, "suites/t002.py")
+    assert sorted(Effect.objects.values_list("task_key", flat=True)) == ["t000", "t002"]
+    # One completion per task: the worker did not store its own result over the handler's.
+    assert Attempt.objects.filter(outcome=Attempt.Outcome.SUCCEEDED).count() == 2
+    assert Attempt.objects.filter(stale_writes__gt=0).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_command_reports_and_rejects_a_bad_handler(capsys) -> None:  # type: ignore[no-untyped-def]
+    queue(3)
+    call_command("taskclaim_worker", "tests.programs.worker_handlers.effect", "--until-drained", "--json", "--atomic")
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {
+        "succeeded": 3, "failed": 0, "fenced_off": 0, "unrecorded": 0}
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="cannot be imported"):
+        call_command("taskclaim_worker", "tests.programs.worker_handlers.nowhere")
+
+
+def start_workers(start, n: int, handler: str, *extra: str):  # type: ignore[no-untyped-def]
+    return [start("taskclaim_worker", handler, "--lease", "2", "--until-drained", "--json", *extra)
+            for _ in range(n)]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_four_atomic_workers_and_a_sigkill_apply_every_effect_once(worker_env, tmp_path: Path) -> None:
+    keys = queue(3, prefix="slow") + queue(60)
+    env = {**worker_env, "TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)}
+    with spawning("django", env) as start:
+        workers = start_workers(start, 4, "tests.programs.worker_handlers.effect", "--atomic")
+        # A worker holds a slow key's first attempt: kill it there, mid-transaction.
+        victim_pid = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow*.1.*")), None),
+                                    timeout=60, what="a worker to start a slow task"))
+        os.kill(victim_pid, signal.SIGKILL)
+        for proc in workers:
+            proc.wait(timeout=120)
+    effects = Counter(Effect.objects.values_list("task_key", flat=True))
+    assert effects == Counter(dict.fromkeys(keys, 1)), "some effect missing or applied twice"
+    assert set(Task.objects.values_list("status", flat=True)) == {Task.Status.SUCCEEDED}
+    killed = [p for p in workers if p.returncode == -signal.SIGKILL]
+    assert len(killed) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_paused_past_its_lease_is_fenced_off_on_waking(worker_env, tmp_path: Path) -> None:
+    keys = queue(1, prefix="slow") + queue(20)
+    env = {**worker_env, "TASKCLAIM_TEST_STARTED_DIR": str(tmp_path), "TASKCLAIM_TEST_HOLD": "3"}
+    with spawning("django", env) as start:
+        workers = start_workers(start, 3, "tests.programs.worker_handlers.fenced_effect")
+        paused = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow000.1.*")), None),
+                                timeout=60, what="a worker to start the slow task"))
+        os.kill(paused, signal.SIGSTOP)
+        # Past its 2 s lease another worker takes the task over (attempt 2) and finishes it.
+        wait_until(lambda: Task.objects.filter(key="slow000", status=Task.Status.SUCCEEDED).exists(), timeout=60,
+                   what="the slow task to be taken over and finished")
+        os.kill(paused, signal.SIGCONT)  # it wakes, then its fenced() effect is refused
+        reports = {proc.pid: json.loads(proc.communicate(timeout=120)[0].strip().splitlines()[-1])
+                   for proc in workers}
+    effects = Counter(Effect.objects.values_list("task_key", flat=True))
+    assert effects == Counter(dict.fromkeys(keys, 1))
+    assert Task.objects.get(key="slow000").fencing_token == 2
+    assert reports[paused]["fenced_off"] == 1
+    assert sum(r["succeeded"] for r in reports.values()) == len(keys)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_claim_taken_over_while_it_waited_is_not_run_again() -> None:
+    """With batch > 1 the leases of a batch start together. A task whose lease ran out while an
+    earlier one of its batch ran, and which another worker took over, must not run here too."""
+    queue(2, prefix="b")
+    ran: list[str] = []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        ran.append(claim.key)
+        if claim.key == "b000":
+            # Slow work: the second task's lease runs out meanwhile, and a rival takes it over.
+            wait_until(lambda: Task.objects.expired().filter(key="b001").exists(), timeout=10,
+                       interval=0.02, what="b001's lease to run out")
+            assert Task.objects.claim("b001", owner="rival", lease=60).claimed
+        return "done"
+
+    stats = work(handler, owner="batcher", lease=0.5, batch=2, max_tasks=2)
+    assert ran == ["b000"]
+    assert (stats.succeeded, stats.fenced_off) == (1, 1)
+    b001 = Task.objects.get(key="b001")
+    assert b001.status == Task.Status.RUNNING and b001.owner == "rival"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_claim_that_waited_long_is_renewed_before_it_runs() -> None:
+    queue(2, prefix="r")
+    leases: dict[str, object] = {}
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        leases[claim.key] = Task.objects.get(key=claim.key).lease_expires_at
+        if claim.key == "r000":
+            wait_until(lambda: Task.objects.expired().filter(key="r001").exists(), timeout=10,
+                       interval=0.02, what="r001's lease to run out")
+        return "done"
+
+    stats = work(handler, owner="batcher", lease=0.5, batch=2, max_tasks=2)
+    assert (stats.succeeded, stats.fenced_off) == (2, 0)
+    assert Task.objects.filter(key__in=["r000", "r001"], status=Task.Status.SUCCEEDED).count() == 2
+    # r001 ran on a renewed lease: later than the one its batch's claim had set.
+    from datetime import timedelta
+
+    claimed_at = Attempt.objects.get(task__key="r001", token=1).started_at
+    assert leases["r001"] > claimed_at + timedelta(seconds=0.5)  # type: ignore[operator]

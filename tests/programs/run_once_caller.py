@@ -1,0 +1,45 @@
+"""A run_once caller as a separate OS process: ``python -m tests.programs.run_once_caller KEY KIND``.
+
+It says ready, waits for "go" on stdin, then calls ``run_once`` on a function that records one
+``Effect`` row (committed at once: the effect happened) and returns a value of kind ``KIND``.
+It prints one JSON line with the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+VALUES = {"ok": {"ok": True}, "set": {"tags": {1, 2}}, "nul": "a\x00b", "surrogate": "\ud800"}
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from django_taskclaim import run_once
+    from tests.testapp.models import Effect
+
+    key, kind, lease = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+    def effect() -> object:
+        Effect.objects.create(task_key=key, token=0, worker=str(os.getpid()))
+        return VALUES[kind]
+
+    connection.ensure_connection()
+    print(json.dumps({"event": "ready"}), flush=True)
+    sys.stdin.readline()
+    try:
+        run_once(key, effect, lease=lease)
+        outcome = "returned"
+    except Exception as exc:  # the outcome is what the test reads
+        outcome = type(exc).__name__
+    print(json.dumps({"event": "done", "outcome": outcome}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Handlers for ``taskclaim_worker`` processes started by tests/processes/test_worker.py."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from django_taskclaim.lifecycle import Claim
+from tests.testapp.models import Effect
+
+
+def _started(claim: Claim) -> None:
+    """Tell the test this attempt began (a file per key and attempt); on the first attempt of a
+    key named ``slow…``, hold still so the test can kill or pause the process here."""
+    where = os.environ.get("TASKCLAIM_TEST_STARTED_DIR")
+    if where:
+        (Path(where) / f"{claim.key}.{claim.attempt}.{os.getpid()}").touch()
+    if claim.key.startswith("slow") and claim.attempt == 1:
+        time.sleep(float(os.environ.get("TASKCLAIM_TEST_HOLD", "30")))  # the test kills or pauses us here
+
+
+def effect(claim: Claim) -> Any:
+    """For ``--atomic`` workers: the effect commits with the completion (the worker's fenced())."""
+    _started(claim)
+    Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+    return {"by": os.getpid(), "n": (claim.payload or {}).get("n")}
+
+
+def fenced_effect(claim: Claim) -> None:
+    """For plain workers: the effect and the completion in the handler's own fenced() block, after
+    the pause point (the worker then stores nothing more)."""
+    _started(claim)
+    with claim.fenced():
+        Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+        claim.complete({"by": os.getpid()})
