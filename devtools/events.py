@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import queue
 import sys
 import threading
 import time
@@ -36,16 +35,22 @@ def parse(lines: Iterable[str]) -> list[Event]:
 
 
 class EventReader:
-    """Read events from several streams on background threads into one queue, in arrival order.
+    """Events read from several streams on background threads, kept in ``log`` in arrival order.
 
-    Each event is tagged with a ``source`` the caller chooses (a process, a name), and every
-    event taken from the queue is kept in ``log``.
+    Each event is tagged with a ``source`` the caller chooses (a process, a name). The log only
+    grows; readers go through it forward, each from a place of its own (a ``Cursor``), so one
+    caller following every source and another waiting for one source's next event never take
+    events from each other. ``stamp`` names a key under which each event gets its arrival time
+    (``time.time()``), for a caller that compares events with another clock.
     """
 
-    def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[Any, Event]] = queue.Queue()
+    def __init__(self, stamp: str | None = None) -> None:
         self.log: list[tuple[Any, Event]] = []
         self.threads: list[threading.Thread] = []
+        self.stamp = stamp
+        self.changed = threading.Condition()
+        self._ended: set[int] = set()  # id() of the sources whose stream was read to its end
+        self._cursor = Cursor(self)
 
     def follow(self, stream: IO[str], source: Any) -> None:
         thread = threading.Thread(target=self._read, args=(stream, source), daemon=True)
@@ -53,35 +58,84 @@ class EventReader:
         self.threads.append(thread)
 
     def _read(self, stream: IO[str], source: Any) -> None:
-        for line in stream:  # line by line, as the child writes them
-            event = parse_line(line)
-            if event is not None:
-                self.queue.put((source, event))
+        try:
+            for line in stream:  # line by line, as the child writes them
+                event = parse_line(line)
+                if event is not None:
+                    if self.stamp:
+                        event[self.stamp] = time.time()
+                    with self.changed:
+                        self.log.append((source, event))
+                        self.changed.notify_all()
+        except (OSError, ValueError):  # the stream was closed under us: the child is being cleaned up
+            pass
+        finally:
+            with self.changed:
+                self._ended.add(id(source))
+                self.changed.notify_all()
+
+    def ended(self, source: Any, timeout: float = 0) -> bool:
+        """Whether ``source``'s stream was read to its end (every event it wrote is in the log),
+        waiting up to ``timeout`` seconds for that."""
+        with self.changed:
+            return self.changed.wait_for(lambda: id(source) in self._ended, timeout)
+
+    def cursor(self, source: Any = None) -> Cursor:
+        """A place of its own at the start of the log; with ``source``, it sees that source's events only."""
+        return Cursor(self, source)
 
     def next(self, timeout: float) -> tuple[Any, Event] | None:
-        """The next event within ``timeout`` seconds, or None."""
-        try:
-            got = self.queue.get(timeout=max(0.0, timeout))
-        except queue.Empty:
-            return None
-        self.log.append(got)
-        return got
+        """The reader's own next event, from any source, within ``timeout`` seconds; or None."""
+        return self._cursor.next(timeout)
 
     def wait_for(self, predicate: Callable[[Any, Event], bool], *, timeout: float,
                  what: str = "an event") -> tuple[Any, Event]:
-        """The first next event for which ``predicate(source, event)`` holds; AssertionError after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            got = self.next(remaining)
-            if got and predicate(*got):
-                return got
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        """The reader's own next event for which ``predicate(source, event)`` holds (earlier ones are passed)."""
+        return self._cursor.wait_for(predicate, timeout=timeout, what=what)
 
     def drain(self, timeout: float) -> list[tuple[Any, Event]]:
-        """Wait for the readers to reach end of stream (up to ``timeout``), then log what is queued."""
+        """Wait for the streams to end (up to ``timeout``), then the whole log."""
         deadline = time.monotonic() + timeout
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        while self.next(0):
-            pass
         return self.log
+
+
+class Cursor:
+    """A place in an ``EventReader``'s log, read forward: each event once, in arrival order."""
+
+    def __init__(self, reader: EventReader, source: Any = None) -> None:
+        self.reader, self.source, self.at = reader, source, 0
+
+    def next(self, timeout: float) -> tuple[Any, Event] | None:
+        """The next event within ``timeout`` seconds; None after that, or at once when this
+        cursor's source has ended and nothing of it is left."""
+        deadline = time.monotonic() + timeout
+        reader = self.reader
+        with reader.changed:
+            while True:
+                while self.at < len(reader.log):
+                    got = reader.log[self.at]
+                    self.at += 1
+                    if self.source is None or got[0] is self.source:
+                        return got
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.source is not None and id(self.source) in reader._ended):
+                    return None
+                reader.changed.wait(remaining)
+
+    def wait_for(self, predicate: Callable[[Any, Event], bool], *, timeout: float,
+                 what: str = "an event") -> tuple[Any, Event]:
+        """The next event for which ``predicate(source, event)`` holds, passing the others.
+
+        ``TimeoutError`` naming ``what`` after ``timeout`` seconds; ``AssertionError`` when this
+        cursor's source ended without it.
+        """
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            got = self.next(remaining)
+            if got is None and self.source is not None and self.reader.ended(self.source):
+                raise AssertionError(f"{what}: the output ended without it")
+            if got and predicate(*got):
+                return got
+        raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")

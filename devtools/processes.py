@@ -1,7 +1,11 @@
-"""Supervise child processes (``python -m MODULE args``): start, signal, wait with a deadline, read events.
+"""Child processes (``python -m MODULE args``) for the tests, the fault-injection harness and the demo.
 
-``Supervisor`` is a context manager that kills whatever is still running when it exits, so a
-failing test or an interrupted benchmark leaves no processes behind.
+One helper starts them, reads their JSON-line events (``devtools.events.emit``), signals them
+(SIGKILL, SIGSTOP, SIGCONT) and waits for them with a deadline. ``Supervisor`` is a context
+manager that kills whatever is still running when it exits, so a failing test or an interrupted
+run leaves no processes behind. A wait past its deadline raises ``TimeoutError`` naming what it
+waited for (as ``devtools.polling.wait_until`` does); a child that ended without the event
+waited for raises ``AssertionError`` with its stderr.
 """
 
 from __future__ import annotations
@@ -14,17 +18,36 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import IO, Any, Self
 
 from .events import Event, EventReader
 
 
-class Child:
-    """One supervised process: its ``Popen``, and its stderr kept in a temporary file (no pipe to fill)."""
+def send(pid: int, signum: int, *, group: bool = False) -> bool:
+    """Send ``signum`` to process ``pid`` (to its whole process group with ``group``); False if it is gone.
 
-    def __init__(self, proc: subprocess.Popen[str], stderr: IO[str] | None = None) -> None:
+    For processes a ``Child`` does not stand for, such as the pool processes of a Celery worker.
+    """
+    try:
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Child:
+    """One started process: its events, its signals, its exit, and its stderr kept in a file (no pipe to fill)."""
+
+    def __init__(self, proc: subprocess.Popen[str], stderr: IO[bytes], events: EventReader, group: bool) -> None:
         self.proc = proc
-        self._stderr = stderr  # None: stderr is the Popen's pipe
+        self.group = group  # signals go to the process group it leads
+        self._stderr = stderr
+        self._reader = events
+        self._events = events.cursor(self)
 
     @property
     def pid(self) -> int:
@@ -37,15 +60,25 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def send(self, line: str) -> None:
-        """Write one line to the child's stdin."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.rstrip("\n") + "\n")
-        self.proc.stdin.flush()
+    def send(self, line: str) -> bool:
+        """Write one line to the child's stdin; False if the child no longer reads it (it exited)."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line.rstrip("\n") + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # a broken pipe, or stdin already closed
+            return False
+        return True
 
-    def signal(self, signum: int) -> None:
-        if self.alive():
-            os.kill(self.proc.pid, signum)
+    def end_input(self) -> None:
+        """Close the child's stdin: a child reading it line by line sees its end."""
+        with contextlib.suppress(OSError):  # a broken pipe to a child that exited
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
+    def signal(self, signum: int) -> bool:
+        """Send ``signum`` while the child runs (never to a reaped pid, which may be another process's now)."""
+        return self.alive() and send(self.pid, signum, group=self.group)
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
@@ -58,77 +91,120 @@ class Child:
         self.signal(signal.SIGCONT)
 
     def wait(self, timeout: float) -> int:
-        """The exit code; AssertionError if the child is still running after ``timeout`` seconds."""
+        """The exit code; ``TimeoutError`` if the child still runs after ``timeout`` seconds."""
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"process {self.pid} did not exit within {timeout}s") from None
+            raise TimeoutError(f"process {self.pid} did not exit within {timeout:g} s") from None
+
+    def event(self, name: str | None = None, *, timeout: float) -> Event:
+        """The child's next event (its next one named ``name``, when given, passing the others)."""
+        what = f"{name or 'an event'} from process {self.pid}"
+        try:
+            return self._events.wait_for(lambda _, e: name is None or e.get("event") == name,
+                                         timeout=timeout, what=what)[1]
+        except AssertionError:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)  # its output ended: it is exiting, say with which code
+            raise AssertionError(f"process {self.pid} exited with code {self.returncode} before {what}; "
+                                 f"its stderr:\n{self.stderr()}") from None
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event of this child read so far, in order."""
+        with self._reader.changed:
+            return [e for c, e in self._reader.log if c is self]
+
+    def ended(self, timeout: float = 0) -> bool:
+        """Whether the child's output has ended (it exited, and every event it wrote is in the log),
+        waiting up to ``timeout`` seconds for that."""
+        return self._reader.ended(self, timeout)
+
+    def finish(self, timeout: float) -> Event:
+        """Wait for the child to exit with code 0 (``AssertionError`` with its stderr otherwise); its last event."""
+        deadline = time.monotonic() + timeout
+        code = self.wait(timeout)
+        assert code == 0, f"process {self.pid} exited with code {code}; its stderr:\n{self.stderr()}"
+        self.ended(max(0.1, deadline - time.monotonic()))  # the last lines may still be on their way
+        assert self.events, f"process {self.pid} wrote no event; its stderr:\n{self.stderr()}"
+        return self.events[-1]
 
     def stderr(self) -> str:
-        if self._stderr is None:
-            return self.proc.stderr.read() if self.proc.stderr else ""
-        self._stderr.flush()
-        self._stderr.seek(0)
-        return self._stderr.read()
+        """What the child wrote on stderr so far (read without moving the file offset it writes at)."""
+        fd = self._stderr.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
     def close(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        # stdout once read to its end only: closing it under the reading thread would wait for that read.
+        for stream in (self.proc.stdin, self.proc.stdout if self.ended(5) else None):
             if stream is not None:
                 with contextlib.suppress(OSError):  # a broken pipe to a killed child
                     stream.close()
-        if self._stderr is not None:
-            self._stderr.close()
+        self._stderr.close()
 
 
 class Supervisor:
-    """Start children, follow their JSON-line events (``events``), and kill leftovers on exit."""
+    """Start children and follow their events; kill leftovers on exit (SIGCONT first: a stopped child dies too).
 
-    def __init__(self, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-                 python: str = sys.executable) -> None:
+    ``next``/``wait_for`` read every child's events in arrival order, from the supervisor's own
+    place in the log; ``Child.event`` reads one child's from its own place: neither takes
+    events from the other.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                 python: str = sys.executable, stamp: str | None = None) -> None:
         self.env = dict(os.environ if env is None else env)
         self.cwd = cwd
         self.python = python
         self.children: list[Child] = []
-        self.events = EventReader()
+        self.events = EventReader(stamp)
 
-    def start(self, module: str, *args: str, env: Mapping[str, str] | None = None) -> Child:
-        """Run ``python -m module args`` with stdin and stdout piped; ``env`` adds to the supervisor's."""
-        stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by Child.close)
+    def start(self, module: str, *args: str, env: Mapping[str, str] | None = None, group: bool = False,
+              stderr: str | Path | None = None) -> Child:
+        """Run ``python -m module args`` with stdin and stdout piped; its events are followed at once.
+
+        ``env`` adds to the supervisor's environment. ``group``: the child leads a process group
+        of its own, and its signals go to the whole group (a Celery worker and its pool).
+        ``stderr``: a file to keep the child's stderr in (default: a temporary file).
+        """
+        err = open(stderr, "w+b") if stderr is not None else tempfile.TemporaryFile()  # noqa: SIM115 (closed by Child.close)
         proc = subprocess.Popen(
             [self.python, "-m", module, *args], env={**self.env, **(env or {})}, cwd=self.cwd,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, errors="replace",
+            start_new_session=group,
         )
-        child = Child(proc, stderr)
+        child = Child(proc, err, self.events, group)
         self.children.append(child)
         assert proc.stdout is not None
         self.events.follow(proc.stdout, child)
         return child
 
-    def popen(self, module: str, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
-        """Run ``python -m module args`` with stdin, stdout and stderr piped, for a caller that reads them itself.
+    def go(self, *children: Child, timeout: float = 60) -> list[Event]:
+        """Wait for each child's ``ready`` event, then write ``go`` to every one (all children when
+        none is named): released together, each already connected and set up. The ``ready``
+        events, in the children's order."""
+        children = children or tuple(self.children)
+        ready = [child.event("ready", timeout=timeout) for child in children]
+        for child in children:
+            child.send("go")
+        return ready
 
-        Nothing follows its events; it is still killed when the supervisor closes.
-        """
-        proc = subprocess.Popen(
-            [self.python, "-m", module, *args], env={**self.env, **(env or {})}, cwd=self.cwd,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        self.children.append(Child(proc))
-        return proc
+    @property
+    def log(self) -> list[tuple[Child, Event]]:
+        """Every event read so far, with its child, in arrival order."""
+        return self.events.log
 
-    def alive(self) -> list[Child]:
-        return [c for c in self.children if c.alive()]
+    def next(self, timeout: float) -> tuple[Child, Event] | None:
+        """The next event of any child within ``timeout`` seconds, or None."""
+        return self.events.next(timeout)
 
     def wait_for(self, predicate: Callable[[Child, Event], bool], *, timeout: float,
                  what: str = "a child's event") -> tuple[Child, Event]:
-        """The next event for which ``predicate(child, event)`` holds (AssertionError after ``timeout``)."""
-        got: tuple[Child, Event] = self.events.wait_for(predicate, timeout=timeout, what=what)
-        return got
+        """The next event for which ``predicate(child, event)`` holds, passing the others."""
+        return self.events.wait_for(predicate, timeout=timeout, what=what)
 
-    def event_of(self, child: Child, name: str, *, timeout: float) -> Event:
-        """The next ``{"event": name}`` from ``child``."""
-        return self.wait_for(lambda c, e: c is child and e.get("event") == name,
-                             timeout=timeout, what=f"{name!r} from process {child.pid}")[1]
+    def alive(self) -> list[Child]:
+        return [c for c in self.children if c.alive()]
 
     def join(self, timeout: float) -> list[tuple[Child, Event]]:
         """Wait for every child to exit and every event to be read; the whole event log."""
@@ -139,13 +215,13 @@ class Supervisor:
 
     def failures(self, ok: tuple[int, ...] = (0, -signal.SIGKILL)) -> str:
         """The stderr of children that exited with a code outside ``ok``."""
-        return "\n".join(c.stderr() for c in self.children
+        return "\n".join(f"process {c.pid} exited with code {c.returncode}:\n{c.stderr()}" for c in self.children
                          if c.returncode is not None and c.returncode not in ok)
 
     def close(self) -> None:
         for child in self.children:
             if child.alive():
-                child.cont()  # a stopped process still dies of SIGKILL, but resume it for clarity
+                child.cont()
                 child.kill()
         for child in self.children:
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
-from devtools.processes import Supervisor
+from devtools.processes import Child, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,18 +61,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.django_db(*marker.args, **marker.kwargs, databases="__all__"), append=False)
 
 
-@contextmanager
-def spawning(module: str, base_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start ``python -m MODULE ARGS`` processes; any still running at the end are killed."""
-    with Supervisor(env=base_env, cwd=str(ROOT)) as supervisor:
-        yield lambda *args, env=None: supervisor.popen(module, *args, env=env)
+@pytest.fixture
+def processes(worker_env: dict[str, str]) -> Iterator[Supervisor]:
+    """Child processes on the test database (``devtools.processes``); any still running at the end are killed."""
+    with Supervisor(env=worker_env, cwd=ROOT) as supervisor:
+        yield supervisor
 
 
 @pytest.fixture
-def spawn(worker_env):  # type: ignore[no-untyped-def]
-    """Start ``python -m tests.programs.claimer ARGS`` processes; any still running at the end are killed."""
-    with spawning("tests.programs.claimer", worker_env) as start:
-        yield start
+def spawn(processes: Supervisor) -> Callable[..., Child]:
+    """Start ``python -m tests.programs.claimer ARGS`` children of ``processes`` (``env=`` adds to theirs)."""
+    return partial(processes.start, "tests.programs.claimer")
 
 
 def db_now() -> dt.datetime:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from devtools.processes import Child, Supervisor
 
 from .client import Job
 from .report import Log, short
@@ -51,7 +52,8 @@ class CeleryDriver:
         # A queue of its own, for the workers (environment) and for publishing (this process).
         queue = os.environ["TESTGEN_QUEUE"] = f"testgen-{run}-{uuid.uuid4().hex[:6]}"
         settings.CELERY_TASK_DEFAULT_QUEUE = app.conf.task_default_queue = queue
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes = Supervisor(cwd=ROOT)  # the workers: started, paused and killed
+        self.workers: dict[str, Child] = {}
         self.pause: dict[str, Any] | None = None
         self.paused_done = self.killed_done = False
         self.last_attempt = 0
@@ -66,8 +68,6 @@ class CeleryDriver:
         path = Path(settings.VAR_DIR) / f"celery-{self.run_id}-{name}.log"
         self.logs.append(path)
         argv = [
-            sys.executable,
-            "-m",
             "celery",
             "-A",
             "example_project.celery_app",
@@ -83,14 +83,9 @@ class CeleryDriver:
             "--loglevel",
             "ERROR",
         ]
-        with path.open("w") as log:
-            self.workers[name] = subprocess.Popen(
-                argv,
-                cwd=ROOT,
-                env=dict(os.environ, PYTHONPATH=str(ROOT), TESTGEN_AGENT=name),
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
+        self.workers[name] = self.processes.start(
+            *argv, env=dict(os.environ, PYTHONPATH=str(ROOT), TESTGEN_AGENT=name), stderr=path
+        )
         self.log("celery", "started", f"{name} (pid {self.workers[name].pid})")
         return name
 
@@ -129,7 +124,7 @@ class CeleryDriver:
         if not self.paused_done:
             for task in running:
                 if self.agent_of(task.owner) == "agent-1":
-                    os.kill(self.workers["agent-1"].pid, signal.SIGSTOP)
+                    self.workers["agent-1"].stop()
                     self.paused_done = True
                     self.pause = {
                         "task": task.pk,
@@ -149,14 +144,14 @@ class CeleryDriver:
             taken = Task.objects.filter(pk=p["task"], fencing_token__gt=p["token"]).exists()
             waited = time.monotonic() - p["since"]
             if taken or waited > 4 * self.args.lease + 2 * self.args.visibility:
-                os.kill(self.workers["agent-1"].pid, signal.SIGCONT)
+                self.workers["agent-1"].cont()
                 self.pause = None
                 self.log("chaos", "SIGCONT", f"agent-1 resumed after {waited:.1f}s", always=True)
         if not self.killed_done:
             for task in running:
                 if self.agent_of(task.owner) == "agent-2":
                     self.workers["agent-2"].kill()
-                    self.workers["agent-2"].wait()
+                    self.workers["agent-2"].wait(15)
                     self.killed_done = True
                     self.log(
                         "chaos",
@@ -198,7 +193,7 @@ class CeleryDriver:
                     self.errors.append(f"gave up after --timeout {self.args.timeout:.0f}s")
                     break
                 for name, proc in self.workers.items():
-                    if proc.poll() is not None and not (name == "agent-2" and self.killed_done):
+                    if not proc.alive() and not (name == "agent-2" and self.killed_done):
                         self.errors.append(
                             f"{name} exited unexpectedly (exit code {proc.returncode})"
                         )
@@ -225,13 +220,13 @@ class CeleryDriver:
 
     def stop_workers(self) -> None:
         for proc in self.workers.values():
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.terminate()  # warm shutdown
+            proc.cont()
+            proc.signal(signal.SIGTERM)  # warm shutdown
         for name, proc in self.workers.items():
             try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
+                proc.wait(15)
+            except TimeoutError:
                 proc.kill()
-                proc.wait()
+                proc.wait(15)
                 self.errors.append(f"{name} did not stop within 15s; killed")
+        self.processes.close()

@@ -14,17 +14,14 @@ import argparse
 import heapq
 import json
 import os
-import queue
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from devtools.processes import Child, Supervisor
 
 from .client import Job
 from .report import Log, short
@@ -58,22 +55,18 @@ class Delivery:
 @dataclass
 class Agent:
     name: str
-    proc: subprocess.Popen[str]
+    child: Child
     current: Delivery | None = None
     sent_at: float = 0.0
     ready: bool = False
     paused: bool = False
     killed: bool = False
     closing: bool = False
-    reader: threading.Thread | None = field(default=None, repr=False)
+    ended: bool = False  # its output ended: it exited
 
     def send(self, delivery: Delivery) -> None:
-        stdin = self.proc.stdin
-        if stdin is None:
-            raise RuntimeError(f"{self.name} has no stdin pipe")
         self.current, self.sent_at = delivery, time.monotonic()
-        stdin.write(delivery.message() + "\n")
-        stdin.flush()
+        self.child.send(delivery.message())  # an agent that exited meanwhile is reported by pump()
 
 
 class QueueDriver:
@@ -83,8 +76,9 @@ class QueueDriver:
 
     def __init__(self, args: argparse.Namespace, log: Log) -> None:
         self.args, self.log = args, log
-        self.events: queue.Queue[tuple[Agent, dict[str, Any]]] = queue.Queue()
+        self.processes = Supervisor(cwd=ROOT)  # the agents: started, read, paused and killed
         self.agents: list[Agent] = []
+        self.by_child: dict[Child, Agent] = {}
         self.ready: deque[Delivery] = deque()
         self.scheduled: list[tuple[float, int, Delivery]] = []
         self.redelivered: set[str] = set()  # deliveries already redelivered by the visibility timeout
@@ -99,8 +93,6 @@ class QueueDriver:
         self.published = self.jobs = 0
 
     # agents ------------------------------------------------------------------------------
-    agent_stdin = subprocess.PIPE  # the deliveries, one per line
-
     def agent_command(self, name: str) -> list[str]:
         """The agent process's ``python -m`` arguments."""
         # Every second agent runs its jobs through the LangGraph graph (testgen/graph.py).
@@ -109,27 +101,15 @@ class QueueDriver:
 
     def start_agent(self) -> Agent:
         name = f"agent-{len(self.agents) + 1}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", *self.agent_command(name)],
-            cwd=ROOT,
+        # Deliveries go in on stdin, one per line; events come back on stdout.
+        child = self.processes.start(
+            *self.agent_command(name),
             env=dict(os.environ, PYTHONPATH=str(ROOT)),  # with the TESTGEN_* settings of main()
-            stdin=self.agent_stdin,
-            stdout=subprocess.PIPE,
-            text=True,
         )
-        agent = Agent(name, proc)
-        agent.reader = threading.Thread(target=self._read, args=(agent,), daemon=True)
-        agent.reader.start()
+        agent = Agent(name, child)
         self.agents.append(agent)
+        self.by_child[child] = agent
         return agent
-
-    def _read(self, agent: Agent) -> None:
-        for line in agent.proc.stdout or ():
-            try:
-                self.events.put((agent, json.loads(line)))
-            except json.JSONDecodeError:
-                self.events.put((agent, {"event": "output", "text": line.rstrip()}))
-        self.events.put((agent, {"event": "exit"}))
 
     # the queue ---------------------------------------------------------------------------
     def new_delivery(
@@ -256,17 +236,18 @@ class QueueDriver:
                 "draft discarded (another agent owns the job now)",
                 always=True,
             )
-        elif kind == "ack":
-            if agent.current and agent.current.id == ev["delivery"]:
-                agent.current = None
-        elif kind == "output":
-            self.log(agent.name, "output", ev["text"])
-        elif kind == "exit" and not (agent.killed or agent.closing):
-            self.errors.append(f"{agent.name} exited unexpectedly (exit code {agent.proc.wait()})")
+        elif kind == "ack" and agent.current and agent.current.id == ev["delivery"]:
+            agent.current = None
+
+    def on_exit(self, agent: Agent) -> None:
+        agent.ended = True
+        if not (agent.killed or agent.closing):
+            self.errors.append(f"{agent.name} exited unexpectedly (exit code {agent.child.returncode}); "
+                               f"its stderr:\n{agent.child.stderr()[-2000:]}")
 
     # chaos -------------------------------------------------------------------------------
     def stop(self, agent: Agent, ev: dict[str, Any]) -> None:
-        os.kill(agent.proc.pid, signal.SIGSTOP)
+        agent.child.stop()
         agent.paused, self.paused_done = True, True
         self.pause = {
             "agent": agent,
@@ -296,7 +277,7 @@ class QueueDriver:
         waited = time.monotonic() - p["since"]
         if not taken and waited < 4 * self.args.lease + 2 * self.args.visibility:
             return
-        os.kill(p["agent"].proc.pid, signal.SIGCONT)
+        p["agent"].child.cont()
         p["agent"].paused, self.pause = False, None
         self.log(
             "chaos",
@@ -308,8 +289,8 @@ class QueueDriver:
 
     def kill(self, agent: Agent) -> None:
         agent.killed, self.killed_done = True, True
-        os.kill(agent.proc.pid, signal.SIGKILL)
-        agent.proc.wait()
+        agent.child.kill()
+        agent.child.wait(15)
         self.log("chaos", "SIGKILL", f"{agent.name} killed mid-work", always=True)
         if agent.current is not None:
             # The consumer is gone with an unacknowledged message: the queue redelivers it.
@@ -352,35 +333,32 @@ class QueueDriver:
         return self.counts
 
     def pump(self, timeout: float) -> None:
-        """Handle the agents' events: wait up to ``timeout`` for one, then take what else arrived."""
-        try:
-            agent, ev = self.events.get(timeout=timeout)
-            self.on_event(agent, ev)
-            while True:
-                agent, ev = self.events.get_nowait()
-                self.on_event(agent, ev)
-        except queue.Empty:
-            pass
+        """Handle the agents' events: wait up to ``timeout`` for one, then take what else arrived;
+        then the exits of agents whose output had ended before (so all their events came first)."""
+        ended = [a for a in self.agents if not a.ended and a.child.ended()]
+        got = self.processes.next(timeout)
+        while got is not None:
+            self.on_event(self.by_child[got[0]], got[1])
+            got = self.processes.next(0)
+        for agent in ended:
+            self.on_exit(agent)
 
     def shutdown(self) -> None:
         for agent in self.agents:
             if agent.paused:
-                os.kill(agent.proc.pid, signal.SIGCONT)
-            if agent.proc.poll() is None and agent.proc.stdin is not None:
+                agent.child.cont()
+            if agent.child.alive():
                 agent.closing = True
-                agent.proc.stdin.close()
+                agent.child.end_input()  # no more deliveries: the agent finishes and exits
         for agent in self.agents:
             try:
-                agent.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                agent.proc.kill()
-                agent.proc.wait()
+                agent.child.wait(15)
+            except TimeoutError:
+                agent.child.kill()
+                agent.child.wait(15)
                 self.errors.append(f"{agent.name} did not stop within 15s; killed")
-        while True:
-            try:
-                agent, ev = self.events.get_nowait()
-            except queue.Empty:
-                break
-            if ev["event"] not in ("exit", "ack"):
-                self.on_event(agent, ev)
+        while (got := self.processes.next(0)) is not None:
+            if got[1]["event"] != "ack":
+                self.on_event(self.by_child[got[0]], got[1])
+        self.processes.close()
 

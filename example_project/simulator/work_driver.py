@@ -12,7 +12,6 @@ mid-work and replaced; a job whose lease ran out goes to the next agent that ask
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 from .client import Job
@@ -23,8 +22,6 @@ class WorkerDriver(QueueDriver):
     """Starts the queue workers and plays the chaos; ``run()`` returns when they all stopped."""
 
     deliveries_note = "none: Django tasks, each claimed by a taskclaim_worker from the task table"
-
-    agent_stdin = subprocess.DEVNULL  # nothing is delivered
 
     def agent_command(self, name: str) -> list[str]:
         return ["example_project.simulator.work_agent", "--name", name]
@@ -55,4 +52,4 @@ class WorkerDriver(QueueDriver):
         return None
 
     def idle(self) -> bool:
-        return self.pause is None and all(a.proc.poll() is not None for a in self.agents if not a.killed)
+        return self.pause is None and all(not a.child.alive() for a in self.agents if not a.killed)

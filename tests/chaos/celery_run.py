@@ -18,17 +18,16 @@ and re-sends the messages of tasks that nobody is going to run. The checker is t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
-import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
+from devtools.events import parse
+from devtools.processes import send
 from tests.chaos.checker import Verdict, table
 from tests.chaos.harness import ROOT, Harness, Options, WorkerProc
 from tests.chaos.run import build, drive
@@ -119,16 +118,13 @@ class CeleryHarness(Harness):
         tag = f"c{self.next_tag}"
         self.next_tag += 1
         env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}"}
-        log = open(os.path.join(self.rundir, f"{tag}.log"), "w")  # noqa: SIM115 (closed below)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.chaos.celery_app", "worker",
-             "--pool", "prefork", "--concurrency", "2", "--loglevel", "WARNING",
-             "-n", f"{tag}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+        # The worker leads a process group: its signals reach its pool processes too.
+        child = self.processes.start(
+            "celery", "-A", "tests.chaos.celery_app", "worker", "--pool", "prefork", "--concurrency", "2",
+            "--loglevel", "WARNING", "-n", f"{tag}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            env=env, group=True, stderr=os.path.join(self.rundir, f"{tag}.log"),
         )
-        log.close()
-        worker = WorkerProc(tag=tag, proc=proc, skewed=False, started=time.monotonic())
+        worker = WorkerProc(tag=tag, child=child, skewed=False, started=time.monotonic())
         self.workers.append(worker)
         self.log.workers_started += 1
         return worker
@@ -156,7 +152,7 @@ class CeleryHarness(Harness):
                         self.log.faults["worker_died_on_broker_loss"] += 1
                     else:
                         self.log.errors.append(f"celery worker {worker.tag} exited with code "
-                                               f"{worker.proc.returncode} (see {self.rundir})")
+                                               f"{worker.child.returncode} (see {self.rundir})")
                 self.start_worker()
 
     def top_up(self) -> None:
@@ -195,20 +191,20 @@ class CeleryHarness(Harness):
             pid = self.rng.choice(pool)
             if kind == "pause":
                 seconds = self.rng.uniform(2, 3) * self.opts.lease
-                os.kill(pid, signal.SIGSTOP)
+                send(pid, signal.SIGSTOP)
                 self.paused[pid] = time.monotonic() + seconds
                 # A timer resumes it even while the harness waits on a lock the process holds.
                 timer = threading.Timer(seconds, self.resume_pid, args=(pid,))
                 timer.daemon = True
                 timer.start()
             else:
-                os.kill(pid, signal.SIGKILL)
+                send(pid, signal.SIGKILL)
                 self.log.killed_pids.add(pid)
             self.log.faults[kind] += 1
         elif kind == "kill_worker" and workers:
             worker = self.rng.choice(workers)
             self.log.killed_pids.update([worker.pid, *children(worker.pid)])
-            os.killpg(worker.pid, signal.SIGKILL)
+            worker.child.kill()
             self.log.faults[kind] += 1
         elif kind == "broker_restart":
             if self.broker_kind == "rabbitmq":
@@ -236,8 +232,7 @@ class CeleryHarness(Harness):
     def resume_pid(self, pid: int) -> None:
         with self.lock:
             if self.paused.pop(pid, None) is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+                send(pid, signal.SIGCONT)
 
     def resume_due(self, everyone: bool = False) -> None:
         for pid, until in list(self.paused.items()):
@@ -292,13 +287,12 @@ class CeleryHarness(Harness):
         self.log.quiet_seconds = time.monotonic() - start
         for worker in self.workers:
             worker.stopping = True
-            if worker.alive():
-                os.killpg(worker.pid, signal.SIGTERM)  # warm shutdown: finish and ack
+            worker.child.signal(signal.SIGTERM)  # warm shutdown: finish and ack
         deadline = time.monotonic() + 30
         for worker in self.workers:
             try:
-                worker.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+                worker.child.wait(max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
                 states = ", ".join(f"{pid}:{proc_state(pid)}" for pid in [worker.pid, *children(worker.pid)])
                 with open(os.path.join(self.rundir, f"{worker.tag}.log")) as f:
                     log = f.read()
@@ -315,22 +309,16 @@ class CeleryHarness(Harness):
                 else:
                     self.log.errors.append(f"celery worker {worker.tag} did not stop; killed "
                                            f"(process states {states})")
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.proc.wait()
+                worker.child.kill()
+                worker.child.wait(60)
         for path in sorted(glob.glob(os.path.join(self.events_dir, "*.jsonl"))):
             with open(path) as f:
-                for line in f:
-                    with contextlib.suppress(ValueError):  # a line cut short by SIGKILL
-                        self.log.events.append(json.loads(line))
+                self.log.events.extend(parse(f))  # a line cut short by SIGKILL is left out
 
     def teardown(self, ok: bool) -> None:
         self.broker_up()
         self.resume_due(everyone=True)
-        for worker in self.workers:
-            if worker.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(worker.pid, signal.SIGKILL)
-                worker.proc.wait()
+        self.processes.close()  # the workers still running and their pools
         self.broker.stop()
         super().teardown(ok)
 

@@ -11,14 +11,10 @@ deterministic, so a seed reproduces the fault schedule, not the interleaving.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import queue
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from devtools.processes import Child, Supervisor
 from devtools.replication import Failover, PostgresPair
 from devtools.servers import MariaDBServer, PostgresServer
 
@@ -94,32 +91,25 @@ class Options:
 @dataclass
 class WorkerProc:
     tag: str
-    proc: subprocess.Popen[str]
+    child: Child
     skewed: bool
     started: float
     paused_until: float | None = None
     stopping: bool = False
-    reader: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.child.pid
 
     @property
     def app_name(self) -> str:
         return f"chaos-{self.tag}"
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.child.alive()
 
     def send(self, command: str) -> bool:
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(command + "\n")
-            self.proc.stdin.flush()
-            return True
-        except (BrokenPipeError, OSError, ValueError):
-            return False
+        return self.child.send(command)
 
 
 @dataclass
@@ -151,7 +141,9 @@ class Harness:
         self.server: PostgresServer | PostgresPair | MariaDBServer | None = None
         self.env: dict[str, str] = {}
         self.workers: list[WorkerProc] = []
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        # Each event gets the time it arrived ("seen"): the checker compares it with failovers.
+        self.processes = Supervisor(cwd=ROOT, stamp="seen")
+        self.worker_of: dict[Child, WorkerProc] = {}
         self.next_tag = 0
         self.lock = threading.Lock()
         self.kinds = applicable_faults(opts.db, opts.faults)
@@ -244,41 +236,25 @@ class Harness:
             # time.sleep() fails with EINVAL (monotonic time is offset too, harmlessly).
             env.update(LD_PRELOAD=FAKETIME_LIB, FAKETIME=f"+{SKEW_SECONDS // 3600}h",
                        FAKETIME_FORCE_MONOTONIC_FIX="1")
-        stderr = open(os.path.join(self.rundir, f"{tag}.stderr"), "w")  # noqa: SIM115 (closed by the child's exit)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.chaos.worker", "--tag", tag,
-             "--lease", str(self.opts.lease), "--steps", str(self.opts.steps),
-             "--work-ms", str(self.opts.work_ms), "--give-up", str(self.opts.give_up),
-             *(["--unsafe"] if self.opts.unsafe else [])],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-            text=True,
+        child = self.processes.start(
+            "tests.chaos.worker", "--tag", tag, "--lease", str(self.opts.lease), "--steps", str(self.opts.steps),
+            "--work-ms", str(self.opts.work_ms), "--give-up", str(self.opts.give_up),
+            *(["--unsafe"] if self.opts.unsafe else []),
+            env=env, stderr=os.path.join(self.rundir, f"{tag}.stderr"),
         )
-        stderr.close()
-        worker = WorkerProc(tag=tag, proc=proc, skewed=skewed, started=time.monotonic())
-        worker.reader = threading.Thread(target=self._read, args=(worker,), daemon=True)
-        worker.reader.start()
+        worker = WorkerProc(tag=tag, child=child, skewed=skewed, started=time.monotonic())
+        self.worker_of[child] = worker
         self.workers.append(worker)
         self.log.workers_started += 1
         if skewed:
             self.log.faults["skewed_worker"] += 1
         return worker
 
-    def _read(self, worker: WorkerProc) -> None:
-        assert worker.proc.stdout is not None
-        for line in worker.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = {"event": "garbage", "line": line[:200]}
-            event.update(tag=worker.tag, pid=worker.pid, seen=time.time(), skewed=worker.skewed)
-            self.events.put(event)
-
     def drain_events(self) -> None:
-        while True:
-            try:
-                event = self.events.get_nowait()
-            except queue.Empty:
-                return
+        while (got := self.processes.next(0)) is not None:
+            child, event = got
+            worker = self.worker_of[child]
+            event.update(tag=worker.tag, pid=worker.pid, skewed=worker.skewed)
             self.log.events.append(event)
             kind = event.get("event")
             if kind == "crash":
@@ -300,9 +276,9 @@ class Harness:
         for worker in list(self.workers):
             if not worker.stopping and not worker.alive():
                 worker.stopping = True  # counted once
-                if worker.proc.returncode != -signal.SIGKILL:
+                if worker.child.returncode != -signal.SIGKILL:
                     self.log.errors.append(
-                        f"worker {worker.tag} exited with code {worker.proc.returncode} "
+                        f"worker {worker.tag} exited with code {worker.child.returncode} "
                         f"(see {self.rundir}/{worker.tag}.stderr)")
                 self.start_worker()
 
@@ -336,7 +312,7 @@ class Harness:
 
     def fault_pause(self, worker: WorkerProc) -> None:
         seconds = self.rng.uniform(2, 3) * self.opts.lease
-        os.kill(worker.pid, signal.SIGSTOP)
+        worker.child.stop()
         worker.paused_until = time.monotonic() + seconds
         # Resumed by a timer, not by the main loop: on SQLite a worker paused inside its write
         # transaction holds the database lock, and the harness's own queries wait for it.
@@ -348,8 +324,7 @@ class Harness:
     def resume(self, worker: WorkerProc) -> None:
         with self.lock:
             if worker.paused_until is not None:
-                if worker.alive():
-                    os.kill(worker.pid, signal.SIGCONT)
+                worker.child.cont()
                 worker.paused_until = None
 
     def resume_due(self, everyone: bool = False) -> None:
@@ -359,7 +334,7 @@ class Harness:
                 self.resume(worker)
 
     def fault_kill(self, worker: WorkerProc) -> None:
-        os.kill(worker.pid, signal.SIGKILL)
+        worker.child.kill()
         self.log.killed_pids.add(worker.pid)
         self.log.faults["kill"] += 1
 
@@ -537,28 +512,19 @@ class Harness:
         deadline = time.monotonic() + 30
         for worker in self.workers:
             try:
-                worker.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+                worker.child.wait(max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
                 self.log.errors.append(f"worker {worker.tag} did not stop when told; killed")
-                worker.proc.kill()
-                worker.proc.wait()
+                worker.child.kill()
+                worker.child.wait(30)
         for worker in self.workers:
-            if worker.reader is not None:
-                worker.reader.join(10)
-            if worker.proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    worker.proc.stdin.close()
+            worker.child.ended(10)  # its last events read
         self.drain_events()
 
     def teardown(self, ok: bool) -> None:
         if self.failover_thread is not None:
             self.failover_thread.join(120)
-        for worker in self.workers:
-            if worker.alive():
-                if worker.paused_until is not None:
-                    os.kill(worker.pid, signal.SIGCONT)
-                worker.proc.kill()
-                worker.proc.wait()
+        self.processes.close()  # the workers still running: resumed if paused, then killed
         from django.db import connection
 
         connection.close()

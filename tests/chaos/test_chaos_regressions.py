@@ -6,7 +6,6 @@ processes and real row locks.
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -53,13 +52,12 @@ def test_attempts_of_a_task_do_not_overlap_when_a_claim_waits_for_a_release(spaw
     # the owner's lock (a live row is refused at once, without waiting).
     expire(first)
     racer = spawn("race", "overlap-after-release", "--lease", "30")
-    assert json.loads(racer.stdout.readline())["event"] == "ready"
+    racer.event("ready", timeout=60)
     with first.fenced():
-        racer.stdin.write("go\n")
-        racer.stdin.flush()
+        racer.send("go")
         wait_until_blocked_on_a_lock(racer.pid)
         first.release()  # arrives after the racer's claim, commits before it runs
-    done = json.loads(racer.stdout.readline())
+    done = racer.event("done", timeout=60)
     assert done["claimed"] is True and done["token"] == 2, done
     one, two = Attempt.objects.filter(task_id=first.task_id).order_by("token")
     assert (one.token, one.outcome, two.token) == (1, "released", 2)

@@ -256,8 +256,6 @@ def test_fenced_then_complete_inside_atomic_and_keepalive_does_not_deadlock() ->
 def test_keepalive_inside_atomic_holds_off_other_processes(spawn) -> None:  # type: ignore[no-untyped-def]
     """The issue's reproduction with real processes: a 1 s lease, then atomic() + keepalive() for
     over three lease lengths while other processes try to claim the task; none may get it."""
-    import json
-
     from django.db import transaction
 
     claim = Task.objects.claim("job", owner="me", lease=1).claim
@@ -266,11 +264,9 @@ def test_keepalive_inside_atomic_holds_off_other_processes(spawn) -> None:  # ty
         until = time.monotonic() + 3.5
         while time.monotonic() < until:
             racer = spawn("race", "job")
-            assert json.loads(racer.stdout.readline())["event"] == "ready"
-            racer.stdin.write("go\n")
-            racer.stdin.flush()
-            results.append(json.loads(racer.stdout.readline()))
-            racer.wait(30)
+            racer.event("ready", timeout=60)
+            racer.send("go")
+            results.append(racer.finish(30))
     assert results and not any(r["claimed"] for r in results), results
     assert all(r["owner"] == "me" for r in results)
     claim.complete("mine")

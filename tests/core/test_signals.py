@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from devtools.events import emit
+from devtools.processes import Supervisor
 
 SIGNAL_NAMES = ("task_claimed", "task_taken_over", "heartbeat_lost", "task_completed",
                 "task_failed", "task_released", "stale_write_refused", "duplicate_delivery",
@@ -91,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
     me = f"sig-{os.getpid()}"
     keys = [f"sig-{i}" for i in range(args.keys)]
     connection.ensure_connection()
-    print(json.dumps({"event": "ready"}), flush=True)
+    emit(event="ready")
     sys.stdin.readline()
     done: set[str] = set()
     deliveries = 0
@@ -127,45 +129,24 @@ def worker(args: argparse.Namespace) -> None:
                 pass
         time.sleep(0.02)  # idle poll between rounds
     log.close()
-    print(json.dumps({"event": "exit", "done": len(done)}), flush=True)
+    emit(event="exit", done=len(done))
 
 
 # -- the tests ---------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_signals_once_per_event_across_processes(worker_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_signals_once_per_event_across_processes(processes: Supervisor, tmp_path: Path) -> None:
     from django.db.models import Sum
 
     from django_taskclaim.models import Attempt, Task
 
     keys, lease = 6, 0.4
     prefix = tmp_path / "signals"
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "tests.core.test_signals", "worker", "--keys", str(keys),
-                          "--lease", str(lease), "--log", str(prefix)],
-                         cwd=Path(__file__).resolve().parents[2], env=worker_env, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(3)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdin is not None
-            line = proc.stdout.readline()
-            if json.loads(line or "{}").get("event") != "ready":
-                pytest.fail(f"worker did not start: {proc.stderr.read() if proc.stderr else ''}")
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        for proc in procs:
-            out, err = proc.communicate(timeout=90)
-            assert proc.returncode == 0, err
-            assert json.loads(out.strip().splitlines()[-1]) == {"event": "exit", "done": keys}
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    procs = [processes.start("tests.core.test_signals", "worker", "--keys", str(keys), "--lease", str(lease),
+                             "--log", str(prefix)) for _ in range(3)]
+    processes.go(*procs)
+    for proc in procs:
+        assert proc.finish(90) == {"event": "exit", "done": keys}
 
     records = [json.loads(line) for path in tmp_path.glob("signals.*.jsonl")
                for line in path.read_text().splitlines()]

@@ -14,7 +14,6 @@ process clock moves it too: that test pins the documented limit (docs/concepts.m
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -137,9 +136,7 @@ def faked_worker(spawn, offset: str):  # type: ignore[no-untyped-def]
         requirement_missing("libfaketime")
     # FORCE_MONOTONIC_FIX: without it libfaketime 0.9.10 breaks clock_nanosleep (time.sleep).
     proc = spawn("clock", env={"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": offset, "FAKETIME_FORCE_MONOTONIC_FIX": "1"})
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    report = json.loads(out.strip().splitlines()[-1])
+    report = proc.finish(120)
     # The worker's clock really is off (by Python's clock, and by what the app is given).
     skew_seconds = report["process_clock"] - dt.datetime.now(dt.UTC).timestamp()
     expected = 7200 if offset.startswith("+") else -7200

@@ -88,21 +88,19 @@ def test_the_system_checks_pass() -> None:
     assert checks.check_database() == [] and checks.check_settings() == []
 
 
-def test_workers_run_as_the_configuration_says(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_workers_run_as_the_configuration_says(processes, spawn) -> None:  # type: ignore[no-untyped-def]
     """The race workers of test_concurrency.py turn autocommit off where the configuration says so."""
     proc = spawn("race", "probe")
-    ready = json.loads(proc.stdout.readline())
-    assert ready["autocommit"] is (CONFIG != "autocommit_off"), (ready, proc.stderr.read())
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-    assert json.loads(proc.stdout.readline())["claimed"] and proc.wait(60) == 0
+    [ready] = processes.go(proc)
+    assert ready["autocommit"] is (CONFIG != "autocommit_off"), (ready, proc.stderr())
+    assert proc.finish(60)["claimed"]
     assert Task.objects.get(key="probe").status == "running"  # committed by the worker
 
 
 # ---- ATOMIC_REQUESTS (and every other configuration): views raced by processes --------------
 
 @pytest.mark.parametrize("on_busy", ["wait", "raise"])
-def test_racing_requests_run_the_view_once(spawn, on_busy: str) -> None:  # type: ignore[no-untyped-def]
+def test_racing_requests_run_the_view_once(processes, spawn, on_busy: str) -> None:  # type: ignore[no-untyped-def]
     """Six processes POST one key at once: one runs the work; the others get its result or 409.
 
     With ATOMIC_REQUESTS (or callers with autocommit off) the claim is invisible until the
@@ -112,14 +110,8 @@ def test_racing_requests_run_the_view_once(spawn, on_busy: str) -> None:  # type
     result (``on_busy="wait"``) or answers 409 (``"raise"``).
     """
     procs = [spawn("request", f"/race/report-7/?work=0.5&on_busy={on_busy}") for _ in range(6)]
-    for proc in procs:
-        assert json.loads(proc.stdout.readline())["event"] == "ready", proc.stderr.read()
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    responses = [json.loads(proc.stdout.readline() or "{}") for proc in procs]
-    for proc in procs:
-        assert proc.wait(120) == 0, proc.stderr.read()
+    processes.go(*procs)
+    responses = [proc.finish(120) for proc in procs]
     served = [r for r in responses if r["status"] == 200]
     if on_busy == "wait" or CONFIG in ("atomic_requests", "autocommit_off"):
         assert len(served) == 6, responses

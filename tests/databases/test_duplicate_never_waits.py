@@ -12,7 +12,6 @@ import pytest
 from django.db import connection
 
 from django_taskclaim.models import Attempt, Task
-from tests.fleet import Fleet
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -21,26 +20,21 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 DEADLINE = 30
 
 
-def test_a_duplicate_answers_while_the_owner_holds_fenced(spawn) -> None:  # type: ignore[no-untyped-def]
-    fleet = Fleet(spawn)
-    owner = fleet.start("fenced-owner", "job", "--lease", "300")
-    fleet.wait_for(lambda p, e: p is owner and e["event"] == "inside", timeout=60)
-    duplicate = fleet.start("race", "job")
-    fleet.wait_for(lambda p, e: p is duplicate and e["event"] == "ready", timeout=60)
-    assert duplicate.stdin is not None and owner.stdin is not None
-    duplicate.stdin.write("go\n")
-    duplicate.stdin.flush()
+def test_a_duplicate_answers_while_the_owner_holds_fenced(processes, spawn) -> None:  # type: ignore[no-untyped-def]
+    owner = spawn("fenced-owner", "job", "--lease", "300")
+    owner.event("inside", timeout=60)
+    duplicate = spawn("race", "job")
+    processes.go(duplicate)
     try:
-        _, answer = fleet.wait_for(lambda p, e: p is duplicate and e["event"] == "done", timeout=DEADLINE)
+        answer = duplicate.event("done", timeout=DEADLINE)
         # The owner is still inside fenced(): it commits only once told to, below.
-        assert not [e for p, e in fleet.log if p == owner.pid and e["event"] == "committed"]
+        assert not [e for e in owner.events if e["event"] == "committed"]
     finally:
-        owner.stdin.write("go\n")
-        owner.stdin.flush()
+        owner.send("go")
     assert (answer["claimed"], answer["status"], answer["token"]) == (False, "running", 1)
     assert answer["owner"] == f"owner-{owner.pid}"
-    fleet.join(timeout=120)
-    assert [p.returncode for p in fleet.procs] == [0, 0], fleet.stderr_of_failures()
+    processes.join(timeout=120)
+    assert [p.returncode for p in processes.children] == [0, 0], processes.failures()
     task = Task.objects.get(key="job")
     assert (task.status, task.fencing_token) == ("succeeded", 1)
     duplicates = Attempt.objects.filter(outcome="duplicate", owner=f"racer-{duplicate.pid}").count()

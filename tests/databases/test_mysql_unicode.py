@@ -9,9 +9,6 @@ is stored as written. The checks E022 and E023 refuse a connection or a column t
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +16,7 @@ import django
 import pytest
 from django.db import connection
 
+from devtools.processes import Supervisor
 from django_taskclaim.checks import check_database
 from tests.programs.charset_worker import DELIVERY, ERROR, OWNER
 
@@ -43,17 +41,12 @@ def narrow_database(request: pytest.FixtureRequest) -> Iterator[str]:
             cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
 
-def run_worker(worker_env: dict[str, str], database: str, *args: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "tests.programs.charset_worker", *args], capture_output=True, text=True,
-                          env={**worker_env, "TASKCLAIM_TEST_DB_NAME": database}, timeout=180,
-                          cwd=worker_env["PYTHONPATH"])
-    assert done.returncode == 0, done.stderr
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return report
+def run_worker(processes: Supervisor, database: str, *args: str) -> dict[str, Any]:
+    return processes.start("tests.programs.charset_worker", *args, env={"TASKCLAIM_TEST_DB_NAME": database}).finish(180)
 
 
-def test_before_0003_strict_mode_refuses_the_text_and_the_failure_never_lands(worker_env, narrow_database) -> None:  # type: ignore[no-untyped-def]
-    report = run_worker(worker_env, narrow_database, "--skip-0003", "--sql-mode", "strict")
+def test_before_0003_strict_mode_refuses_the_text_and_the_failure_never_lands(processes, narrow_database) -> None:  # type: ignore[no-untyped-def]
+    report = run_worker(processes, narrow_database, "--skip-0003", "--sql-mode", "strict")
     assert report["fail_error"] == ["OperationalError", MYSQL_INCORRECT_STRING]
     assert report["fail_status"] == "running"  # stranded until its lease runs out
     assert report["claim_next_error"] == ["OperationalError", MYSQL_INCORRECT_STRING]
@@ -61,16 +54,16 @@ def test_before_0003_strict_mode_refuses_the_text_and_the_failure_never_lands(wo
     assert report["checks"] == ["django_taskclaim.E023"]  # 0003 recorded as run, its columns still narrow
 
 
-def test_before_0003_other_modes_mangle_the_owner_and_the_worker_loses_its_claims(worker_env, narrow_database) -> None:  # type: ignore[no-untyped-def]
-    report = run_worker(worker_env, narrow_database, "--skip-0003", "--sql-mode", "loose")
+def test_before_0003_other_modes_mangle_the_owner_and_the_worker_loses_its_claims(processes, narrow_database) -> None:  # type: ignore[no-untyped-def]
+    report = run_worker(processes, narrow_database, "--skip-0003", "--sql-mode", "loose")
     assert report["next_owner"] == "worker-?" and report["next_status"] == "running"
     assert report["claim_next"] == []  # marked running, and handed to nobody
     assert report["fail_stored"] != ERROR and "?" in report["fail_stored"]
 
 
 @pytest.mark.parametrize("mode", ["strict", "loose"])
-def test_after_0003_every_text_column_stores_any_unicode(worker_env, narrow_database, mode: str) -> None:  # type: ignore[no-untyped-def]
-    report = run_worker(worker_env, narrow_database, "--sql-mode", mode)
+def test_after_0003_every_text_column_stores_any_unicode(processes, narrow_database, mode: str) -> None:  # type: ignore[no-untyped-def]
+    report = run_worker(processes, narrow_database, "--sql-mode", mode)
     assert not [k for k in report if k.endswith("_error")], report
     assert (report["fail_status"], report["fail_stored"]) == ("failed", ERROR)
     assert report["claim_next"] == ["job-next"] and report["next_owner"] == OWNER

@@ -8,7 +8,6 @@ with a pool: handed back, so the next cycle may run on another server session).
 from __future__ import annotations
 
 import io
-import json
 
 import django
 import pytest
@@ -26,9 +25,7 @@ postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="
 def run_cycles(spawn, config: str, prepared: bool, n: int = 40) -> dict:  # type: ignore[no-untyped-def]
     proc = spawn("cycles", "--n", str(n), "--prefix", config,
                  env={"TASKCLAIM_TEST_CONFIG": config, "TASKCLAIM_TEST_PREPARED": "1" if prepared else "0"})
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+    return proc.finish(180)
 
 
 @postgresql_only

@@ -3,47 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from devtools.processes import Supervisor
 from devtools.servers import _wait_for_port, free_port
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import ROOT
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def servers(worker_env) -> Iterator[list[str]]:  # type: ignore[no-untyped-def]
-    """Two uvicorn processes serving tests/programs/asgi.py on the test database."""
-    env = {**worker_env, "DJANGO_SETTINGS_MODULE": "tests.settings_asgi"}
+def servers(processes: Supervisor) -> list[str]:
+    """Two uvicorn processes serving tests/programs/asgi.py on the test database (ended with ``processes``)."""
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_asgi"}
     procs, urls = [], []
-    try:
-        for _ in range(2):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "tests.programs.asgi:application", "--host", "127.0.0.1",
-                 "--port", str(port), "--lifespan", "off", "--no-access-log"],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-            urls.append(f"http://127.0.0.1:{port}")
-        for proc, url in zip(procs, urls, strict=True):
-            _wait_for_port(int(url.rsplit(":", 1)[1]), time.monotonic() + 60, "uvicorn", proc)  # type: ignore[arg-type]
-        yield urls
-    finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    for _ in range(2):
+        port = free_port()
+        procs.append(processes.start("uvicorn", "tests.programs.asgi:application", "--host", "127.0.0.1",
+                                     "--port", str(port), "--lifespan", "off", "--no-access-log", env=env))
+        urls.append(f"http://127.0.0.1:{port}")
+    for proc, url in zip(procs, urls, strict=True):
+        _wait_for_port(int(url.rsplit(":", 1)[1]), time.monotonic() + 60, "uvicorn", proc.proc)  # type: ignore[arg-type]
+    return urls
 
 
 async def post_all(urls: list[str], path: str, per_server: int) -> list[httpx.Response]:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,8 +28,9 @@ from django.db import transaction
 from django.test import override_settings
 
 from devtools.polling import wait_until
+from devtools.processes import Child, Supervisor, send
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import ROOT, expire, requirement_missing
+from tests.conftest import expire, requirement_missing
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -170,55 +169,35 @@ def only_on(kind: str) -> Callable[[Callable[..., None]], Callable[..., None] | 
     return decorate
 
 
-class Worker:
-    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
-        self.proc, self.log = proc, log
-
-    @property
-    def pgid(self) -> int:
-        return self.proc.pid  # started in a session of its own: its pid is the group id
-
-    def owns(self, pid: int) -> bool:
-        try:
-            return os.getpgid(pid) == self.pgid
-        except ProcessLookupError:
-            return False
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+def owns(worker: Child, pid: int) -> bool:
+    """Whether ``pid`` is ``worker`` or one of its pool processes (its process group)."""
+    try:
+        return os.getpgid(pid) == worker.pid  # started in a session of its own: its pid is the group id
+    except ProcessLookupError:
+        return False
 
 
 @pytest.fixture
-def workers(broker: Broker, redis_server: Any, worker_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
+def workers(broker: Broker, redis_server: Any, processes: Supervisor, tmp_path: Path) -> Any:
     """Start ``celery worker`` processes (prefork, concurrency 2); all are killed at the end."""
-    started: list[Worker] = []
 
-    def start(name: str, queues: str = QUEUE, broker_url: str | None = None, **env: str) -> Worker:
-        log = tmp_path / f"{name}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.programs.celery_app", "worker", "-P", "prefork", "-c", "2",
-                 "-n", f"{name}@%h", "-Q", queues, "-l", "INFO", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat"],
-                cwd=ROOT, env={**worker_env, "TASKCLAIM_TEST_REDIS_URL": redis_server.url,
-                     "TASKCLAIM_TEST_BROKER_URL": broker_url or broker.url, **env},
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        worker = Worker(proc, log)
-        started.append(worker)
-        return worker
+    def start(name: str, queues: str = QUEUE, broker_url: str | None = None, **env: str) -> Child:
+        return processes.start(
+            "celery", "-A", "tests.programs.celery_app", "worker", "-P", "prefork", "-c", "2",
+            "-n", f"{name}@%h", "-Q", queues, "-l", "INFO", "--without-gossip", "--without-mingle",
+            "--without-heartbeat",
+            env={"TASKCLAIM_TEST_REDIS_URL": redis_server.url,
+                 "TASKCLAIM_TEST_BROKER_URL": broker_url or broker.url, **env},
+            group=True, stderr=tmp_path / f"{name}.log",  # the worker and its pool: signals go to all
+        )
 
-    def ready(*ws: Worker) -> None:
+    def ready(*ws: Child) -> None:
         for w in ws:
-            wait_for(lambda w=w: "ready." in w.output() or w.proc.poll() is not None, 60, "the worker to start")
-            assert w.proc.poll() is None, w.output()
+            wait_for(lambda w=w: "ready." in w.stderr() or not w.alive(), 60, "the worker to start")
+            assert w.alive(), w.stderr()
 
     start.ready = ready  # type: ignore[attr-defined]
-    yield start
-    for w in started:
-        if w.proc.poll() is None:
-            os.killpg(w.pgid, signal.SIGKILL)
-        w.proc.wait(10)
+    return start
 
 
 def effects(key: str) -> list[Effect]:
@@ -276,8 +255,8 @@ def test_worker_child_killed_mid_task_is_redelivered_and_completes_once(workers:
     workers.ready(w)
     result = work.apply_async(("kill", 3.0))
     pid = running_owner_pid("work-kill")
-    assert w.owns(pid)
-    os.kill(pid, signal.SIGKILL)  # the worker child running the body
+    assert owns(w, pid)
+    send(pid, signal.SIGKILL)  # the worker child running the body
 
     value = result.get(timeout=40)
     assert value["token"] >= 2 and value["pid"] != pid
@@ -297,14 +276,14 @@ def test_killed_worker_message_comes_back_and_completes_once(workers: Any, broke
     workers.ready(a)
     result = work.apply_async(("killw", 3.0))
     pid = running_owner_pid("work-killw")
-    assert a.owns(pid)
-    os.killpg(a.pgid, signal.SIGKILL)
-    a.proc.wait(10)
+    assert owns(a, pid)
+    a.kill()
+    a.wait(10)
 
     b = workers("wb", TASKCLAIM_TEST_VISIBILITY_TIMEOUT="3")
     workers.ready(b)
     value = result.get(timeout=60)
-    assert value["token"] == 2 and b.owns(value["pid"])
+    assert value["token"] == 2 and owns(b, value["pid"])
     assert [e.token for e in effects("work-killw")] == [2]
     executed = [(a.token, a.outcome) for a in attempts("work-killw") if a.token is not None]
     assert executed == [(1, "taken_over"), (2, "succeeded")]
@@ -351,15 +330,15 @@ def test_paused_worker_is_fenced_off_when_it_resumes(workers: Any) -> None:
     workers.ready(a, b)
     first = work.apply_async(("pause", 1.5), queue="a")
     pid = running_owner_pid("work-pause")
-    assert a.owns(pid)
-    os.killpg(a.pgid, signal.SIGSTOP)  # the whole worker freezes (a paused VM, a long GC)
+    assert owns(a, pid)
+    a.stop()  # the whole worker freezes (a paused VM, a long GC)
     try:
         wait_for(lambda: Task.objects.expired().filter(key="work-pause").exists(), 20, "the lease to expire")
         second = work.apply_async(("pause", 1.5), queue="b")
         taken = second.get(timeout=30)
-        assert taken["token"] == 2 and b.owns(taken["pid"])
+        assert taken["token"] == 2 and owns(b, taken["pid"])
     finally:
-        os.killpg(a.pgid, signal.SIGCONT)
+        a.cont()
 
     # The first delivery resumes: its fenced write and completion are refused, and it reports
     # the stored result of the worker that took over.
@@ -493,14 +472,14 @@ def test_task_outliving_the_consumer_timeout_runs_once(broker: Broker, workers: 
         workers.ready(w1, w2)
         result = task.apply_async(("ct",))
         pid = running_owner_pid(key)
-        first, other = (w1, w2) if w1.owns(pid) else (w2, w1)
-        assert first.owns(pid)
+        first, other = (w1, w2) if owns(w1, pid) else (w2, w1)
+        assert owns(first, pid)
         # The redelivery found the task running: a duplicate attempt of the same Celery task id.
         wait_for(lambda: Attempt.objects.filter(task__key=key, outcome="duplicate",
                                                 delivery_id=result.id).exists(), 60, "the redelivery")
-        assert timed_out in first.output()  # the consumer timeout fired
+        assert timed_out in first.stderr()  # the consumer timeout fired
         if on_busy == "wait":
-            wait_for(lambda: timed_out in other.output(), 60, "the waiting delivery to time out as well")
+            wait_for(lambda: timed_out in other.stderr(), 60, "the waiting delivery to time out as well")
             third = workers("w3", broker_url=server.url)
             workers.ready(third)
         Effect.objects.create(task_key=f"release:{key}", token=0, worker="test")
@@ -512,13 +491,13 @@ def test_task_outliving_the_consumer_timeout_runs_once(broker: Broker, workers: 
         assert executed == [(1, "succeeded")]
         assert all(a.delivery_id == result.id for a in attempts(key))
         assert Task.objects.get(key=key).result == value
-        first.proc.wait(30)  # Celery's reaction to the closed channel: the worker exits
+        first.wait(30)  # Celery's reaction to the closed channel: the worker exits
         if on_busy == "wait":
-            other.proc.wait(30)
+            other.wait(30)
             # The third worker got the message last: it found the stored result.
             wait_for(lambda: len(attempts(key)) >= 3, 30, "the third delivery")
         else:
-            assert other.proc.poll() is None and timed_out not in other.output(), other.output()
+            assert other.alive() and timed_out not in other.stderr(), other.stderr()
     finally:
         point_at(broker.url, backend)
 

@@ -6,13 +6,10 @@ LangGraph's SQLite saver on a file. Workers are real OS processes sharing both.
 
 from __future__ import annotations
 
-import json
 import operator
-import os
-import signal
-import subprocess
-import sys
 import uuid
+from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -21,10 +18,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send, interrupt
 
 from devtools.polling import wait_until
+from devtools.processes import Child, Supervisor
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim, node_identity
 from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError, TaskFailed
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import ROOT
 from tests.core.test_async import run
 from tests.programs.langgraph_app import acheckpointer, build, build_async, checkpointer
 from tests.testapp.models import Effect
@@ -244,42 +241,10 @@ def test_on_busy_raise_reports_a_step_held_elsewhere() -> None:
 
 # -- worker processes sharing the database and the checkpointer ------------------------------
 
-class Workers:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, *args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.programs.langgraph_worker", *args], cwd=ROOT, env=self.env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        return proc
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
-def workers(worker_env):  # type: ignore[no-untyped-def]
-    w = Workers(worker_env)
-    yield w
-    w.kill_all()
-
-
-def event(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, f"worker exited: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}"
-    return json.loads(line)
-
-
-def say(proc: subprocess.Popen[str], line: str = "go") -> None:
-    assert proc.stdin is not None
-    proc.stdin.write(line + "\n")
-    proc.stdin.flush()
+def workers(processes: Supervisor) -> Callable[..., Child]:
+    """Start ``python -m tests.programs.langgraph_worker ARGS`` children of ``processes``."""
+    return partial(processes.start, "tests.programs.langgraph_worker")
 
 
 def interrupted_thread() -> str:
@@ -293,27 +258,20 @@ def interrupted_thread() -> str:
 
 
 @pytest.mark.slow
-def test_two_processes_resume_one_interrupted_thread_and_the_effect_lands_once(workers) -> None:  # type: ignore[no-untyped-def]
+def test_two_processes_resume_one_interrupted_thread_and_the_effect_lands_once(processes, workers) -> None:  # type: ignore[no-untyped-def]
     thread = interrupted_thread()
-    a, b = workers.start(thread, "--block"), workers.start(thread, "--block")
-    for proc in (a, b):
-        assert event(proc)["event"] == "ready"
-    say(a)
-    say(b)
+    a, b = workers(thread, "--block"), workers(thread, "--block")
+    processes.go(a, b)
     # One of them enters the node; the other must find the step running and wait for it.
-    import select
-
-    ready, _, _ = select.select([a.stdout, b.stdout], [], [], 60)
-    assert ready, "no worker entered the node"
-    winner = a if a.stdout in ready else b
+    winner, _ = processes.wait_for(lambda proc, e: e["event"] != "ready", timeout=60, what="a worker in the node")
     loser = b if winner is a else a
-    entered = event(winner)
+    entered = winner.event(timeout=60)
     assert entered["event"] == "in-node" and entered["key"] == f"{thread}:2:write@v1"
     until(lambda: Attempt.objects.filter(outcome="duplicate").exists())
-    say(winner)  # let the body finish
-    finals = [event(winner), event(loser)]
+    winner.send("go")  # let the body finish
+    finals = [winner.event(timeout=60), loser.event(timeout=60)]
     for proc in (a, b):
-        assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+        assert proc.wait(60) == 0, proc.stderr()
     assert [f["event"] for f in finals] == ["final", "final"]
     assert finals[0]["state"] == finals[1]["state"]  # the loser returned the stored update
     assert finals[0]["state"]["published"] == f"tests for POST /payments by {finals[0]['worker']}"
@@ -324,34 +282,30 @@ def test_two_processes_resume_one_interrupted_thread_and_the_effect_lands_once(w
 
 
 @pytest.mark.slow
-def test_a_worker_killed_inside_the_node_is_taken_over_after_its_lease(workers) -> None:  # type: ignore[no-untyped-def]
+def test_a_worker_killed_inside_the_node_is_taken_over_after_its_lease(processes, workers) -> None:  # type: ignore[no-untyped-def]
     thread = interrupted_thread()
-    first = workers.start(thread, "--block", "--lease", "1")
-    assert event(first)["event"] == "ready"
-    say(first)
-    entered = event(first)
+    first = workers(thread, "--block", "--lease", "1")
+    processes.go(first)
+    entered = first.event(timeout=60)
     assert entered["event"] == "in-node"
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    first.kill()
+    first.wait(30)
 
-    second = workers.start(thread, "--lease", "1")
-    assert event(second)["event"] == "ready"
-    say(second)
-    took_over = event(second)
+    second = workers(thread, "--lease", "1")
+    processes.go(second)
+    took_over = second.event(timeout=60)
     assert took_over["event"] == "in-node" and took_over["token"] == entered["token"] + 1
-    final = event(second)
-    assert second.wait(60) == 0, second.stderr.read() if second.stderr else ""
+    final = second.finish(60)
     assert final["state"]["log"] == ["plan", "write", "finish"]
 
     # A third resume of the same checkpoint finds the step done: stored update, no effect.
-    third = workers.start(thread)
-    assert event(third)["event"] == "ready"
-    say(third)
-    assert event(third) == {"event": "final", "state": final["state"], "worker": event_worker(third)}
+    third = workers(thread)
+    processes.go(third)
+    assert third.event(timeout=60) == {"event": "final", "state": final["state"], "worker": event_worker(third)}
     effect = Effect.objects.get()
     assert (effect.worker, effect.token) == (final["worker"], 2)
     assert Attempt.objects.filter(outcome="taken_over").count() == 1
 
 
-def event_worker(proc: subprocess.Popen[str]) -> str:
+def event_worker(proc: Child) -> str:
     return f"worker-{proc.pid}"

@@ -7,17 +7,12 @@ new SQLite file, or a new PostgreSQL database on the suite's server) and migrate
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.db import connection
-
-from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,12 +35,9 @@ def tasks_db(tmp_path: Path) -> Iterator[str]:
             cursor.execute(f"DROP DATABASE IF EXISTS {quoted}{force}")
 
 
-def test_every_operator_surface_reads_the_configured_database(worker_env, tasks_db) -> None:  # type: ignore[no-untyped-def]
-    env = {**worker_env, "DJANGO_SETTINGS_MODULE": "tests.settings_ops", "TASKCLAIM_TEST_TASKS_DB": tasks_db}
-    done = subprocess.run([sys.executable, "-m", "tests.programs.ops", "second-db"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
+def test_every_operator_surface_reads_the_configured_database(processes, tasks_db) -> None:  # type: ignore[no-untyped-def]
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_ops", "TASKCLAIM_TEST_TASKS_DB": tasks_db}
+    report = processes.start("tests.programs.ops", "second-db", env=env).finish(180)
     assert report["default_db_tasks"] == 0  # nothing leaked into the default database
     # Regression: the audit read the default database and reported "ok".
     audit = report["audit"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -12,8 +11,8 @@ from collections import Counter
 import pytest
 from django.db.models import Sum
 
+from devtools.processes import Supervisor
 from django_taskclaim.models import Attempt, Task
-from tests.fleet import Fleet
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -35,16 +34,10 @@ def assert_exactly_once(n: int) -> None:
     assert all(tokens[e.task_key] == e.token for e in Effect.objects.all())
 
 
-def test_sixteen_processes_race_for_one_key_and_one_wins(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_sixteen_processes_race_for_one_key_and_one_wins(processes, spawn) -> None:  # type: ignore[no-untyped-def]
     procs = [spawn("race", "payments:test-generation") for _ in range(16)]
-    for proc in procs:  # every racer is connected before any of them starts
-        assert json.loads(proc.stdout.readline())["event"] == "ready", proc.stderr.read()
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    results = [json.loads(proc.stdout.readline()) for proc in procs]
-    for proc in procs:
-        assert proc.wait(60) == 0, proc.stderr.read()
+    processes.go(*procs)  # every racer is connected before any of them starts
+    results = [proc.finish(60) for proc in procs]
     winners = [r for r in results if r["claimed"]]
     assert len(winners) == 1, results
     assert winners[0]["token"] == 1
@@ -55,7 +48,7 @@ def test_sixteen_processes_race_for_one_key_and_one_wins(spawn) -> None:  # type
     assert Counter(Attempt.objects.values_list("outcome", flat=True)) == {"running": 1, "duplicate": 15}
 
 
-def assert_handed_out_once(fleet: Fleet, n: int) -> None:
+def assert_handed_out_once(fleet: Supervisor, n: int) -> None:
     """Under a lease far longer than the run, every task was handed out exactly once.
 
     Checked from what the workers were given (each ``(task, token)`` once, every token 1, so no
@@ -76,13 +69,13 @@ def assert_handed_out_once(fleet: Fleet, n: int) -> None:
     assert Attempt.objects.filter(token__isnull=False).count() == n
 
 
-def test_four_processes_drain_a_thousand_tasks_exactly_once(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_four_processes_drain_a_thousand_tasks_exactly_once(processes, spawn) -> None:  # type: ignore[no-untyped-def]
     make_tasks(1000)
-    fleet = Fleet(spawn)
+    fleet = processes
     for i in range(4):
-        fleet.start("drain", "--lease", "30", "--batch", "5", "--tag", f"w{i}")
+        spawn("drain", "--lease", "30", "--batch", "5", "--tag", f"w{i}")
     fleet.join(timeout=240)
-    assert all(p.returncode == 0 for p in fleet.procs), fleet.stderr_of_failures()
+    assert all(p.returncode == 0 for p in fleet.children), fleet.failures()
     assert_exactly_once(1000)
     assert_handed_out_once(fleet, 1000)
     done = [e["done"] for _, e in fleet.log if e["event"] == "exit"]
@@ -90,29 +83,29 @@ def test_four_processes_drain_a_thousand_tasks_exactly_once(spawn) -> None:  # t
     assert Attempt.objects.filter(outcome="succeeded").count() == 1000
 
 
-def test_racing_claim_next_callers_never_share_a_task(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_racing_claim_next_callers_never_share_a_task(processes, spawn) -> None:  # type: ignore[no-untyped-def]
     """Six processes released together call ``claim_next`` one task at a time on one queue."""
     n = 400
     make_tasks(n)
-    fleet = Fleet(spawn)
+    fleet = processes
     for i in range(6):
-        fleet.start("drain", "--lease", "60", "--batch", "1", "--tag", f"r{i}", "--go")
+        spawn("drain", "--lease", "60", "--batch", "1", "--tag", f"r{i}", "--go")
     fleet.go()
     fleet.join(timeout=240)
-    assert all(p.returncode == 0 for p in fleet.procs), fleet.stderr_of_failures()
+    assert all(p.returncode == 0 for p in fleet.children), fleet.failures()
     assert_handed_out_once(fleet, n)
     assert_exactly_once(n)
 
 
-def test_chaos_pauses_past_the_lease_and_kills_never_double_or_lose_work(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_chaos_pauses_past_the_lease_and_kills_never_double_or_lose_work(processes, spawn) -> None:  # type: ignore[no-untyped-def]
     """Workers with a 1 s lease are SIGSTOPped past it and SIGKILLed (and replaced) while draining."""
     n, lease = 240, "1"
     make_tasks(n, max_attempts=1000)
     rng = random.Random(int(os.environ.get("TASKCLAIM_CHAOS_SEED", "7")))
-    fleet = Fleet(spawn)
+    fleet = processes
 
     def start() -> None:
-        fleet.start("drain", "--lease", lease, "--work-ms", "100")
+        spawn("drain", "--lease", lease, "--work-ms", "100")
 
     for _ in range(4):
         start()
@@ -121,12 +114,12 @@ def test_chaos_pauses_past_the_lease_and_kills_never_double_or_lose_work(spawn) 
     while Task.objects.unfinished().exists():
         assert time.monotonic() < deadline, "tasks left unfinished"
         # Catch a worker right after it claimed, i.e. inside its work, and act on it.
-        got = fleet.next_event(0.5)
-        if not got or got[1]["event"] != "claimed" or got[0].poll() is not None:
+        got = fleet.next(0.5)
+        if not got or got[1]["event"] != "claimed" or not got[0].alive():
             continue
         proc, event = got
         if paused < 3 or (kills >= 2 and rng.random() < 0.5):
-            os.kill(proc.pid, signal.SIGSTOP)
+            proc.stop()
             # Hold it until another worker has taken its task over (token moved on), so that
             # its fenced write on waking is certainly stale.
             until = time.monotonic() + 10
@@ -134,16 +127,16 @@ def test_chaos_pauses_past_the_lease_and_kills_never_double_or_lose_work(spawn) 
                 if time.monotonic() > until or not Task.objects.unfinished().exists():
                     break
                 time.sleep(0.05)
-            os.kill(proc.pid, signal.SIGCONT)
+            proc.cont()
             paused += 1
-            while fleet.next_event(0):  # events queued meanwhile are old: act on fresh ones only
+            while fleet.next(0):  # events queued meanwhile are old: act on fresh ones only
                 pass
         else:
-            os.kill(proc.pid, signal.SIGKILL)
+            proc.kill()
             kills += 1
             start()
     fleet.join(timeout=60)
-    assert all(p.returncode in (0, -signal.SIGKILL) for p in fleet.procs), fleet.stderr_of_failures()
+    assert all(p.returncode in (0, -signal.SIGKILL) for p in fleet.children), fleet.failures()
     assert_exactly_once(n)
     refused = Attempt.objects.aggregate(n=Sum("stale_writes"))["n"] or 0
     reported = sum(1 for _, e in fleet.log if e["event"] == "stale")

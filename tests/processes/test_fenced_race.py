@@ -15,34 +15,29 @@ import time
 import pytest
 
 from django_taskclaim.models import Attempt, Task
-from tests.fleet import Fleet
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def test_a_takeover_waits_for_an_owner_inside_fenced(spawn) -> None:  # type: ignore[no-untyped-def]
-    fleet = Fleet(spawn)
-    owner = fleet.start("fenced-owner", "job", "--lease", "1")
-    fleet.wait_for(lambda p, e: p is owner and e["event"] == "inside", timeout=60)
+def test_a_takeover_waits_for_an_owner_inside_fenced(processes, spawn) -> None:  # type: ignore[no-untyped-def]
+    owner = spawn("fenced-owner", "job", "--lease", "1")
+    owner.event("inside", timeout=60)
     # Held inside fenced() until its lease has run out by the database clock.
     deadline = time.monotonic() + 60
     while not Task.objects.expired().filter(key="job").exists():
         assert time.monotonic() < deadline, "the owner's lease never expired"
         time.sleep(0.05)  # a poll of the lease, with the deadline above
-    taker = fleet.start("taker", "job", "--lease", "30")
-    _, first = fleet.wait_for(lambda p, e: p is taker and e["event"] in ("blocked", "done"), timeout=60)
+    taker = spawn("taker", "job", "--lease", "30")
+    first = taker.event(timeout=60)
     blocked = first["event"] == "blocked"
     # Let the owner commit either way, so that the final state is checked too.
-    assert owner.stdin is not None
-    owner.stdin.write("go\n")
-    owner.stdin.flush()
-    fleet.join(timeout=120)
-    assert [p.returncode for p in fleet.procs] == [0, 0], fleet.stderr_of_failures()
-    events = {pid: e for pid, e in fleet.log if e["event"] in ("committed", "stale", "done")}
+    owner.send("go")
+    processes.join(timeout=120)
+    assert [p.returncode for p in processes.children] == [0, 0], processes.failures()
     assert blocked, f"the takeover was not held off by the owner inside fenced(): {first}"
-    assert events[owner.pid] == {"event": "committed", "token": 1}
-    assert events[taker.pid] == {"event": "done", "claimed": False, "token": 1, "status": "succeeded"}
+    assert owner.events[-1] == {"event": "committed", "token": 1}
+    assert taker.events[-1] == {"event": "done", "claimed": False, "token": 1, "status": "succeeded"}
     # Exactly once: one effect, written under the token that completed the task.
     task = Task.objects.get(key="job")
     assert (task.status, task.fencing_token) == ("succeeded", 1)

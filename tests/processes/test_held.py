@@ -21,11 +21,11 @@ from django.urls import reverse
 from prometheus_client import CollectorRegistry
 
 from devtools.polling import wait_until
+from devtools.processes import Child
 from django_taskclaim import metrics
 from django_taskclaim.models import Task, held_ids
 from django_taskclaim.store import get_store
 from tests.conftest import expire
-from tests.fleet import Fleet
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -55,49 +55,41 @@ def lockable_elsewhere(pk: int) -> bool:
 
 
 @pytest.fixture
-def held_owner(spawn) -> Iterator[tuple[Fleet, Task]]:  # type: ignore[no-untyped-def]
+def held_owner(processes, spawn) -> Iterator[tuple[Child, Task]]:  # type: ignore[no-untyped-def]
     """A process inside ``fenced()`` of task "job" whose lease has expired; and "gone", expired and free."""
     if not get_store("default").row_locks:
         pytest.skip("SQLite has no row locks (see test_sqlite_reports_nothing_held)")
-    fleet = Fleet(spawn)
-    owner = fleet.start("fenced-owner", "job", "--lease", "1")
-    fleet.wait_for(lambda p, e: p is owner and e["event"] == "inside", timeout=60)
+    owner = spawn("fenced-owner", "job", "--lease", "1")
+    owner.event("inside", timeout=60)
     wait_until(lambda: Task.objects.expired().filter(key="job").exists(), timeout=60,
                what="the owner's lease to run out by the database clock")
     gone = Task.objects.claim("gone", owner="dead-worker", lease=600).claim
     assert gone is not None
     expire(gone)
-    yield fleet, Task.objects.get(key="job")
-    if owner.poll() is None:  # let it commit, so that its transaction ends
-        assert owner.stdin is not None
-        owner.stdin.write("go\n")
-        owner.stdin.flush()
-    fleet.join(timeout=60)
+    yield owner, Task.objects.get(key="job")
+    owner.send("go")  # let it commit, so that its transaction ends
+    processes.join(timeout=60)
 
 
-def finish(fleet: Fleet) -> None:
+def finish(owner: Child) -> None:
     """Let the owner write its effect and complete: the probes left it no lock to wait for."""
-    owner = fleet.procs[0]
-    assert owner.stdin is not None
-    owner.stdin.write("go\n")
-    owner.stdin.flush()
-    _, event = fleet.wait_for(lambda p, e: p is owner and e["event"] in ("committed", "stale"), timeout=30)
-    assert event == {"event": "committed", "token": 1}
+    owner.send("go")
+    assert owner.finish(30) == {"event": "committed", "token": 1}
 
 
 def test_the_querysets_tell_held_from_expired(held_owner) -> None:  # type: ignore[no-untyped-def]
-    fleet, job = held_owner
+    owner, job = held_owner
     assert set(Task.objects.expired().values_list("key", flat=True)) == {"job", "gone"}  # the lease fact
     assert list(Task.objects.held().values_list("key", flat=True)) == ["job"]
     assert list(Task.objects.reclaimable().values_list("key", flat=True)) == ["gone"]
     assert held_ids("default", [job.pk, Task.objects.get(key="gone").pk]) == {job.pk}
-    finish(fleet)
+    finish(owner)
     assert not Task.objects.held().exists()
     assert Task.objects.get(key="job").status == Task.Status.SUCCEEDED
 
 
 def test_reclaim_dry_run_and_reclaim_say_what_they_skip_and_why(held_owner) -> None:  # type: ignore[no-untyped-def]
-    fleet, job = held_owner
+    owner, job = held_owner
     text = run("taskclaim_reclaim", "--dry-run")
     assert "would reclaim 'gone'" in text and "would reclaim 'job'" not in text
     assert "would skip held 'job' tenant='' token=1" in text
@@ -114,14 +106,14 @@ def test_reclaim_dry_run_and_reclaim_say_what_they_skip_and_why(held_owner) -> N
     assert Task.objects.get(key="gone").status == Task.Status.PENDING
     doc = json.loads(run("taskclaim_reclaim", "--json"))
     assert doc["reclaimed"] == [] and [h["key"] for h in doc["held"]] == ["job"]
-    finish(fleet)
+    finish(owner)
     assert list(Effect.objects.values_list("task_key", "token")) == [("job", 1)]
     doc = json.loads(run("taskclaim_reclaim", "--json"))
     assert doc["reclaimed"] == [] and doc["held"] == []
 
 
 def test_inspect_admin_and_metrics_report_it_held(held_owner, admin_client) -> None:  # type: ignore[no-untyped-def]
-    fleet, job = held_owner
+    owner, job = held_owner
     text = run("taskclaim_inspect", "job")
     assert "status        running (held: lease expired" in text and "locked by an open transaction" in text
     assert "held" not in run("taskclaim_inspect", "gone")
@@ -146,13 +138,13 @@ def test_inspect_admin_and_metrics_report_it_held(held_owner, admin_client) -> N
         assert registry.get_sample_value("taskclaim_expired_leases") == 1
     finally:
         metrics.uninstall(registry)
-    finish(fleet)
+    finish(owner)
 
 
 def test_the_probe_keeps_no_lock_inside_a_transaction(held_owner) -> None:  # type: ignore[no-untyped-def]
     """As a view under ATOMIC_REQUESTS would: a write first, then the probe, then more work.
     The free row the probe looked at stays free for others while the transaction goes on."""
-    fleet, job = held_owner
+    owner, job = held_owner
     gone = Task.objects.get(key="gone")
     with transaction.atomic():
         Effect.objects.create(task_key="unrelated", token=0, worker="view")  # the transaction holds a lock
@@ -160,7 +152,7 @@ def test_the_probe_keeps_no_lock_inside_a_transaction(held_owner) -> None:  # ty
         assert lockable_elsewhere(gone.pk)
         assert list(Task.objects.held().values_list("key", flat=True)) == ["job"]
         assert lockable_elsewhere(gone.pk)
-    finish(fleet)
+    finish(owner)
 
 
 def test_sqlite_reports_nothing_held(spawn) -> None:  # type: ignore[no-untyped-def]

@@ -8,47 +8,32 @@ the workers saw is a valid outcome.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 from django.db import connection
 
+from devtools.processes import Child, Supervisor
 from django_taskclaim.models import Task
-from tests.conftest import spawning
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-Spawn = Callable[..., subprocess.Popen[str]]
+Spawn = Callable[..., Child]
 
 
 @pytest.fixture
-def spawn_ops(worker_env: dict[str, str]) -> Iterator[Spawn]:
-    """Start ``python -m tests.programs.ops ARGS``; any still running at the end are killed."""
-    with spawning("tests.programs.ops", worker_env) as start:
-        yield start
+def spawn_ops(processes: Supervisor) -> Spawn:
+    """Start ``python -m tests.programs.ops ARGS`` children of ``processes``."""
+    return partial(processes.start, "tests.programs.ops")
 
 
-def run_together(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[dict[str, Any]]:
+def run_together(processes: Supervisor, procs: list[Child], timeout: float = 240) -> list[dict[str, Any]]:
     """Wait until every process is connected, start them at once, return each one's exit event."""
-    for proc in procs:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert json.loads(line)["event"] == "ready", (line, proc.stderr.read() if proc.stderr else "")
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    exits = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err
-        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        exits.append(events[-1])
-    return exits
+    processes.go(*procs)
+    return [proc.finish(timeout) for proc in procs]
 
 
 def all_errors(exits: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -56,7 +41,7 @@ def all_errors(exits: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 # -- item: a purge racing claims ---------------------------------------------------------------
-def test_claims_racing_a_purge_loop_never_raise(spawn_ops: Spawn) -> None:
+def test_claims_racing_a_purge_loop_never_raise(processes: Supervisor, spawn_ops: Spawn) -> None:
     """Claims of a few keys, done and purged over and over: a claim whose task vanished between
     its statements claims it afresh; none raises ``IntegrityError``, and every claim that lost
     saw the task running or succeeded (with its result)."""
@@ -64,7 +49,7 @@ def test_claims_racing_a_purge_loop_never_raise(spawn_ops: Spawn) -> None:
     claimers = [spawn_ops("claimer", "--seconds", "6", "--keys", "6", *(["--ensure"] if i % 2 else []))
                 for i in range(4)]
     purger = spawn_ops("operator", "purge", "--seconds", "6", "--backdate")
-    exits = run_together([*claimers, purger])
+    exits = run_together(processes, [*claimers, purger])
     errors = all_errors(exits)
     assert errors == [], Counter(e["type"] for e in errors)
     counts: Counter[str] = Counter()
@@ -84,7 +69,7 @@ def effects_by_key() -> Counter[str]:
     return Counter(Effect.objects.values_list("task_key", flat=True))
 
 
-def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> None:
+def test_operator_actions_beside_busy_workers_never_fail(processes: Supervisor, spawn_ops: Spawn) -> None:
     """8 queue workers (claim_next + fenced()) drain the table while QuerySet.cancel(), the
     admin's cancel action and taskclaim_purge run in loops beside them. On SQLite an action that
     read before it wrote failed at once with "database is locked"; none may fail, and each task
@@ -101,7 +86,7 @@ def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> No
         spawn_ops("operator", "admin-cancel", "--prefix", "a-", *rounds),
         spawn_ops("operator", "purge", "--status", "succeeded", *rounds),
     ]
-    exits = run_together([*workers, *operators])
+    exits = run_together(processes, [*workers, *operators])
     errors = all_errors(exits)
     assert errors == [], Counter((e["type"], e["text"]) for e in errors)
     assert not Task.objects.unfinished().exists()
@@ -116,7 +101,7 @@ def test_operator_actions_beside_busy_workers_never_fail(spawn_ops: Spawn) -> No
           "operator runs:", [exit_["runs"] for exit_ in exits[len(workers):]])
 
 
-def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(spawn_ops: Spawn) -> None:
+def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(processes: Supervisor, spawn_ops: Spawn) -> None:
     """24 workers claim_next + fenced() on one SQLite file with the busy timeout the docs
     recommend (store.sqlite.RECOMMENDED_TIMEOUT): none sees "database is locked", and every
     task's effect is applied exactly once."""
@@ -130,7 +115,7 @@ def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(spawn_ops: 
            "TASKCLAIM_TEST_SQLITE_TIMEOUT": str(RECOMMENDED_TIMEOUT)}
     workers = [spawn_ops("drain", "--seconds", "300", "--until-empty", "--work-ms", "3", env=env)
                for _ in range(24)]
-    exits = run_together(workers, timeout=400)
+    exits = run_together(processes, workers, timeout=400)
     errors = all_errors(exits)
     assert errors == [], Counter((e["type"], e["text"]) for e in errors)
     assert Task.objects.succeeded().count() == 480

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -16,7 +15,7 @@ from devtools.polling import wait_until
 from django_taskclaim.exceptions import InvalidResult, StaleClaim
 from django_taskclaim.models import Attempt, Task
 from django_taskclaim.worker import work
-from tests.conftest import expire, spawning
+from tests.conftest import expire
 from tests.testapp.models import Effect
 
 
@@ -167,24 +166,22 @@ def test_worker_command_reports_and_rejects_a_bad_handler(capsys) -> None:  # ty
         call_command("taskclaim_worker", "tests.programs.worker_handlers.nowhere")
 
 
-def start_workers(start, n: int, handler: str, *extra: str):  # type: ignore[no-untyped-def]
-    return [start("taskclaim_worker", handler, "--lease", "2", "--until-drained", "--json", *extra)
-            for _ in range(n)]
+def start_workers(processes, env: dict[str, str], n: int, handler: str, *extra: str):  # type: ignore[no-untyped-def]
+    return [processes.start("django", "taskclaim_worker", handler, "--lease", "2", "--until-drained", "--json", *extra,
+                            env=env) for _ in range(n)]
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_four_atomic_workers_and_a_sigkill_apply_every_effect_once(worker_env, tmp_path: Path) -> None:
+def test_four_atomic_workers_and_a_sigkill_apply_every_effect_once(processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     keys = queue(3, prefix="slow") + queue(60)
-    env = {**worker_env, "TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)}
-    with spawning("django", env) as start:
-        workers = start_workers(start, 4, "tests.programs.worker_handlers.effect", "--atomic")
-        # A worker holds a slow key's first attempt: kill it there, mid-transaction.
-        victim_pid = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow*.1.*")), None),
-                                    timeout=60, what="a worker to start a slow task"))
-        os.kill(victim_pid, signal.SIGKILL)
-        for proc in workers:
-            proc.wait(timeout=120)
+    env = {"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)}
+    workers = start_workers(processes, env, 4, "tests.programs.worker_handlers.effect", "--atomic")
+    # A worker holds a slow key's first attempt: kill it there, mid-transaction.
+    victim_pid = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow*.1.*")), None),
+                                timeout=60, what="a worker to start a slow task"))
+    next(proc for proc in workers if proc.pid == victim_pid).kill()
+    processes.join(timeout=120)
     effects = Counter(Effect.objects.values_list("task_key", flat=True))
     assert effects == Counter(dict.fromkeys(keys, 1)), "some effect missing or applied twice"
     assert set(Task.objects.values_list("status", flat=True)) == {Task.Status.SUCCEEDED}
@@ -194,24 +191,23 @@ def test_four_atomic_workers_and_a_sigkill_apply_every_effect_once(worker_env, t
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_paused_past_its_lease_is_fenced_off_on_waking(worker_env, tmp_path: Path) -> None:
+def test_a_worker_paused_past_its_lease_is_fenced_off_on_waking(processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     keys = queue(1, prefix="slow") + queue(20)
-    env = {**worker_env, "TASKCLAIM_TEST_STARTED_DIR": str(tmp_path), "TASKCLAIM_TEST_HOLD": "3"}
-    with spawning("django", env) as start:
-        workers = start_workers(start, 3, "tests.programs.worker_handlers.fenced_effect")
-        paused = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow000.1.*")), None),
-                                timeout=60, what="a worker to start the slow task"))
-        os.kill(paused, signal.SIGSTOP)
-        # Past its 2 s lease another worker takes the task over (attempt 2) and finishes it.
-        wait_until(lambda: Task.objects.filter(key="slow000", status=Task.Status.SUCCEEDED).exists(), timeout=60,
-                   what="the slow task to be taken over and finished")
-        os.kill(paused, signal.SIGCONT)  # it wakes, then its fenced() effect is refused
-        reports = {proc.pid: json.loads(proc.communicate(timeout=120)[0].strip().splitlines()[-1])
-                   for proc in workers}
+    env = {"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path), "TASKCLAIM_TEST_HOLD": "3"}
+    workers = start_workers(processes, env, 3, "tests.programs.worker_handlers.fenced_effect")
+    pid = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow000.1.*")), None),
+                         timeout=60, what="a worker to start the slow task"))
+    paused = next(proc for proc in workers if proc.pid == pid)
+    paused.stop()
+    # Past its 2 s lease another worker takes the task over (attempt 2) and finishes it.
+    wait_until(lambda: Task.objects.filter(key="slow000", status=Task.Status.SUCCEEDED).exists(), timeout=60,
+               what="the slow task to be taken over and finished")
+    paused.cont()  # it wakes, then its fenced() effect is refused
+    reports = {proc.pid: proc.finish(120) for proc in workers}
     effects = Counter(Effect.objects.values_list("task_key", flat=True))
     assert effects == Counter(dict.fromkeys(keys, 1))
     assert Task.objects.get(key="slow000").fencing_token == 2
-    assert reports[paused]["fenced_off"] == 1
+    assert reports[pid]["fenced_off"] == 1
     assert sum(r["succeeded"] for r in reports.values()) == len(keys)
 
 

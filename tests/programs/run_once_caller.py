@@ -7,9 +7,10 @@ It prints one JSON line with the outcome.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
+
+from devtools.events import emit
 
 VALUES = {"ok": {"ok": True}, "set": {"tags": {1, 2}}, "nul": "a\x00b", "surrogate": "\ud800"}
 
@@ -31,14 +32,14 @@ def main() -> None:
         return VALUES[kind]
 
     connection.ensure_connection()
-    print(json.dumps({"event": "ready"}), flush=True)
+    emit(event="ready")
     sys.stdin.readline()
     try:
         run_once(key, effect, lease=lease)
         outcome = "returned"
     except Exception as exc:  # the outcome is what the test reads
         outcome = type(exc).__name__
-    print(json.dumps({"event": "done", "outcome": outcome}), flush=True)
+    emit(event="done", outcome=outcome)
 
 
 if __name__ == "__main__":
