@@ -48,9 +48,8 @@ class EventReader:
         self.log: list[tuple[Any, Event]] = []
         self.threads: list[threading.Thread] = []
         self.stamp = stamp
-        self.changed = threading.Condition()
+        self.changed = threading.Condition()  # re-entrant: a cursor asks ended() while holding it
         self._ended: set[int] = set()  # id() of the sources whose stream was read to its end
-        self._cursor = Cursor(self)
 
     def follow(self, stream: IO[str], source: Any) -> None:
         thread = threading.Thread(target=self._read, args=(stream, source), daemon=True)
@@ -84,15 +83,6 @@ class EventReader:
         """A place of its own at the start of the log; with ``source``, it sees that source's events only."""
         return Cursor(self, source)
 
-    def next(self, timeout: float) -> tuple[Any, Event] | None:
-        """The reader's own next event, from any source, within ``timeout`` seconds; or None."""
-        return self._cursor.next(timeout)
-
-    def wait_for(self, predicate: Callable[[Any, Event], bool], *, timeout: float,
-                 what: str = "an event") -> tuple[Any, Event]:
-        """The reader's own next event for which ``predicate(source, event)`` holds (earlier ones are passed)."""
-        return self._cursor.wait_for(predicate, timeout=timeout, what=what)
-
     def drain(self, timeout: float) -> list[tuple[Any, Event]]:
         """Wait for the streams to end (up to ``timeout``), then the whole log."""
         deadline = time.monotonic() + timeout
@@ -120,7 +110,7 @@ class Cursor:
                     if self.source is None or got[0] is self.source:
                         return got
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.source is not None and id(self.source) in reader._ended):
+                if remaining <= 0 or (self.source is not None and reader.ended(self.source)):
                     return None
                 reader.changed.wait(remaining)
 

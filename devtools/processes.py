@@ -124,10 +124,12 @@ class Child:
         """Wait for the child to exit with code 0 (``AssertionError`` with its stderr otherwise); its last event."""
         deadline = time.monotonic() + timeout
         code = self.wait(timeout)
-        assert code == 0, f"process {self.pid} exited with code {code}; its stderr:\n{self.stderr()}"
         self.ended(max(0.1, deadline - time.monotonic()))  # the last lines may still be on their way
-        assert self.events, f"process {self.pid} wrote no event; its stderr:\n{self.stderr()}"
-        return self.events[-1]
+        events = self.events
+        if code != 0 or not events:
+            raise AssertionError(f"process {self.pid} exited with code {code}"
+                                 f"{'' if events else ' and wrote no event'}; its stderr:\n{self.stderr()}")
+        return events[-1]
 
     def stderr(self) -> str:
         """What the child wrote on stderr so far (read without moving the file offset it writes at)."""
@@ -158,6 +160,7 @@ class Supervisor:
         self.python = python
         self.children: list[Child] = []
         self.events = EventReader(stamp)
+        self._events = self.events.cursor()  # the supervisor's own place: every child's events
 
     def start(self, module: str, *args: str, env: Mapping[str, str] | None = None, group: bool = False,
               stderr: str | Path | None = None) -> Child:
@@ -196,12 +199,12 @@ class Supervisor:
 
     def next(self, timeout: float) -> tuple[Child, Event] | None:
         """The next event of any child within ``timeout`` seconds, or None."""
-        return self.events.next(timeout)
+        return self._events.next(timeout)
 
     def wait_for(self, predicate: Callable[[Child, Event], bool], *, timeout: float,
                  what: str = "a child's event") -> tuple[Child, Event]:
         """The next event for which ``predicate(child, event)`` holds, passing the others."""
-        return self.events.wait_for(predicate, timeout=timeout, what=what)
+        return self._events.wait_for(predicate, timeout=timeout, what=what)
 
     def alive(self) -> list[Child]:
         return [c for c in self.children if c.alive()]
