@@ -178,8 +178,7 @@ def test_audit_finds_nothing_after_clean_multiprocess_drain(spawn) -> None:  # t
         Task.objects.ensure(f"drain-{i}", queue="default")
     workers = [spawn("drain", "--tag", f"w{n}", "--lease", "30") for n in range(3)]
     for proc in workers:
-        out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 0, err
+        proc.finish(90)
     assert Task.objects.succeeded().count() == 30
     assert Effect.objects.count() == 30
     text = run("taskclaim_audit")
