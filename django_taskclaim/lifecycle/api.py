@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from .. import routing
 from ..conf import settings
 from ..exceptions import InvalidArgument, PayloadMismatch, TaskClaimError
 from ..keys import (
@@ -111,7 +112,7 @@ def ensure_task(
 ) -> tuple[Any, bool]:
     """:func:`ensure`, also telling whether this call created the task."""
     key, tenant = resolve_identity(key, tenant)
-    using = using or settings.DATABASE
+    using = routing.route(tenant, using)
     stored = payload_json(payload)
     fp = fingerprint_of(stored)
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
@@ -123,9 +124,12 @@ def ensure_task(
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     # The row that made the insert conflict can be purged before it is read: insert again.
     for _ in range(3):
-        row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
-                                          max_attempts=limit, dispatch=dispatch_json, queue=queue, priority=priority,
-                                          run_after=run_after, task_path=task_path)
+        try:
+            row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
+                                              max_attempts=limit, dispatch=dispatch_json, queue=queue,
+                                              priority=priority, run_after=run_after, task_path=task_path)
+        except routing.UNREACHABLE as exc:
+            routing.unreachable(exc, using, tenant)
         if row is not None:
             break
     else:
@@ -144,10 +148,18 @@ def claim(
     seconds = lease_seconds(lease)
     owner = _owner(owner)
     validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
-    using = using or settings.DATABASE
+    using = routing.route(tenant, using)
     stored = payload_json(payload)
     fp = fingerprint_of(stored)
     limit = _max_attempts(max_attempts)
+    try:
+        return _claim(using, key, tenant, owner, seconds, stored, fp, limit, delivery_id)
+    except routing.UNREACHABLE as exc:
+        routing.unreachable(exc, using, tenant)
+
+
+def _claim(using: str, key: str, tenant: str, owner: str, seconds: float, stored: str | None, fp: str,
+           limit: int, delivery_id: str) -> ClaimOutcome:
     # A claim can lose to a change that makes the task claimable again (a release) between the
     # statement and the read of the state; try again a few times before reporting what we saw.
     # A task deleted by taskclaim_purge meanwhile (even between the read and the duplicate's
@@ -199,18 +211,48 @@ def claim_next(
             f"path must be '' (work for a handler) or '*' (tasks that name their callable), not {path!r}")
     owner = _owner(owner)
     validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
-    using = using or settings.DATABASE
-    sent = time.monotonic()
-    claimed = transitions.claim_next(using, owner=owner, lease=seconds, tenant=tenant, limit=limit,
-                                     delivery_id=delivery_id, queues=queues, path=path)
-    return [Claim.taken(c, using, seconds, delivery_id, sent=sent) for c in claimed]
+    if tenant is not None:
+        visit: Sequence[str] = (routing.route(tenant, using),)
+    else:
+        visit = routing.rotation(using)
+    failed: BaseException | None = None
+    for alias in visit:
+        sent = time.monotonic()
+        try:
+            claimed = transitions.claim_next(alias, owner=owner, lease=seconds, tenant=tenant, limit=limit,
+                                             delivery_id=delivery_id, queues=queues, path=path)
+        except routing.UNREACHABLE as exc:
+            if len(visit) == 1:
+                routing.unreachable(exc, alias, tenant)
+            # One database out of reach must not stop the work of the others: the next one is
+            # visited, and the error is raised when none had anything to hand out.
+            logger.warning("claim_next: task database %r cannot be reached: %s", alias, exc)
+            failed = failed or routing.named(exc, alias) or exc
+            continue
+        if claimed:
+            return [Claim.taken(c, alias, seconds, delivery_id, sent=sent) for c in claimed]
+    if failed is not None:
+        raise failed
+    return []
 
 
 def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) -> list[Moved]:
-    """Move expired RUNNING tasks to PENDING (FAILED when attempts are spent); the tasks moved."""
+    """Move expired RUNNING tasks to PENDING (FAILED when attempts are spent); the tasks moved.
+
+    Of database ``using``, else of every task database in turn (``limit`` in all).
+    """
     if limit is not None:
         positive_int(limit, "limit")
-    return transitions.reclaim(using or settings.DATABASE, limit)
+    moved: list[Moved] = []
+    for alias in routing.databases(using):
+        left = None if limit is None else limit - len(moved)
+        if left == 0:
+            break
+        try:
+            moved += transitions.reclaim(alias, left)
+        except routing.UNREACHABLE as exc:
+            routing.unreachable(exc, alias)
+    return moved
 
 
 def reclaim_expired(limit: int | None = None, *, using: str | None = None) -> int:

@@ -62,13 +62,14 @@ def in_transaction(using: str) -> bool:
 
 
 def send(using: str, signal: Any, **kwargs: Any) -> None:
-    """Send ``signal`` once the current transaction commits (at once outside one)."""
+    """Send ``signal`` once the current transaction commits (at once outside one), with
+    ``using``: the alias of the task database where the change happened."""
     if not signal.receivers:
         return
     sender = task_model()
 
     def deliver() -> None:
-        for receiver, response in signal.send_robust(sender=sender, **kwargs):
+        for receiver, response in signal.send_robust(sender=sender, using=using, **kwargs):
             if isinstance(response, Exception):
                 logger.error("signal receiver %r failed", receiver, exc_info=response)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.core import checks
 
+from .. import routing
 from ..conf import settings
 from ..exceptions import InvalidTaskKey
 from ..keys import lease_seconds, positive_int, resolve_identity
@@ -24,7 +25,7 @@ from ..retries import Backoff
 from ..status import RESETTABLE
 from .compat import BaseTaskBackend, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, options_of
-from .results import result_of
+from .results import parse_result_id, result_of
 
 
 class ClaimBackend(BaseTaskBackend):
@@ -41,7 +42,13 @@ class ClaimBackend(BaseTaskBackend):
     # -- what the options say ---------------------------------------------------------------
     @property
     def using(self) -> str:
+        """The default task database (``TASKCLAIM_DATABASE``); a tenant's tasks go to :meth:`database_for`."""
         return settings.DATABASE
+
+    @staticmethod
+    def database_for(tenant: str) -> str:
+        """The database holding ``tenant``'s tasks (``TASKCLAIM_ROUTER``)."""
+        return routing.route(tenant)
 
     def lease_for(self, func: Any) -> float:
         """The lease of ``func``'s claims: its ``claim_options``, else ``OPTIONS["LEASE"]``, else the setting."""
@@ -81,37 +88,40 @@ class ClaimBackend(BaseTaskBackend):
         row, created = ensure_task(
             key, tenant, {"args": args, "kwargs": kwargs}, self.max_attempts_for(task.func),
             queue=task.queue_name, priority=task.priority, run_after=task.run_after, task_path=task.module_path,
-            dispatch=dispatch, using=self.using)
+            dispatch=dispatch, using=self.database_for(tenant))
+        using = row._state.db
         if not created:
             if row.task_path != task.module_path:
                 raise InvalidTaskKey(
                     f"key {key!r} (tenant {tenant!r}) already names other work: "
                     f"{row.task_path or 'a task claimed by key'}, not {task.module_path}")
             if identity is not None and identity.after_failure == RUN_AGAIN and row.status in RESETTABLE:
-                type(row).objects.using(self.using).filter(pk=row.pk).reset()
-                row.refresh_from_db(using=self.using)
+                type(row).objects.using(using).filter(pk=row.pk).reset()
+                row.refresh_from_db(using=using)
         # A new row is the task as enqueued; an identity met again is the task as it was stored.
-        result = result_of(row, [] if created else self._attempts(row.pk), self.alias, task if created else None)
+        result = result_of(row, [] if created else self._attempts(row.pk, using), self.alias,
+                           task if created else None)
         if created:
             task_enqueued.send(type(self), task_result=result)
         return result
 
     # -- results ----------------------------------------------------------------------------
     def get_result(self, result_id: str) -> Any:
-        """The result of task row ``result_id``; ``TaskResultDoesNotExist`` for any other id."""
+        """The result of the task ``result_id`` names (``results.result_id``); ``TaskResultDoesNotExist``
+        for any other id."""
         from ..models import Task
 
         try:
-            pk = int(str(result_id))
-            row = Task.objects.using(self.using).exclude(task_path="").get(pk=pk)
+            using, pk = parse_result_id(result_id)
+            row = Task.objects.using(using).exclude(task_path="").get(pk=pk)
         except (ValueError, OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
-        return result_of(row, self._attempts(pk), self.alias)
+        return result_of(row, self._attempts(pk, using), self.alias)
 
-    def _attempts(self, pk: int) -> list[Any]:
+    def _attempts(self, pk: int, using: str | None = None) -> list[Any]:
         from ..models import Attempt
 
-        return list(Attempt.objects.using(self.using).filter(task_id=pk).order_by("started_at", "id"))
+        return list(Attempt.objects.using(using or self.using).filter(task_id=pk).order_by("started_at", "id"))
 
     # -- checks -----------------------------------------------------------------------------
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:

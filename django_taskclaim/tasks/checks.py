@@ -41,9 +41,9 @@ W203 = spec("django_taskclaim.W203", "Task backend {alias!r} runs on the django_
 def backend_messages(backend: Any) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = [E201.error(alias=backend.alias, problem=problem)
                 for problem in options_problems(backend)]
-    if differs_from_callers(backend.using):
-        messages.append(W201.warning(alias=backend.alias, using=backend.using,
-                                 default=DEFAULT_DB_ALIAS))
+    for using in settings.DATABASES:  # each database a tenant's tasks may be enqueued in
+        if differs_from_callers(using):
+            messages.append(W201.warning(alias=backend.alias, using=using, default=DEFAULT_DB_ALIAS))
     if not settings.AUDIT:
         messages.append(W202.warning(alias=backend.alias))
     if FRAMEWORK == "django_tasks" and not apps.is_installed("django_tasks"):

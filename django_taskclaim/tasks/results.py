@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
+from .. import routing
+from ..conf import settings
 from ..status import Outcome, Status
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
@@ -47,6 +49,26 @@ def task_as_enqueued(row: TaskRow, backend: str) -> Any:
     )
 
 
+def result_id(row: TaskRow) -> str:
+    """The id of a task row's result: its primary key, after the alias of its database when the
+    tasks are spread over several (``"shard2:42"``, at most 64 characters: check E008)."""
+    return f"{row._state.db}:{row.pk}" if routing.several() else str(row.pk)
+
+
+def parse_result_id(value: object) -> tuple[str, int]:
+    """The database and primary key a result id names; ``ValueError`` for an id that names none
+    (not of :func:`result_id`'s form, or a database that is not a task database)."""
+    text = str(value)
+    alias, _, pk = text.rpartition(":")
+    if not alias:
+        alias = settings.DATABASE
+    elif alias not in settings.DATABASES:
+        raise ValueError(f"{text!r} names no task database")
+    if not pk.isdigit() or not pk.isascii():
+        raise ValueError(f"{text!r} is not a result id")
+    return alias, int(pk)
+
+
 def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any = None) -> Any:
     """The ``TaskResult`` of a task row: its status, times, arguments, errors, workers."""
     # The attempts of this run: a task run again (RUN_AGAIN, an operator's reset) counts its
@@ -61,7 +83,7 @@ def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any
     finished: datetime | None = row.updated_at if row.is_terminal else None
     result: Any = TaskResult(
         task=task if task is not None else task_as_enqueued(row, backend),
-        id=str(row.pk), status=status, enqueued_at=row.created_at,
+        id=result_id(row), status=status, enqueued_at=row.created_at,
         started_at=claims[0].started_at if claims else None,
         last_attempted_at=claims[-1].started_at if claims else None,
         finished_at=finished, args=payload.get("args", []), kwargs=payload.get("kwargs", {}),
