@@ -342,20 +342,20 @@ def test_prepared_statements_survive_a_column_type_change() -> None:
     rollback succeeds."""
     from django.db import NotSupportedError, transaction
 
-    Task.objects.ensure("before")
+    Task.objects.ensure("before", queue="default")  # queued work: claim_next hands it out
     assert Task.objects.claim_next(owner="w")
     assert Task.objects.claim("claimed-before", owner="w").claimed
     try:
         alter_owner(512)
-        assert Task.objects.ensure("after").status == "pending"
+        assert Task.objects.ensure("after", queue="default").status == "pending"
         [claim] = Task.objects.claim_next(owner="w")
         assert claim.key == "after"
         assert Task.objects.claim("claimed-after", owner="w").claimed
         alter_owner(255)  # the plans prepared meanwhile change result type again
         with pytest.raises(NotSupportedError, match="cached plan"), transaction.atomic():
-            Task.objects.ensure("inside")
+            Task.objects.ensure("inside", queue="default")
         with transaction.atomic():
-            assert Task.objects.ensure("inside").status == "pending"
+            assert Task.objects.ensure("inside", queue="default").status == "pending"
             assert [c.key for c in Task.objects.claim_next(owner="w")] == ["inside"]
     finally:
         alter_owner(255)

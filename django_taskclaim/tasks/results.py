@@ -15,6 +15,7 @@ from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 if TYPE_CHECKING:
     from ..models import Attempt
     from ..models import Task as TaskRow
+    from ..store.rows import TaskRow as StoreRow
 
 STATUS = {
     Status.PENDING: TaskResultStatus.READY,
@@ -44,6 +45,17 @@ def task_as_enqueued(row: TaskRow, backend: str) -> Any:
     return load_task(row.task_path).using(
         priority=row.priority, queue_name=row.queue, backend=backend,
         run_after=parse_datetime(run_after) if run_after else None,
+    )
+
+
+def ready_result(task: Any, row: StoreRow, backend: str) -> Any:
+    """The ``TaskResult`` of a task row just enqueued (never claimed): what :func:`result_of` makes
+    of it, without a model instance (a bulk enqueue builds thousands)."""
+    payload = row.payload or {}
+    return TaskResult(
+        task=task, id=str(row.id), status=TaskResultStatus.READY, enqueued_at=row.created_at, started_at=None,
+        last_attempted_at=None, finished_at=None, args=payload.get("args", []), kwargs=payload.get("kwargs", {}),
+        backend=backend, errors=[], worker_ids=[],
     )
 
 
