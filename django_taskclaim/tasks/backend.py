@@ -25,7 +25,7 @@ from ..retries import Backoff
 from ..status import RESETTABLE
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, options_of
-from .results import ready_result, result_of
+from .results import new_result, result_of
 
 
 class ClaimBackend(BaseTaskBackend):
@@ -107,7 +107,7 @@ class ClaimBackend(BaseTaskBackend):
                                run_after=task.run_after, task_path=task.module_path,
                                dispatch=self._dispatch(task), using=self.using)
             made = [created for _, created in rows]
-            results = [ready_result(task, row, self.alias) if created
+            results = [new_result(task, row, self.alias) if created
                        else self._met_again(task, to_task(row, self.using)) for row, created in rows]
             del rows  # thousands of rows: not kept while the receivers run
         sender = type(self)

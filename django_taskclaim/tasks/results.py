@@ -48,14 +48,18 @@ def task_as_enqueued(row: TaskRow, backend: str) -> Any:
     )
 
 
-def ready_result(task: Any, row: StoreRow, backend: str) -> Any:
-    """The ``TaskResult`` of a task row just enqueued (never claimed): what :func:`result_of` makes
-    of it, without a model instance (a bulk enqueue builds thousands)."""
+def new_result(task: Any, row: StoreRow, backend: str, owner: str | None = None) -> Any:
+    """The ``TaskResult`` of a task row on its first attempt: just enqueued (READY), or just claimed
+    by ``owner`` (RUNNING since the claim). What :func:`result_of` makes of such a row, from the
+    store's row alone: no model instance, no query (a bulk enqueue builds thousands, a worker one
+    a task)."""
     payload = row.payload or {}
+    started = None if owner is None else row.updated_at  # a claim's time
     return TaskResult(
-        task=task, id=str(row.id), status=TaskResultStatus.READY, enqueued_at=row.created_at, started_at=None,
-        last_attempted_at=None, finished_at=None, args=payload.get("args", []), kwargs=payload.get("kwargs", {}),
-        backend=backend, errors=[], worker_ids=[],
+        task=task, id=str(row.id), status=TaskResultStatus.READY if owner is None else TaskResultStatus.RUNNING,
+        enqueued_at=row.created_at, started_at=started, last_attempted_at=started, finished_at=None,
+        args=payload.get("args", []), kwargs=payload.get("kwargs", {}), backend=backend, errors=[],
+        worker_ids=[] if owner is None else [owner],
     )
 
 
