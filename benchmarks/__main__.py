@@ -14,14 +14,16 @@ them. Phases:
 2. queue drain (complete_and_claim_next) of 5,000 no-op tasks, W = 1, 2, 4, vs the commit limit
    and the peers at their best (procrastinate at each concurrency, django-tasks-db with each
    queue filter; persistent connections for both Django-based systems);
-3. claim latency with 10 thousand, 1 million and 10 million finished rows in the table;
+3. claim latency with 10 thousand, 1 million and 10 million finished rows in the table, tasks spread
+   over 8 queues and five priorities: by key, ``claim_next`` on one queue, and on all eight at once;
 4. contention: 32 processes racing on each of 500 keys, vs the bare claim statement's race;
 5. the cost of the attempt audit trail (TASKCLAIM_AUDIT on vs off);
 6. the Django Tasks API (``tasks``): 5,000 no-op tasks enqueued with ``Task.enqueue()`` and drained
-   by 4 worker processes, and 10,000 enqueues in one transaction: django_taskclaim.tasks.ClaimBackend
-   (skipped, with the reason, while it cannot be imported) vs django-tasks-db (Python 3.11, Django
-   5.2) and django-ox (Python 3.12, Django 6.1), each peer in its own virtualenv, made on first use
-   (``--smoke`` runs this phase only when ``--phases`` names it).
+   by 4 worker processes, and 10,000 enqueues in one transaction (``Task.enqueue()`` and each
+   system's bulk call): django_taskclaim.tasks.ClaimBackend (``taskclaim_worker``, ``enqueue_many``)
+   vs django-tasks-db (Python 3.11, Django 5.2) and django-ox (Python 3.12, Django 6.1), each peer
+   in its own virtualenv, made on first use (``--smoke`` runs this phase only when ``--phases``
+   names it).
 
 Every comparison runs 3 interleaved rounds; each target is the lowest of its per-round ratios.
 """

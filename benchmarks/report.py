@@ -343,7 +343,8 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
 
 
 def chart(r: Results, path: str) -> bool:
-    """Throughput by worker count for every system; ``False`` when matplotlib is missing."""
+    """Throughput by worker count for every system, and the Django Tasks phase's best rounds;
+    ``False`` when matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
@@ -351,7 +352,9 @@ def chart(r: Results, path: str) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    t = r.tasks
+    tasks_panel = bool(t.drain_runs or t.bulk_runs)
+    fig, axes = plt.subplots(1, 3 if tasks_panel else 2, figsize=(18 if tasks_panel else 12, 4.8))
     panels: list[tuple[Any, str, dict[str, dict[int, float]], str]] = [
         (axes[0], "By-key claim + complete", {"django-taskclaim": r.bykey["app"], "raw SQL (psycopg)": r.bykey["raw"],
           "minimal hand-written claim": r.bykey["minimal"]},
@@ -373,7 +376,25 @@ def chart(r: Results, path: str) -> bool:
         ax.grid(True, alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=8)
+    if tasks_panel:
+        _tasks_panel(axes[2], t)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _tasks_panel(ax: Any, t: Any) -> None:
+    """Each system's best round in the Django Tasks phase: the drain at W and the bulk enqueue."""
+    from .tasks_systems import OURS, PEERS, SYSTEMS
+
+    keys = [k for k in (OURS, *PEERS) if k in t.system_of.values()]
+    drains = [max(tasks_report.drain_best(t, k), default=0.0) for k in keys]
+    bulks = [max(tasks_report.bulk_best(t, k), default=0.0) / 10 for k in keys]
+    xs = range(len(keys))
+    ax.bar([x - 0.2 for x in xs], drains, width=0.4, label=f"drain at W={t.workers} (tasks/s)")
+    ax.bar([x + 0.2 for x in xs], bulks, width=0.4, label=f"bulk enqueue of {t.bulk_tasks:,} (tasks/s ÷ 10)")
+    ax.set_xticks(list(xs), [SYSTEMS[k].name for k in keys])
+    ax.set_title("Django Tasks API, each system at its best (best round)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
