@@ -276,6 +276,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
             f"(each claim completed, untimed), from {2 * samples:,} pending tasks spread likewise over the queues "
             f"and priorities, beside {25 * nq} deferred ones (not due for a day) at every priority, which the "
             "claims pass over.")
+        add("")
         add("| finished rows | generated in | by-key p50 | by-key p99 | claim_next one queue p50 | one queue p99 "
             f"| claim_next {nq} queues p50 | {nq} queues p99 |")
         add("|---:|---:|---:|---:|---:|---:|---:|---:|")
