@@ -331,3 +331,20 @@ def test_django_tasks_are_enqueued_and_run_in_their_tenants_database() -> None:
     for unknown in ("shard9:1", f"default:{pk}999", "shard2:", ":1", "shard2:x", "shard2:1:2"):
         with pytest.raises(TaskResultDoesNotExist):
             backend.get_result(unknown)
+
+
+def test_a_bulk_enqueue_puts_each_task_in_its_tenants_database_all_or_nothing() -> None:
+    from django_taskclaim.exceptions import PayloadMismatch
+    from django_taskclaim.tasks import enqueue_many
+    from django_taskclaim.tasks.compat import TaskResultStatus
+    from tests.routing_tasks import invoice
+
+    tenants = [ON_A[0], ON_B[0], ON_A[1], ON_B[1]]
+    results = enqueue_many(invoice, [((tenant, 1), {}) for tenant in tenants])
+    assert [r.id.split(":")[0] for r in results] == [tenant_database(t) for t in tenants]
+    assert all(invoice.get_result(r.id).status == TaskResultStatus.READY for r in results)
+    assert len(keys_on(A)) == 2 and len(keys_on(B)) == 2
+    # A mismatch in one database keeps nothing of the call in either.
+    with pytest.raises(PayloadMismatch):  # the last: ON_B[0]'s identity, other arguments
+        enqueue_many(invoice, [((ON_A[2], 1), {}), ((ON_B[2], 1), {}), ((ON_B[0], "1"), {})])
+    assert len(keys_on(A)) == 2 and len(keys_on(B)) == 2

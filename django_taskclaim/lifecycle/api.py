@@ -10,9 +10,12 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any
+
+from django.db import transaction
 
 from .. import routing
 from ..conf import settings
@@ -35,7 +38,7 @@ from ..keys import (
     validate_text,
 )
 from ..status import Status
-from ..store.rows import Claimed, Moved, TaskRow
+from ..store.rows import Claimed, Moved, NewTask, TaskRow
 from . import transitions
 from .handle import Claim
 from .transitions import to_task
@@ -137,6 +140,48 @@ def ensure_task(
     if fp and row.payload_fingerprint != fp:
         raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
     return to_task(row, using), created
+
+
+def ensure_many(
+    tasks: Iterable[tuple[str | TaskKey, str, Any]], max_attempts: int | None = None, *, queue: str,
+    priority: int = 0, run_after: datetime | None = None, task_path: str = "", dispatch: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> list[tuple[TaskRow, bool]]:
+    """:func:`ensure_task` for many queued tasks of one kind: for each ``(key, tenant, payload)`` of
+    ``tasks``, in order, its row and whether this call created it.
+
+    One multi-row insert per chunk of rows, all in one transaction (a savepoint inside the
+    caller's, one in each database of the tenants' tasks): every task is created, or none. A key
+    that exists (or came earlier in ``tasks``) is that task; a payload that differs from its
+    stored one raises ``PayloadMismatch`` and nothing of the call is kept.
+    """
+    limit = _max_attempts(max_attempts)
+    queue, priority, run_after = queue_name(queue), valid_priority(priority), valid_run_after(run_after)
+    task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
+    dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
+    # Each task goes to its tenant's database (TASKCLAIM_ROUTER): one batch per database, the
+    # rows given back in the order of ``tasks``.
+    batches: dict[str, list[tuple[int, NewTask]]] = {}
+    count = 0
+    for count, (key, tenant, payload) in enumerate(tasks, 1):
+        key, tenant = resolve_identity(key, tenant)
+        stored = payload_json(payload)
+        batches.setdefault(routing.route(tenant, using), []).append((count - 1, NewTask(
+            tenant, key, limit, stored, fingerprint_of(stored), dispatch_json, queue, priority, run_after, task_path)))
+    found: list[Any] = [None] * count
+    # One transaction per database, nested: a mismatch in any database leaves none of the call.
+    with ExitStack() as atomic:
+        for alias, batch in batches.items():
+            atomic.enter_context(transaction.atomic(using=alias))
+            try:
+                rows = transitions.ensure_many(alias, [task for _, task in batch])
+            except routing.UNREACHABLE as exc:
+                routing.unreachable(exc, alias)
+            for (at, task), (row, created) in zip(batch, rows, strict=True):
+                if task.payload_fingerprint and row.payload_fingerprint != task.payload_fingerprint:
+                    raise PayloadMismatch(task.key, task.tenant, row.payload_fingerprint, task.payload_fingerprint)
+                found[at] = (row, created)
+    return found
 
 
 def claim(
