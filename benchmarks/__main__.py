@@ -14,14 +14,16 @@ them. Phases:
 2. queue drain (complete_and_claim_next) of 5,000 no-op tasks, W = 1, 2, 4, vs the commit limit
    and the peers at their best (procrastinate at each concurrency, django-tasks-db with each
    queue filter; persistent connections for both Django-based systems);
-3. claim latency with 10 thousand, 1 million and 10 million finished rows in the table;
+3. claim latency with 10 thousand, 1 million and 10 million finished rows in the table, tasks spread
+   over 8 queues and five priorities: by key, ``claim_next`` on one queue, and on all eight at once;
 4. contention: 32 processes racing on each of 500 keys, vs the bare claim statement's race;
 5. the cost of the attempt audit trail (TASKCLAIM_AUDIT on vs off);
 6. the Django Tasks API (``tasks``): 5,000 no-op tasks enqueued with ``Task.enqueue()`` and drained
-   by 4 worker processes, and 10,000 enqueues in one transaction: django_taskclaim.tasks.ClaimBackend
-   (skipped, with the reason, while it cannot be imported) vs django-tasks-db (Python 3.11, Django
-   5.2) and django-ox (Python 3.12, Django 6.1), each peer in its own virtualenv, made on first use
-   (``--smoke`` runs this phase only when ``--phases`` names it).
+   by 4 worker processes, and 10,000 enqueues in one transaction (``Task.enqueue()`` and each
+   system's bulk call): django_taskclaim.tasks.ClaimBackend (``taskclaim_worker``, ``enqueue_many``)
+   vs django-tasks-db (Python 3.11, Django 5.2) and django-ox (Python 3.12, Django 6.1), each peer
+   in its own virtualenv, made on first use (``--smoke`` runs this phase only when ``--phases``
+   names it).
 
 Every comparison runs 3 interleaved rounds; each target is the lowest of its per-round ratios.
 """
@@ -177,13 +179,8 @@ class Bench:
 
         n = self.sizes.drain_tasks
         self.clear()
-        self.sql(
-            f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
-            f"payload_fingerprint, result_ref, error, created_at, updated_at) "
-            f"SELECT '', 'drain:' || g, 'pending', '', 0, 0, 5, '', '', '', now(), now() "
-            f"FROM generate_series(1, %s::bigint) g",
-            [n],
-        )
+        # Work for the workers' handler: pending in the default queue, no task path.
+        self.insert_tasks("'drain:' || g", "'pending'", "'default'", "0", "NULL", 1, n)
         self.sql(f"VACUUM ANALYZE {TASK}")
         progress = self.pending_progress(f"{'raw' if raw else 'taskclaim'} batch {batch} W={w}", n)
         if raw:
@@ -235,10 +232,35 @@ class Bench:
         if len(set(executed)) != n:
             raise RuntimeError(f"{system} W={w}: {len(set(executed))} distinct jobs executed, expected {n}")
 
+    def insert_tasks(self, key: str, status: str, queue: str, priority: str, run_after: str, first: int,
+                     last: int) -> None:
+        """Insert task rows ``first``…``last`` of ``generate_series`` (``g``) in one statement: each
+        argument but the bounds is the SQL of a column's value, in terms of ``g``. Finished rows are
+        completed attempts of work for a handler (no task path); pending ones never claimed."""
+        done = status != "'pending'"
+        held, result = ("'generated', 1, 1", "'null'::jsonb") if done else ("'', 0, 0", "NULL")
+        self.sql(
+            f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
+            f"payload_fingerprint, result, result_ref, error, created_at, updated_at, queue, priority, run_after, "
+            f"task_path) SELECT '', {key}, {status}, {held}, 5, '', {result}, '', '', now(), now(), {queue}, "
+            f"{priority}, {run_after}, '' FROM generate_series(%s::bigint, %s::bigint) g",
+            [first, last],
+        )
+
     def table_size(self) -> None:
+        """By-key and queue claims with 10 thousand to 10 million finished rows in the table.
+
+        The finished rows are spread over ``Sizes.size_queues`` queues and five priorities (one in
+        ten claimed by key: no queue); so are the pending tasks the queue claims take, with a few
+        deferred ones (a retry waiting for its backoff) among them that every claim passes over.
+        ``claim_next`` is timed on one queue at a time (each in turn) and on all of them at once.
+        """
         from .workers import latency, run_workers
 
         s = self.sizes
+        queues = [f"q{i}" for i in range(s.size_queues)]
+        nq = self.results.size_queues = len(queues)
+        queue_of, priority_of = f"'q' || (g %% {nq})", f"((g / {nq}) %% 5) * 10 - 20"  # -20 … 20
         self.clear()
         have = 0
         for rows in s.table_rows:
@@ -246,46 +268,33 @@ class Bench:
             step = 1_000_000
             while have < rows:
                 upto = min(rows, have + step)
-                self.sql(
-                    f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
-                    f"payload_fingerprint, result, result_ref, error, created_at, updated_at) "
-                    f"SELECT '', 'done:' || g, 'succeeded', 'generated', 1, 1, 5, '', 'null'::jsonb, '', '', "
-                    f"now(), now() FROM generate_series(%s::bigint, %s::bigint) g",
-                    [have + 1, upto],
-                )
+                self.insert_tasks("'done:' || g", "'succeeded'", f"CASE WHEN g %% 10 = 0 THEN NULL ELSE {queue_of} END",
+                                  priority_of, "NULL", have + 1, upto)
                 have = upto
                 if rows >= step:
                     log(f"  table size: {have:,}/{rows:,} finished rows generated")
+            # Deferred tasks, 25 a queue at every priority: not due for a day, so every claim of
+            # their queue passes over those above the ones it takes.
+            self.insert_tasks(f"'deferred:{rows}:' || g", "'pending'", queue_of, priority_of,
+                              "now() + interval '1 day'", 1, 25 * nq)
             self.sql(f"VACUUM ANALYZE {TASK}")
             self.sql(f"VACUUM ANALYZE {ATTEMPT}")
             self.results.fill_seconds[rows] = time.perf_counter() - started
-            self.sql(
-                f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
-                f"payload_fingerprint, result_ref, error, created_at, updated_at) "
-                f"SELECT '', 'queued:' || %s || ':' || g, 'pending', '', 0, 0, 5, '', '', '', now(), now() "
-                f"FROM generate_series(1, %s::bigint) g",
-                [rows, s.latency_samples],
-            )
             runs = self.results.size_runs[rows] = []
             for n in range(s.rounds):
-                if n:  # fresh pending tasks for claim_next: the previous round claimed them all
-                    self.sql(
-                        f'INSERT INTO {TASK} (tenant, "key", status, owner, fencing_token, attempts, max_attempts, '
-                        f"payload_fingerprint, result_ref, error, created_at, updated_at) "
-                        f"SELECT '', 'queued:' || %s || ':' || %s || ':' || g, 'pending', '', 0, 0, 5, '', '', '', "
-                        f"now(), now() FROM generate_series(1, %s::bigint) g",
-                        [rows, n, s.latency_samples],
-                    )
-                (out,) = run_workers(latency, 1, (f"size-{rows}-{n}", s.latency_samples))
-                runs.append({
-                    "bykey_p50": pct(out["bykey"], 50), "bykey_p99": pct(out["bykey"], 99),
-                    "queue_p50": pct(out["queue"], 50), "queue_p99": pct(out["queue"], 99),
-                })
+                # Fresh pending tasks for each round, as many for one queue at a time as for all queues.
+                self.insert_tasks(f"'queued:{rows}:{n}:' || g", "'pending'", queue_of, priority_of, "NULL", 1,
+                                  2 * s.latency_samples)
+                (out,) = run_workers(latency, 1, (f"size-{rows}-{n}", s.latency_samples, queues))
+                runs.append({f"{kind}_{q}": pct(out[kind], int(q[1:]))
+                             for kind in ("bykey", "queue", "queues") for q in ("p50", "p99")})
+            self.sql(f"DELETE FROM {TASK} WHERE status = 'pending'")  # the deferred ones
             # Each figure the best (lowest) of the rounds: other load only ever slows a round down.
             self.results.sizes[rows] = {k: min(run[k] for run in runs) for k in runs[0]}
             r = self.results.sizes[rows]
             log(f"  {rows:,} rows: by-key claim p50 {r['bykey_p50'] * 1e3:.3f} ms p99 {r['bykey_p99'] * 1e3:.3f} ms; "
-                f"claim_next p50 {r['queue_p50'] * 1e3:.3f} ms p99 {r['queue_p99'] * 1e3:.3f} ms "
+                f"claim_next one queue p50 {r['queue_p50'] * 1e3:.3f} ms p99 {r['queue_p99'] * 1e3:.3f} ms; "
+                f"{nq} queues p50 {r['queues_p50'] * 1e3:.3f} ms p99 {r['queues_p99'] * 1e3:.3f} ms "
                 f"(generated in {self.results.fill_seconds[rows]:.0f} s)")
         self.clear()
         self.sql(f"VACUUM {TASK}")

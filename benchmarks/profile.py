@@ -47,7 +47,7 @@ def operations() -> list[Operation]:
 
     def drain_setup(i: int) -> None:
         if i == 0:
-            Task.objects.bulk_create([Task(key=f"queue:{n}", status="pending") for n in range(2 * N)])
+            Task.objects.bulk_create([Task(key=f"queue:{n}", status="pending", queue="default") for n in range(2 * N)])
             claims[0] = Task.objects.claim_next(owner="p", lease=30)[0]
 
     def complete_and_claim_next(i: int) -> Any:
@@ -60,7 +60,7 @@ def operations() -> list[Operation]:
         ("heartbeat", lambda i: claims[i].heartbeat(), hold("hb")),
         ("complete", lambda i: claims[i].complete({"n": i}), hold("done")),
         ("claim_next (1)", lambda i: Task.objects.claim_next(owner="p", lease=30),
-         lambda i: Task.objects.ensure(f"next:{i}")),
+         lambda i: Task.objects.ensure(f"next:{i}", queue="default")),
         ("complete_and_claim_next", complete_and_claim_next, drain_setup),
         ("duplicate (done task)", lambda i: Task.objects.claim("dup", owner="p", lease=30),
          lambda i: Task.objects.claim("dup", owner="p").claim.complete() if i == 0 else None),  # type: ignore[union-attr]

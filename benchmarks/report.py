@@ -100,6 +100,13 @@ def _report(name: str, ratios: list[float]) -> tuple[str, str, str, bool | None]
     return name, _lowest(ratios), "report", None
 
 
+def _size_kinds(r: Results) -> list[tuple[str, str]]:
+    """The table-size phase's p50 figures and their names."""
+    queues = f"{r.size_queues} queues" if r.size_queues else "several queues"
+    return [("bykey_p50", "by-key claim"), ("queue_p50", f"claim_next, one queue at a time ({queues} in use)"),
+            ("queues_p50", f"claim_next over all {queues} at once")]
+
+
 def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
     """(target, measured, threshold, met) for each target of the issue; each the minimum over rounds."""
     out: list[tuple[str, str, str, bool | None]] = []
@@ -141,9 +148,9 @@ def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
         out.append(("duplicate executions, every system and W", str(dups), "= 0", dups == 0))
     if len(r.size_runs) >= 2:
         small, large = min(r.size_runs), max(r.size_runs)
-        for key, label in (("bykey_p50", "by-key claim p50"), ("queue_p50", "claim_next p50")):
+        for key, label in _size_kinds(r):
             ratios = _per_round([run[key] for run in r.size_runs[large]], [run[key] for run in r.size_runs[small]])
-            out.append(_target(f"{label} at {large:,} finished rows / at {small:,}", ratios, 1.3, False))
+            out.append(_target(f"{label} p50 at {large:,} finished rows / at {small:,}", ratios, 1.3, False))
     if r.race_runs.get("contended") and r.race_runs.get("raw_contended"):
         ratios = _per_round([p99 for _, p99 in r.race_runs["contended"]],
                             [p99 for _, p99 in r.race_runs["raw_contended"]])
@@ -261,25 +268,30 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
     if r.sizes:
         add("## Claim latency by table size (ms)")
         add("")
-        add(f"Finished (succeeded) rows bulk-generated with `generate_series`, then `VACUUM ANALYZE`; "
-            f"one process takes {sizes.latency_samples:,} by-key claims of fresh keys (each completed, untimed) "
-            f"and {sizes.latency_samples:,} `claim_next()` claims of pending tasks.")
+        nq, samples = sizes.size_queues, sizes.latency_samples
+        add(f"Finished (succeeded) rows bulk-generated with `generate_series`, then `VACUUM ANALYZE`: queued work "
+            f"spread over {nq} queues and five priorities (−20 to 20), one row in ten claimed by key (no queue). "
+            f"Then one process takes {samples:,} by-key claims of fresh keys, {samples:,} `claim_next(queue=Q)` "
+            f"claims, Q each of the {nq} queues in turn, and {samples:,} `claim_next(queue=[all {nq}])` claims "
+            f"(each claim completed, untimed), from {2 * samples:,} pending tasks spread likewise over the queues "
+            f"and priorities, beside {25 * nq} deferred ones (not due for a day) at every priority, which the "
+            "claims pass over.")
         add("")
-        add("| finished rows | generated in | by-key p50 | by-key p99 | claim_next p50 | claim_next p99 |")
-        add("|---:|---:|---:|---:|---:|---:|")
+        add("| finished rows | generated in | by-key p50 | by-key p99 | claim_next one queue p50 | one queue p99 "
+            f"| claim_next {nq} queues p50 | {nq} queues p99 |")
+        add("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        kinds = ("bykey_p50", "bykey_p99", "queue_p50", "queue_p99", "queues_p50", "queues_p99")
         for rows, v in sorted(r.sizes.items()):
-            add(f"| {rows:,} | {r.fill_seconds.get(rows, 0):.0f} s | {_ms(v['bykey_p50'])} | {_ms(v['bykey_p99'])} "
-                f"| {_ms(v['queue_p50'])} | {_ms(v['queue_p99'])} |")
+            add(f"| {rows:,} | {r.fill_seconds.get(rows, 0):.0f} s | " + " | ".join(_ms(v[k]) for k in kinds)
+                + " |")
         small, large = min(r.sizes), max(r.sizes)
         add(f"| ratio {large:,} / {small:,} | | "
-            + " | ".join(_fmt_ratio(_ratio(r.sizes[large][k], r.sizes[small][k]))
-                         for k in ("bykey_p50", "bykey_p99", "queue_p50", "queue_p99")) + " |")
+            + " | ".join(_fmt_ratio(_ratio(r.sizes[large][k], r.sizes[small][k])) for k in kinds) + " |")
         add("")
         if r.size_runs.get(large):
             add(f"Each figure is the best of {len(r.size_runs[large])} rounds; the per-round ratios "
-                f"{large:,} / {small:,} (by-key p50, claim_next p50): "
-                + ", ".join(f"{_fmt_ratio(_ratio(a['bykey_p50'], b['bykey_p50']))}, "
-                            f"{_fmt_ratio(_ratio(a['queue_p50'], b['queue_p50']))}"
+                f"{large:,} / {small:,} (by-key p50, claim_next one queue p50, {sizes.size_queues} queues p50): "
+                + "; ".join(", ".join(_fmt_ratio(_ratio(a[k], b[k])) for k in ("bykey_p50", "queue_p50", "queues_p50"))
                             for a, b in zip(r.size_runs[large], r.size_runs[small], strict=False)) + ".")
             add("")
     if r.race:
@@ -332,7 +344,8 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
 
 
 def chart(r: Results, path: str) -> bool:
-    """Throughput by worker count for every system; ``False`` when matplotlib is missing."""
+    """Throughput by worker count for every system, and the Django Tasks phase's best rounds;
+    ``False`` when matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
@@ -340,7 +353,9 @@ def chart(r: Results, path: str) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    t = r.tasks
+    tasks_panel = bool(t.drain_runs or t.bulk_runs)
+    fig, axes = plt.subplots(1, 3 if tasks_panel else 2, figsize=(18 if tasks_panel else 12, 4.8))
     panels: list[tuple[Any, str, dict[str, dict[int, float]], str]] = [
         (axes[0], "By-key claim + complete", {"django-taskclaim": r.bykey["app"], "raw SQL (psycopg)": r.bykey["raw"],
           "minimal hand-written claim": r.bykey["minimal"]},
@@ -362,7 +377,25 @@ def chart(r: Results, path: str) -> bool:
         ax.grid(True, alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=8)
+    if tasks_panel:
+        _tasks_panel(axes[2], t)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _tasks_panel(ax: Any, t: Any) -> None:
+    """Each system's best round in the Django Tasks phase: the drain at W and the bulk enqueue."""
+    from .tasks_systems import OURS, PEERS, SYSTEMS
+
+    keys = [k for k in (OURS, *PEERS) if k in t.system_of.values()]
+    drains = [max(tasks_report.drain_best(t, k), default=0.0) for k in keys]
+    bulks = [max(tasks_report.bulk_best(t, k), default=0.0) / 10 for k in keys]
+    xs = range(len(keys))
+    ax.bar([x - 0.2 for x in xs], drains, width=0.4, label=f"drain at W={t.workers} (tasks/s)")
+    ax.bar([x + 0.2 for x in xs], bulks, width=0.4, label=f"bulk enqueue of {t.bulk_tasks:,} (tasks/s ÷ 10)")
+    ax.set_xticks(list(xs), [SYSTEMS[k].name for k in keys])
+    ax.set_title("Django Tasks API, each system at its best (best round)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)

@@ -23,6 +23,7 @@ class Sizes:
     dtdb_queues: tuple[str, ...] = ("one", "all")
     table_rows: tuple[int, ...] = (10_000, 1_000_000, 10_000_000)
     latency_samples: int = 2_000
+    size_queues: int = 8  # the table-size phase's tasks spread over this many queues
     racers: int = 32
     race_keys: int = 500
     audit_workers: int = 4
@@ -77,6 +78,8 @@ class Results:
     race_runs: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: Every round of the table-size phase: rows -> [{"bykey_p50": ..., ...}, ...], rounds in order.
     size_runs: dict[int, list[dict[str, float]]] = field(default_factory=dict)
+    #: How many queues the table-size phase's tasks were spread over.
+    size_queues: int = 0
     audit: dict[str, float] = field(default_factory=dict)
     tasks: TasksResults = field(default_factory=TasksResults)
     phase_seconds: dict[str, float] = field(default_factory=dict)

@@ -83,7 +83,9 @@ def section(t: TasksResults) -> list[str]:
         "per task, must be 0), every task must have run, and every task must be SUCCESSFUL in the system's own "
         "table. Each system runs in its own processes under its own interpreter: the peers at pinned versions in "
         "virtualenvs of their own (`benchmarks/tasks_systems.py`), every one with persistent connections "
-        "(`CONN_MAX_AGE=None`). The peers at their best: django-tasks-db's `db_worker --interval 0 "
+        "(`CONN_MAX_AGE=None`). Ours: `taskclaim_worker --queue default --until-drained`, one task claimed at a "
+        "time and `--batch 16`, with `TASKCLAIM_POLL_INTERVAL = 0.01` (a worker that finds nothing while others "
+        "still hold tasks looks again after it). The peers at their best: django-tasks-db's `db_worker --interval 0 "
         "--no-startup-delay --batch` with each queue filter (its queue, or `*`); django-ox's `ox_worker --batch` "
         f"at each `--concurrency` of {', '.join(map(str, OX_CONCURRENCY))} (threads per process), on Python 3.12 "
         "and Django 6.1. In each round the best configuration of a system is its figure; the targets take the "
@@ -99,8 +101,10 @@ def section(t: TasksResults) -> list[str]:
         "",
         f"*Bulk enqueue*: {t.bulk_tasks:,} enqueues of the no-op task in one `transaction.atomic()`, timed from "
         "its start to its commit, after one enqueue rolled back (code paths and statements warm); through "
-        "`Task.enqueue()`, and through a system's own bulk call where it has one (django-ox's "
-        "`django_ox.bulk.enqueue_many`).",
+        "`Task.enqueue()`, and through a system's own bulk call where it has one: django-taskclaim's "
+        "`django_taskclaim.tasks.enqueue_many` (one multi-row INSERT per 1,000 tasks), django-ox's "
+        "`django_ox.bulk.enqueue_many` (`bulk_create` in chunks of 1,000). Each call returns every task's "
+        "`TaskResult`.",
         "",
         "| system | how | seconds (best round) | tasks/s | every round (s) |",
         "|---|---|---:|---:|---|",

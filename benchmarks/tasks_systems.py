@@ -41,15 +41,15 @@ class System:
     backend: str  # TASKS["default"]["BACKEND"]
     drains: tuple[Drain, ...]  # swept: in every round the best is the system's figure
     bulks: tuple[tuple[str, str], ...]  # (label, how): "loop" is Task.enqueue() per task
+    settings: tuple[tuple[str, object], ...] = ()  # Django settings of its processes besides the common ones
 
 
 # ---------------------------------------------------------------------------------------------
-# OURS: django_taskclaim.tasks.ClaimBackend (issue 24). The phase skips it, with the reason, while
-# `django_taskclaim.tasks` cannot be imported, and measures it as soon as it can. Once the
-# backend lands, check the worker arguments below against taskclaim_worker's final options, and
-# `tables()` / `counts()` further down against the task table the backend writes. The peers are
-# measured at their best, django-ox's bulk enqueue through its own `enqueue_many`: a bulk call of
-# ours goes into `bulks` (and `bulk_enqueue()`) beside `Task.enqueue()`.
+# OURS: django_taskclaim.tasks.ClaimBackend (issue 24), skipped with the reason where
+# `django_taskclaim.tasks` cannot be imported. Its worker is `taskclaim_worker` with no handler
+# (the backend's tasks), one task claimed at a time and 16; its bulk call is
+# `django_taskclaim.tasks.enqueue_many` (one multi-row insert per 1,000 tasks), beside
+# `Task.enqueue()`, as django-ox's is its own `enqueue_many`.
 OURS_SYSTEM = System(
     key=OURS,
     name="django-taskclaim",
@@ -62,7 +62,10 @@ OURS_SYSTEM = System(
         Drain("django-taskclaim (taskclaim_worker --queue default --batch 16)", "taskclaim_worker",
               ("--queue", QUEUE, "--until-drained", "--batch", "16")),
     ),
-    bulks=(("django-taskclaim (Task.enqueue)", "loop"),),
+    bulks=(("django-taskclaim (Task.enqueue)", "loop"), ("django-taskclaim (enqueue_many)", "ours_many")),
+    # A worker that finds nothing to claim while others still hold tasks looks again after this
+    # (the default, 0.5 s, suits an idle queue): the peers' own loops run with no sleep either.
+    settings=(("TASKCLAIM_POLL_INTERVAL", 0.01),),
 )
 # ---------------------------------------------------------------------------------------------
 
@@ -154,5 +157,9 @@ def bulk_enqueue(key: str, how: str, task: object, count: int) -> None:
         from django_ox.bulk import enqueue_many
 
         enqueue_many(task, [((i,), {}) for i in range(count)])
+    elif how == "ours_many" and key == OURS:
+        from django_taskclaim.tasks import enqueue_many as ours
+
+        ours(task, [((i,), {}) for i in range(count)])
     else:
         raise ValueError(f"{SYSTEMS[key].name} has no bulk enqueue {how!r}")

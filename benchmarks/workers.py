@@ -26,6 +26,8 @@ BARRIER_TIMEOUT = 300.0
 # fragment to the backend, and ``check_identical_sql`` proves both send identical SQL.
 LEASE = 30.0
 MAX_ATTEMPTS = 5
+#: The queue the drain's tasks wait in, and the app's workers claim from by default (work for a handler).
+QUEUES = ["default"]
 
 
 def run_workers(
@@ -151,8 +153,9 @@ def bykey_raw(index: int, barrier: Any, run: str, duration: float, audit: bool, 
 # a completion fenced by (id, token). Autocommit: one commit per statement, no audit rows.
 MINIMAL_CLAIM_SQL = (
     'INSERT INTO django_taskclaim_task AS t (tenant, "key", status, owner, fencing_token, attempts, '
-    "max_attempts, lease_expires_at, payload_fingerprint, result_ref, error, created_at, updated_at) "
-    "VALUES (%s, %s, 'running', %s, 1, 1, %s, now() + make_interval(secs => %s), '', '', '', now(), now()) "
+    "max_attempts, lease_expires_at, payload_fingerprint, result_ref, error, created_at, updated_at, priority, "
+    "task_path) VALUES (%s, %s, 'running', %s, 1, 1, %s, now() + make_interval(secs => %s), '', '', '', now(), "
+    "now(), 0, '') "
     'ON CONFLICT (tenant, "key") DO UPDATE SET status = \'running\', owner = EXCLUDED.owner, '
     "fencing_token = t.fencing_token + 1, attempts = t.attempts + 1, "
     "lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now() "
@@ -210,14 +213,15 @@ def check_identical_sql(url: str) -> int:
 
     from django.test import override_settings
 
-    from django_taskclaim.store.postgresql import store as pg
+    from django_taskclaim.store import prepared
 
     checked = 0
-    # Which claim statement is sent follows what the process's last claim met (next_claim): each
-    # side starts from the same hint, and the fresh keys of the by-key loops send the insert alone.
+    # Which claim statement is sent follows what the session's last claim met (its claim hint):
+    # each side starts from the same hint, and the fresh keys of the by-key loops send the insert alone.
     for audit, kind in itertools.product((True, False), ("insert", "lean")):
         app_sql: list[str] = []
-        pg.next_claim = kind
+        with connection.cursor() as cursor:
+            prepared.set_claim_hint(cursor, kind)
 
         def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any,
                     log: list[str] = app_sql) -> Any:
@@ -229,8 +233,8 @@ def check_identical_sql(url: str) -> int:
             assert outcome.claim is not None
             outcome.claim.complete()
         raw_sql: list[str] = []
-        pg.next_claim = kind
         with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
+            prepared.set_claim_hint(cursor, kind)
             raw_cycle(Recording(cursor, raw_sql), f"sqlcheck:raw:{audit}:{kind}", "sqlcheck", audit)
         # Both bind on the server; the app prepares its statements at once, psycopg the raw ones
         # after 5 runs. The statements' text is what must match.
@@ -296,43 +300,46 @@ def drain_raw(index: int, barrier: Any, audit: bool, url: str, batch: int = 1) -
         cursor.execute("SELECT 1")
         barrier.wait(BARRIER_TIMEOUT)
         start = time.perf_counter()
-        claimed = pg.claim_next(cursor, owner=owner, lease=LEASE, tenant=None, limit=batch, delivery_id="",
-                                audit=audit)
+        claimed, _ = pg.claim_next(cursor, owner=owner, lease=LEASE, tenant=None, limit=batch, delivery_id="",
+                                   audit=audit, queues=QUEUES, path="")
         while claimed:
             *first, last = (c.row for c in claimed)
             for row in first:
                 executed.append(row.id)
                 assert pg.complete(cursor, row.id, row.fencing_token, None, "", audit) == "succeeded", row
             executed.append(last.id)
-            status, claimed = pg.complete_and_claim_next(
+            status, claimed, _ = pg.complete_and_claim_next(
                 cursor, last.id, last.fencing_token, None, "", owner=owner, lease=LEASE, tenant=None,
-                limit=batch, delivery_id="", audit=audit)
+                limit=batch, delivery_id="", audit=audit, queues=QUEUES, path="")
             assert status == "succeeded", last
     return {"executed": executed, "start": start, "end": time.perf_counter()}
 
 
 # -- latency by table size and under contention ----------------------------------------------
 
-def latency(index: int, barrier: Any, run: str, samples: int) -> dict[str, Any]:
+def latency(index: int, barrier: Any, run: str, samples: int, queues: list[str]) -> dict[str, Any]:
+    """``samples`` by-key claims of fresh keys, then ``samples`` ``claim_next()`` on one queue at a time
+    (each of ``queues`` in turn), then ``samples`` on all of them at once; each claim timed, then completed."""
     from django_taskclaim.models import Task
 
     owner = f"bench-lat-{index}"
     for n in range(20):
         Task.objects.claim(f"{run}:warm:{n}", owner=owner, lease=LEASE).claim.complete()  # type: ignore[union-attr]
     barrier.wait(BARRIER_TIMEOUT)
-    bykey, queue = [], []
+    bykey, queue, several = [], [], []
     for n in range(samples):
         t0 = time.perf_counter()
         outcome = Task.objects.claim(f"{run}:{n}", owner=owner, lease=LEASE)
         bykey.append(time.perf_counter() - t0)
         outcome.claim.complete()  # type: ignore[union-attr]
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        claims = Task.objects.claim_next(owner=owner, lease=LEASE)
-        queue.append(time.perf_counter() - t0)
-        assert len(claims) == 1
-        claims[0].complete()
-    return {"bykey": bykey, "queue": queue}
+    for times, of in ((queue, lambda n: queues[n % len(queues)]), (several, lambda n: queues)):
+        for n in range(samples):
+            t0 = time.perf_counter()
+            claims = Task.objects.claim_next(owner=owner, lease=LEASE, queue=of(n))
+            times.append(time.perf_counter() - t0)
+            assert len(claims) == 1, of(n)
+            claims[0].complete()
+    return {"bykey": bykey, "queue": queue, "queues": several}
 
 
 def race(index: int, barrier: Any, run: str, keys: int, rounds: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ PostgreSQL runs as the ``postgres`` system user (or ``nobody``), because it refu
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pwd
 import shutil
@@ -153,6 +154,30 @@ class PostgresServer(ManagedServer):
         """Stop (``immediate`` is a crash: no checkpoint) and start again on the same port."""
         self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop", check=False)
         self._start()
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server and keep its data: :meth:`resume` starts it again on the same port."""
+        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+
+    def resume(self) -> None:
+        """Start a server :meth:`halt` stopped."""
+        self._start()
+
+    def description(self) -> str:
+        """What another process needs to halt and resume this server (:meth:`attached`), as JSON."""
+        return json.dumps({"bindir": self.bindir, "port": self.port, "dir": self.dir, "settings": self.settings,
+                           "user": self.user})
+
+    @classmethod
+    def attached(cls, description: str) -> PostgresServer:
+        """The server another process started and described (:meth:`description`): to halt and
+        resume it from here. Stopping it for good stays with the process that started it."""
+        found = cls.__new__(cls)
+        values = json.loads(description)
+        found.bindir, found.port, found.dir = values["bindir"], int(values["port"]), values["dir"]
+        found.settings, found.user = values["settings"], values["user"]
+        found.data, found.log = os.path.join(found.dir, "data"), os.path.join(found.dir, "server.log")
+        return found
 
     def stop(self) -> None:
         self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop", check=False)

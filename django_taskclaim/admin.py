@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.db import connections, router
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 from django.urls import NoReverseMatch, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -26,6 +27,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from .conf import settings
 from .lifecycle import reclaim_expired_rows
 from .models import HELD_REASON, Attempt, Task, TaskQuerySet, held_ids
 from .store import DbNow, get_store
@@ -129,6 +131,43 @@ def mark_held(tasks: Iterable[Task], using: str) -> None:
         task.held = task.pk in held  # type: ignore[attr-defined]
 
 
+#: The request parameter naming the task database a page shows (tenants over several databases).
+DATABASE_PARAM = "database"
+
+
+def database_of(request: HttpRequest) -> str:
+    """The task database a request is about: its ``database`` parameter, or the one the list it
+    came from was filtered on (the admin's preserved filters); else ``TASKCLAIM_DATABASE``."""
+    alias = request.GET.get(DATABASE_PARAM)
+    if alias is None and "_changelist_filters" in request.GET:
+        alias = QueryDict(request.GET["_changelist_filters"]).get(DATABASE_PARAM)
+    return alias if alias in settings.DATABASES else settings.DATABASE
+
+
+class TaskDatabaseFilter(admin.SimpleListFilter):
+    """Which task database the list shows, with tenants routed over several (``TASKCLAIM_ROUTER``):
+    ids, counts and actions are per database. Shown only when there are several."""
+
+    title = _("task database")
+    parameter_name = DATABASE_PARAM
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        aliases = settings.DATABASES
+        return [(alias, alias) for alias in aliases] if len(aliases) > 1 else []
+
+    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        # No "All": one page cannot list the rows of several databases.
+        current = self.value() or settings.DATABASE
+        for alias, title in self.lookup_choices:
+            yield {"selected": current == alias, "display": title,
+                   "query_string": changelist.get_query_string({self.parameter_name: alias})}
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() is not None and self.value() not in settings.DATABASES:
+            raise IncorrectLookupParameters(f"{self.value()!r} is not a task database")
+        return queryset  # get_queryset() is on the database already (database_of)
+
+
 class TakeoverFilter(admin.SimpleListFilter):
     """Tasks that some worker took over after another one's lease expired."""
 
@@ -183,7 +222,8 @@ class AttemptInline(admin.TabularInline):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        qs = super().get_queryset(request).annotate(db_now=DbNow())
+        # The attempts live beside their task, in the database the request names (database_of).
+        qs = super().get_queryset(request).using(database_of(request)).annotate(db_now=DbNow())
         result_model = celery_result_model()
         # One subquery instead of a lookup per row; only when both tables share a database.
         if result_model is not None and router.db_for_read(result_model) == qs.db:
@@ -233,7 +273,7 @@ class TaskAdmin(admin.ModelAdmin):
     list_display = ("key", "tenant", "status_badge", "queue", "priority", "owner", "fencing_token",
                     "attempts_display", "lease", "took_over", "result_display", "error_display", "updated_at")
     list_display_links = ("key",)
-    list_filter = ("status", LeaseExpiredFilter, TakeoverFilter, "queue", "tenant")
+    list_filter = (TaskDatabaseFilter, "status", LeaseExpiredFilter, TakeoverFilter, "queue", "tenant")
     search_fields = ("key", "owner")
     ordering = ("-id",)
     list_per_page = 50
@@ -256,8 +296,9 @@ class TaskAdmin(admin.ModelAdmin):
         return [f.name for f in self.model._meta.fields] + ["lease"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        # The database clock and the takeover flag come with the page's one query.
-        qs = super().get_queryset(request)
+        # The database clock and the takeover flag come with the page's one query, on the task
+        # database the request names: the list, a task's page and the actions on a selection.
+        qs = super().get_queryset(request).using(database_of(request))
         return qs.annotate(db_now=DbNow(), has_takeover=takeover_exists())
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:

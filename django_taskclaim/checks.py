@@ -1,4 +1,5 @@
-"""The app's own system checks: the task database's alias and store, and the ``TASKCLAIM_*`` settings.
+"""The app's own system checks: the task databases' aliases and stores, the tenant router, and the
+``TASKCLAIM_*`` settings.
 
 Each database answers for itself (``store.system_check``: E001, then the store's own E002, E003,
 E010, W020, W021…), each integration too (``contrib.INTEGRATIONS``: the Celery bridge's E101,
@@ -25,22 +26,93 @@ E004 = spec("django_taskclaim.E004", "TASKCLAIM_DATABASE = {alias!r} is not in D
             "Set TASKCLAIM_DATABASE to one of: {aliases}.")
 E005 = spec("django_taskclaim.E005", "{name} = {value!r} is invalid: {problem}.",
             "Fix the setting; see the settings reference in the docs.")
+E007 = spec("django_taskclaim.E007", "TASKCLAIM_ROUTER = {value!r} is unusable: {problem}.",
+            "Set TASKCLAIM_ROUTER to the dotted path of a callable that takes a tenant (a str) and returns "
+            "the alias of the database holding its tasks, or remove it to keep every task in "
+            "TASKCLAIM_DATABASE.")
+E008 = spec("django_taskclaim.E008", "TASKCLAIM_DATABASES = {value!r} is invalid: {problem}.",
+            "List every database alias holding task tables, TASKCLAIM_DATABASE among them, each once "
+            "and each a key of DATABASES: {aliases}.")
+E009 = spec("django_taskclaim.E009", "TASKCLAIM_ROUTER sends {what} to {alias!r}, which is not in "
+            "TASKCLAIM_DATABASES ({listed}).",
+            "Add {alias!r} to TASKCLAIM_DATABASES (and migrate it), or fix the router: a claim, "
+            "claim_next() and the commands only reach the databases listed.")
 E006 = spec("django_taskclaim.E006", "{problem}",
             "Set TASKCLAIM_JSON_ENCODER to the dotted path of a json.JSONEncoder subclass, e.g. "
             "'django.core.serializers.json.DjangoJSONEncoder' (the default).")
 
 
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The task database must be configured and have a store (E001); its store checks the rest.
+    """Each task database must be configured and have a store (E001); its store checks the rest.
 
-    A store queries its server only where Django asks for the database checks of the task
+    A store queries its server only where Django asks for the database checks of that
     database (``check --database``, ``migrate``), except for the server's version (read once
     per process by Django anyway).
     """
     alias = settings.DATABASE
     if alias not in django_settings.DATABASES:
         return [E004.error(alias=alias, aliases=", ".join(django_settings.DATABASES))]
-    return store.system_check(alias, connections[alias], query=alias in (databases or ()))
+    found: list[checks.CheckMessage] = []
+    for each in _listed() or (alias,):
+        if each in django_settings.DATABASES:  # E008 reports the others
+            found += store.system_check(each, connections[each], query=each in (databases or ()))
+    return found
+
+
+#: A Django task result's id names the database of a task among several (``alias:pk``): at most
+#: 64 characters, of which a primary key takes 19.
+MAX_ALIAS_LENGTH = 44
+
+
+def _listed() -> list[str] | None:
+    """``TASKCLAIM_DATABASES`` when it is a list of strings, else ``None``."""
+    value = getattr(django_settings, "TASKCLAIM_DATABASES", None)
+    if isinstance(value, list | tuple) and value and all(isinstance(a, str) for a in value):
+        return list(value)
+    return None
+
+
+def check_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``TASKCLAIM_DATABASES`` lists configured aliases, ``TASKCLAIM_DATABASE`` among them (E008);
+    the router imports and is callable (E007) and sends tenants only to listed databases (E009):
+    the empty tenant, and every alias of the router's ``databases`` attribute when it has one."""
+    errors: list[checks.CheckMessage] = []
+    configured = list(django_settings.DATABASES)
+    value = getattr(django_settings, "TASKCLAIM_DATABASES", None)
+    listed = _listed()
+    if value is not None:
+        problems = []
+        if listed is None:
+            problems.append("expected a non-empty list of database aliases")
+        else:
+            problems += [f"{a!r} is not in DATABASES" for a in listed if a not in configured]
+            problems += [f"{a!r} is listed twice" for a in sorted(set(listed)) if listed.count(a) > 1]
+            if settings.DATABASE not in listed:
+                problems.append(f"TASKCLAIM_DATABASE = {settings.DATABASE!r} is not in it")
+            if len(listed) > 1:
+                problems += [f"{a!r} is longer than {MAX_ALIAS_LENGTH} characters (Django task result ids "
+                             "carry it)" for a in listed if len(a) > MAX_ALIAS_LENGTH]
+        errors += [E008.error(value=value, problem=p, aliases=", ".join(configured)) for p in problems]
+    raw = getattr(django_settings, "TASKCLAIM_ROUTER", None)
+    if raw is None:
+        return errors
+    try:
+        router = settings.ROUTER
+    except ImproperlyConfigured as exc:
+        return [*errors, E007.error(value=raw, problem=str(exc).removeprefix(f"TASKCLAIM_ROUTER = {raw!r} "))]
+    targets = settings.DATABASES
+    declared = getattr(router, "databases", None)
+    try:
+        first = router("")  # type: ignore[misc]
+    except Exception as exc:  # the router's own bug, reported rather than raised at start-up
+        return [*errors, E007.error(value=raw, problem=f"router('') raised {type(exc).__name__}: {exc}")]
+    sent: list[tuple[str, object]] = [("the empty tenant ''", first)]
+    if declared is not None:
+        sent += [("tenants (its 'databases' attribute)", alias) for alias in declared]
+    for what, alias in sent:
+        if alias not in targets:
+            errors.append(E009.error(what=what, alias=alias, listed=", ".join(map(repr, targets))))
+    return errors
 
 
 _NUMERIC = {
@@ -85,3 +157,4 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 def register() -> None:
     checks.register(check_database, checks.Tags.database)
     checks.register(check_settings)
+    checks.register(check_routing)

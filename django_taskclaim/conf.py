@@ -21,7 +21,16 @@ Setting                              Type       Default       Meaning
                                                               ``django.core.serializers.json.
                                                               DjangoJSONEncoder``: ``Decimal``, ``UUID``
                                                               -> str, ``datetime`` -> ISO 8601 str).
-``TASKCLAIM_DATABASE``               str        default       Database alias that holds the task table.
+``TASKCLAIM_DATABASE``               str        default       Database alias of the task table; with a router,
+                                                              the default task database (``Task.objects``).
+                                                              Default: the first of ``TASKCLAIM_DATABASES``
+                                                              when that is set, else ``"default"``.
+``TASKCLAIM_DATABASES``              list       DATABASE      Every database alias holding task tables
+                                                              (checks E007-E009).
+``TASKCLAIM_ROUTER``                 str        ``None``      Dotted path of a callable ``router(tenant)``
+                                                              that returns the alias (one of
+                                                              ``TASKCLAIM_DATABASES``) holding the tenant's
+                                                              tasks; ``None``: every task in one database.
 ``TASKCLAIM_AUDIT``                  bool       ``True``      Record an ``Attempt`` row for every claim.
 ``TASKCLAIM_POLL_INTERVAL``          float      ``0.5``       Seconds between polls of ``on_busy="wait"``.
 ``TASKCLAIM_RETRY_BACKOFF``          dict       ``{}``        A failed queued task's wait before its retry:
@@ -41,11 +50,14 @@ Setting                              Type       Default       Meaning
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS
+from django.utils.module_loading import import_string
 
 if TYPE_CHECKING:
     from .retries import Backoff
@@ -70,7 +82,10 @@ class TaskClaimSettings:
         if setting is None:
             self._values.clear()
         elif setting.startswith("TASKCLAIM_"):
-            self._values.pop(setting.removeprefix("TASKCLAIM_"), None)
+            name = setting.removeprefix("TASKCLAIM_")
+            # The task databases are read together: each one's default depends on the others.
+            for forgotten in _ROUTING if name in _ROUTING else (name,):
+                self._values.pop(forgotten, None)
 
     @property
     def DEFAULT_LEASE(self) -> float:
@@ -99,7 +114,32 @@ class TaskClaimSettings:
 
     @property
     def DATABASE(self) -> str:
-        return str(self._get("DATABASE", DEFAULT_DB_ALIAS))
+        value = self._values.get("DATABASE", _MISSING)
+        if value is _MISSING:
+            given = getattr(django_settings, "TASKCLAIM_DATABASE", None)
+            listed = getattr(django_settings, "TASKCLAIM_DATABASES", None)
+            if given is None:
+                given = listed[0] if isinstance(listed, list | tuple) and listed else DEFAULT_DB_ALIAS
+            value = self._values["DATABASE"] = str(given)
+        return value  # type: ignore[return-value]
+
+    @property
+    def DATABASES(self) -> tuple[str, ...]:
+        """Every task database, ``TASKCLAIM_DATABASE`` (the default one) included (check E008)."""
+        value = self._values.get("DATABASES", _MISSING)
+        if value is _MISSING:
+            listed = getattr(django_settings, "TASKCLAIM_DATABASES", None)
+            value = self._values["DATABASES"] = (self.DATABASE,) if not listed else tuple(
+                str(alias) for alias in listed)
+        return value  # type: ignore[return-value]
+
+    @property
+    def ROUTER(self) -> Callable[[str], str] | None:
+        """The tenant router (imported from its dotted path once), or ``None`` without one."""
+        value = self._values.get("ROUTER", _MISSING)
+        if value is _MISSING:
+            value = self._values["ROUTER"] = _import_router(getattr(django_settings, "TASKCLAIM_ROUTER", None))
+        return value  # type: ignore[return-value]
 
     @property
     def AUDIT(self) -> bool:
@@ -123,6 +163,29 @@ class TaskClaimSettings:
     @property
     def PREPARED_STATEMENTS(self) -> bool:
         return bool(self._get("PREPARED_STATEMENTS", True))
+
+
+#: Settings read together (the router and the databases it may return).
+_ROUTING = ("DATABASE", "DATABASES", "ROUTER")
+
+
+def _import_router(value: object) -> Callable[[str], str] | None:
+    """``TASKCLAIM_ROUTER`` as a callable: imported from a dotted path, or given as one.
+
+    ``ImproperlyConfigured`` names what is wrong (check E007 reports the same at start-up).
+    """
+    if value is None:
+        return None
+    router = value
+    if isinstance(value, str):
+        try:
+            router = import_string(value)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"TASKCLAIM_ROUTER = {value!r} cannot be imported: {exc}") from exc
+    if not callable(router):
+        raise ImproperlyConfigured(f"TASKCLAIM_ROUTER = {value!r} is not callable: it must take a tenant "
+                                   "and return a database alias")
+    return router
 
 
 settings = TaskClaimSettings()

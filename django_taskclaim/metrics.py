@@ -10,7 +10,9 @@ the process they run in (use prometheus_client's multiprocess mode for forking s
 Celery prefork pools). The gauges query the task table on every scrape, so register them
 in one process only (``install(database_gauges=False)`` elsewhere).
 
-Metrics (labels in brackets):
+Metrics (labels in brackets; every one also has ``database``, the alias of the task database
+the event happened in or the gauge was read from: with tenants routed over several databases
+by ``TASKCLAIM_ROUTER``, one series per database):
 
 - ``taskclaim_claims_total{outcome}``: ``claimed``, ``taken_over`` (a lease had expired),
   ``duplicate`` (found the task running or done; not executed)
@@ -31,14 +33,18 @@ Metrics (labels in brackets):
   ``due`` (pending, runnable now), ``deferred`` (pending, not before a later time), ``running``
 - ``taskclaim_queue_oldest_due_seconds{queue}`` (gauge, queried per scrape): how long the oldest
   due task of each queue has waited, by the database clock (0 with none due): what to alert on
+- ``taskclaim_database_up`` (gauge, per scrape): 1 when the task database answered, 0 when it
+  could not be reached (its other gauges are then missing from the scrape; the others' are there)
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 
@@ -58,54 +64,73 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'django-taskclaim[prometheus]'"
     ) from exc
 
-from . import signals
+from . import routing, signals
 from .models import Task, held_ids
 from .status import Outcome
 
+logger = logging.getLogger("django_taskclaim")
 NAMESPACE = "taskclaim"
 EXPIRED_HELP = "Running tasks whose lease expired by the database clock and that no transaction holds"
 HELD_HELP = "Running tasks whose lease expired but whose row an open transaction locks (held)"
 DEPTH_HELP = "Queued tasks by queue: due (pending, runnable now), deferred (pending, later), running"
 OLDEST_HELP = "Seconds the oldest due task of each queue has waited, by the database clock"
+UP_HELP = "1 when the task database answered this scrape's queries, 0 when it could not be reached"
 
 
 class DatabaseCollector(Collector):
-    """Gauges read from the task table at scrape time: tasks by status, expired and held leases."""
+    """Gauges read from the task table at scrape time: tasks by status, expired and held leases,
+    queue depth; of database ``using``, else of every task database (``TASKCLAIM_DATABASES``)."""
 
     def __init__(self, using: str | None = None) -> None:
         self.using = using
 
-    def _tasks(self) -> Any:
-        manager = Task.objects.db_manager(self.using) if self.using else Task.objects
-        return manager.get_queryset()
-
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Without describe(), registering would run collect(): a query at start-up.
-        yield GaugeMetricFamily(f"{NAMESPACE}_tasks", "Tasks by status", labels=["status"])
-        yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases", EXPIRED_HELP)
-        yield GaugeMetricFamily(f"{NAMESPACE}_held_leases", HELD_HELP)
-        yield GaugeMetricFamily(f"{NAMESPACE}_queue_depth", DEPTH_HELP, labels=["queue", "state"])
-        yield GaugeMetricFamily(f"{NAMESPACE}_queue_oldest_due_seconds", OLDEST_HELP, labels=["queue"])
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        return (
+            GaugeMetricFamily(f"{NAMESPACE}_tasks", "Tasks by status", labels=["status", "database"]),
+            GaugeMetricFamily(f"{NAMESPACE}_expired_leases", EXPIRED_HELP, labels=["database"]),
+            GaugeMetricFamily(f"{NAMESPACE}_held_leases", HELD_HELP, labels=["database"]),
+            GaugeMetricFamily(f"{NAMESPACE}_queue_depth", DEPTH_HELP, labels=["queue", "state", "database"]),
+            GaugeMetricFamily(f"{NAMESPACE}_queue_oldest_due_seconds", OLDEST_HELP, labels=["queue", "database"]),
+            GaugeMetricFamily(f"{NAMESPACE}_database_up", UP_HELP, labels=["database"]),
+        )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        tasks = self._tasks()
+        by_status, expired_leases, held_leases, depth, oldest, up = families = self._families()
+        for alias in routing.databases(self.using):
+            try:
+                found = self._read(alias)
+            except routing.UNREACHABLE as exc:
+                # One task database out of reach leaves the others' figures in the scrape; its own
+                # series go missing and taskclaim_database_up says why.
+                logger.warning("metrics: task database %r cannot be reached: %s", alias, exc)
+                connections[alias].close_if_unusable_or_obsolete()  # a new session next scrape
+                up.add_metric([alias], 0)
+                continue
+            up.add_metric([alias], 1)
+            counts, expired, held, queues = found
+            for status in Task.Status.values:
+                by_status.add_metric([status, alias], counts.get(status, 0))
+            expired_leases.add_metric([alias], expired - held)
+            held_leases.add_metric([alias], held)
+            for q in queues:
+                for state in ("due", "deferred", "running"):
+                    depth.add_metric([q["queue"], state, alias], q[state])
+                oldest.add_metric([q["queue"], alias], q["oldest_due_age"] or 0.0)
+        yield from families
+
+    @staticmethod
+    def _read(alias: str) -> tuple[dict[str, int], int, int, list[dict[str, Any]]]:
+        """Of database ``alias``: tasks by status, expired leases, held ones, the queues' figures."""
+        tasks = Task.objects.db_manager(alias).get_queryset()
         counts = dict(tasks.order_by().values_list("status").annotate(n=Count("pk")))
-        by_status = GaugeMetricFamily(f"{NAMESPACE}_tasks", "Tasks by status", labels=["status"])
-        for status in Task.Status.values:
-            by_status.add_metric([status], counts.get(status, 0))
-        yield by_status
         expired = list(tasks.expired().values_list("pk", flat=True))
-        held = held_ids(tasks.db, expired)
-        yield GaugeMetricFamily(f"{NAMESPACE}_expired_leases", EXPIRED_HELP, value=len(expired) - len(held))
-        yield GaugeMetricFamily(f"{NAMESPACE}_held_leases", HELD_HELP, value=len(held))
-        depth = GaugeMetricFamily(f"{NAMESPACE}_queue_depth", DEPTH_HELP, labels=["queue", "state"])
-        oldest = GaugeMetricFamily(f"{NAMESPACE}_queue_oldest_due_seconds", OLDEST_HELP, labels=["queue"])
-        for q in tasks.queue_stats():
-            for state in ("due", "deferred", "running"):
-                depth.add_metric([q["queue"], state], q[state])
-            oldest.add_metric([q["queue"]], q["oldest_due_age"] or 0.0)
-        yield depth
-        yield oldest
+        return counts, len(expired), len(held_ids(alias, expired)), tasks.queue_stats()
+
 
 
 class TaskClaimMetrics:
@@ -113,7 +138,7 @@ class TaskClaimMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(name, doc, labels, namespace=NAMESPACE, registry=registry)
+            return Counter(name, doc, (*labels, "database"), namespace=NAMESPACE, registry=registry)
 
         self.claims = counter("claims", "Claims by outcome", ("outcome",))
         self.takeovers = counter("takeovers", "Claims that took over an expired lease")
@@ -127,34 +152,35 @@ class TaskClaimMetrics:
                                  ("status",))
 
     # -- receivers (connected by install()) -----------------------------------------------------
-    def on_claimed(self, sender: Any, takeover: bool = False, **kwargs: Any) -> None:
-        self.claims.labels(outcome="taken_over" if takeover else "claimed").inc()
+    def on_claimed(self, sender: Any, takeover: bool = False, using: str = "", **kwargs: Any) -> None:
+        self.claims.labels(outcome="taken_over" if takeover else "claimed", database=using).inc()
 
-    def on_taken_over(self, sender: Any, **kwargs: Any) -> None:
-        self.takeovers.inc()
+    def on_taken_over(self, sender: Any, using: str = "", **kwargs: Any) -> None:
+        self.takeovers.labels(database=using).inc()
 
-    def on_duplicate(self, sender: Any, **kwargs: Any) -> None:
-        self.claims.labels(outcome=Outcome.DUPLICATE.value).inc()
-        self.duplicates.inc()
+    def on_duplicate(self, sender: Any, using: str = "", **kwargs: Any) -> None:
+        self.claims.labels(outcome=Outcome.DUPLICATE.value, database=using).inc()
+        self.duplicates.labels(database=using).inc()
 
-    def on_stale_write(self, sender: Any, action: str = "", **kwargs: Any) -> None:
-        self.fenced_writes.labels(action=action).inc()
+    def on_stale_write(self, sender: Any, action: str = "", using: str = "", **kwargs: Any) -> None:
+        self.fenced_writes.labels(action=action, database=using).inc()
 
-    def on_completed(self, sender: Any, **kwargs: Any) -> None:
-        self.finished.labels(outcome=Outcome.SUCCEEDED.value).inc()
+    def on_completed(self, sender: Any, using: str = "", **kwargs: Any) -> None:
+        self.finished.labels(outcome=Outcome.SUCCEEDED.value, database=using).inc()
 
-    def on_failed(self, sender: Any, retry: bool = False, **kwargs: Any) -> None:
-        self.finished.labels(outcome=(Outcome.RETRY if retry else Outcome.FAILED).value).inc()
+    def on_failed(self, sender: Any, retry: bool = False, using: str = "", **kwargs: Any) -> None:
+        self.finished.labels(outcome=(Outcome.RETRY if retry else Outcome.FAILED).value, database=using).inc()
 
-    def on_released(self, sender: Any, claim: Any = None, **kwargs: Any) -> None:
-        self.finished.labels(outcome=Outcome.RELEASED.value if claim is not None else "force_released").inc()
+    def on_released(self, sender: Any, claim: Any = None, using: str = "", **kwargs: Any) -> None:
+        outcome = Outcome.RELEASED.value if claim is not None else "force_released"
+        self.finished.labels(outcome=outcome, database=using).inc()
 
-    def on_heartbeat_lost(self, sender: Any, **kwargs: Any) -> None:
-        self.heartbeats_lost.inc()
+    def on_heartbeat_lost(self, sender: Any, using: str = "", **kwargs: Any) -> None:
+        self.heartbeats_lost.labels(database=using).inc()
 
-    def on_reclaimed(self, sender: Any, tasks: Any = (), **kwargs: Any) -> None:
+    def on_reclaimed(self, sender: Any, tasks: Any = (), using: str = "", **kwargs: Any) -> None:
         for row in tasks:
-            self.reclaimed.labels(status=row[3]).inc()
+            self.reclaimed.labels(status=row[3], database=using).inc()
 
     def connections(self) -> list[tuple[Any, Any]]:
         return [

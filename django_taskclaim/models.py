@@ -14,8 +14,10 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from . import routing
 from .compat import check_constraint
 from .conf import settings
+from .keys import resolve_identity
 from .lifecycle import Claim, ClaimOutcome, api, transitions
 from .status import TERMINAL, Outcome, Status
 from .store import DbNow, get_store
@@ -149,13 +151,29 @@ _QueryManager = models.Manager.from_queryset(TaskQuerySet)
 
 
 class TaskManager(_QueryManager["Task"]):
-    """The queryset's filters and actions on ``TASKCLAIM_DATABASE``, and the claim API."""
+    """The queryset's filters and actions on ``TASKCLAIM_DATABASE``, and the claim API.
+
+    With tenants routed over several databases (``TASKCLAIM_ROUTER``), the claim API goes to each
+    tenant's database, the queries to ``TASKCLAIM_DATABASE``: ``for_tenant(tenant)`` (or
+    ``db_manager(alias)``) reaches another one, ``databases()`` lists them all.
+    """
 
     def get_queryset(self) -> TaskQuerySet:
         return TaskQuerySet(self.model, using=self._db or settings.DATABASE)
 
-    def _using(self) -> str:
-        return self._db or settings.DATABASE
+    def _using(self) -> str | None:
+        """The alias this manager was bound to (``db_manager``); ``None``: route by tenant."""
+        return self._db
+
+    def for_tenant(self, tenant: str) -> TaskManager:
+        """This manager on the database that holds ``tenant``'s tasks (``TASKCLAIM_ROUTER``)."""
+        _, tenant = resolve_identity("-", tenant)
+        return self.db_manager(routing.route(tenant))
+
+    @staticmethod
+    def databases() -> tuple[str, ...]:
+        """Every task database, in the order of ``TASKCLAIM_DATABASES``."""
+        return routing.databases()
 
     def ensure(self, key: str | TaskKey, tenant: str = "", payload: Any = None,
                max_attempts: int | None = None, **options: Any) -> Task:
@@ -173,7 +191,8 @@ class TaskManager(_QueryManager["Task"]):
         return api.claim_next(owner, lease, tenant, limit, using=self._using(), **options)
 
     def reclaim_expired(self, limit: int | None = None) -> int:
-        """Expired RUNNING tasks to PENDING (FAILED when attempts are spent); how many moved."""
+        """Expired RUNNING tasks to PENDING (FAILED when attempts are spent); how many moved.
+        Of every task database, unless this manager is bound to one (``db_manager``)."""
         return api.reclaim_expired(limit, using=self._using())
 
     # -- the async API: the sync calls above on Django's ORM thread (asgiref sync_to_async) --

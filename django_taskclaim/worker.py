@@ -33,6 +33,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections
 
+from . import routing
 from .conf import settings
 from .exceptions import StaleClaim
 from .keys import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
@@ -125,6 +126,9 @@ def work(
     owner = owner or default_owner()
     stop = stop or threading.Event()
     wait = settings.POLL_INTERVAL if poll is None else poll
+    # Over several task databases each claim_next() starts at the next one: a completion that
+    # claimed the next tasks in its own database would keep the worker there while it has work.
+    chain = tenant is not None or len(routing.databases(using)) < 2
     stats = WorkerStats()
     claims: list[Claim] = []
     while not stop.is_set():
@@ -142,7 +146,7 @@ def work(
                 continue
         claim = claims.pop(0)
         if _still_ours(claim, stats):
-            more = 0 if claims or stop.is_set() else _room(batch, max_tasks, stats, after=1)
+            more = 0 if claims or stop.is_set() or not chain else _room(batch, max_tasks, stats, after=1)
             claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
         if max_tasks is not None and stats.handled >= max_tasks:
             break
@@ -193,10 +197,15 @@ def _still_ours(claim: Claim, stats: WorkerStats) -> bool:
 
 
 def _unfinished(tenant: str | None, queues: list[str], path: str, using: str | None) -> bool:
-    """Whether any task of these queues (of ``tenant``) is still pending or running: held
-    elsewhere, it may come back. Tasks claimed by key and other kinds of work do not count."""
-    tasks = (Task.objects.db_manager(using) if using else Task.objects).unfinished().queued(queues, path)
-    return (tasks.filter(tenant=tenant) if tenant is not None else tasks).exists()
+    """Whether any task of these queues (of ``tenant``) is still pending or running, in any task
+    database the worker covers: held elsewhere, it may come back. Tasks claimed by key and other
+    kinds of work do not count."""
+    aliases = (routing.route(tenant, using),) if tenant is not None else routing.databases(using)
+    for alias in aliases:
+        tasks = Task.objects.db_manager(alias).unfinished().queued(queues, path)
+        if (tasks.filter(tenant=tenant) if tenant is not None else tasks).exists():
+            return True
+    return False
 
 
 def _room(batch: int, max_tasks: int | None, stats: WorkerStats, after: int = 0) -> int:

@@ -11,7 +11,9 @@ dependencies, then runs pytest on SQLite, PostgreSQL and MariaDB. Without ``PGHO
     python3 -m tests --config all         # ... in every configuration (tests/configurations.py)
 
 A configuration other than ``default`` runs the core concurrency tests unless test paths are
-given, on the databases it applies to; ``pgbouncer`` starts a PgBouncer in front of PostgreSQL.
+given (and its own tests), on the databases it applies to; ``pgbouncer`` starts a PgBouncer in
+front of PostgreSQL, ``sharded`` and ``sharded_mixed`` a second PostgreSQL server for the tenants
+routed there.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
     from devtools.servers import MariaDBServer, PgBouncerServer, PostgresServer
+    from tests.configurations import SHARD_SERVER
 
     env = dict(os.environ, TASKCLAIM_TEST_DB=db, TASKCLAIM_TEST_CONFIG=config, PYTHONPATH=str(ROOT))
     # A file of its own per run, so that two runs on one machine never share a database.
@@ -42,6 +45,12 @@ def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
         server = MariaDBServer().start()
         env.update(server.env)
         print(f"started MariaDB on 127.0.0.1:{server.port}", flush=True)
+    shard = None
+    if config in SHARD_SERVER:
+        # The second task database: a PostgreSQL server of its own, which the tests stop and start.
+        shard = PostgresServer().start()
+        env["TASKCLAIM_TEST_SHARD_SERVER"] = shard.description()
+        print(f"started PostgreSQL (the second task database) on 127.0.0.1:{shard.port}", flush=True)
     if config == "pgbouncer" and db == "postgresql":
         bouncer = PgBouncerServer(int(env.get("PGPORT", "5432"))).start()
         env["TASKCLAIM_TEST_PGBOUNCER_PORT"] = str(bouncer.port)
@@ -56,6 +65,8 @@ def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
     finally:
         if bouncer is not None:
             bouncer.stop()
+        if shard is not None:
+            shard.stop()
         if server is not None:
             server.stop()
 
@@ -74,7 +85,7 @@ def main() -> int:
 
     ensure_venv()
     sys.path.insert(0, str(ROOT))
-    from tests.configurations import CONFIGS, CORE
+    from tests.configurations import CONFIGS, CORE, OWN
 
     parser = argparse.ArgumentParser(prog="python3 -m tests", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,7 +102,8 @@ def main() -> int:
         parser.error(f"configuration {args.config!r} does not apply to {args.db}")
     results = {}
     for config, db in runs:
-        selected = pytest_args if config == "default" or names_tests(pytest_args) else [*pytest_args, *CORE]
+        selected = pytest_args if config == "default" or names_tests(pytest_args) else [
+            *pytest_args, *CORE, *OWN.get(config, [])]
         label = db if config == "default" else f"{config}/{db}"
         results[label] = run_pytest(db, selected, config)
     print("\n" + "  ".join(f"{label}: {'ok' if code == 0 else f'FAILED (exit {code})'}"

@@ -17,9 +17,19 @@ CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
     "atomic_requests": (("sqlite", "postgresql"), "ATOMIC_REQUESTS = True, views raced by processes"),
     "second_db": (("sqlite", "postgresql"), "TASKCLAIM_DATABASE = 'tasks', a second alias with a router"),
     "autocommit_off": (("sqlite", "postgresql"), "workers call transaction.set_autocommit(False) and commit"),
+    "sharded": (("postgresql",), "tenants routed over two PostgreSQL servers (TASKCLAIM_ROUTER, a second server)"),
+    "sharded_mixed": (("sqlite",), "tenants routed over SQLite (default) and a PostgreSQL server"),
 }
+
+#: Configurations whose second database is a PostgreSQL server of its own, started by the runner
+#: (``TASKCLAIM_TEST_SHARD_SERVER`` describes it to the tests, which stop and start it).
+SHARD_SERVER = ("sharded", "sharded_mixed")
 
 # What runs in each configuration unless test paths are given: races between real processes
 # (one winner; a drain where every effect lands once; pauses past the lease and kills), and
 # the configuration's own tests.
 CORE = ["tests/processes/test_concurrency.py", "tests/databases/test_configurations.py"]
+# And in some configurations, tests of their own.
+OWN: dict[str, list[str]] = {
+    config: ["tests/databases/test_sharded.py", "tests/processes/test_sharded_processes.py"] for config in SHARD_SERVER
+}

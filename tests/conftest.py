@@ -46,6 +46,8 @@ def worker_env() -> dict[str, str]:
     )
     if "tasks" in connections:  # the second_db configuration
         env["TASKCLAIM_TEST_TASKS_DB_NAME"] = str(connections["tasks"].settings_dict["NAME"])
+    if "shard2" in connections:  # the sharded configurations
+        env["TASKCLAIM_TEST_SHARD_DB_NAME"] = str(connections["shard2"].settings_dict["NAME"])
     return env
 
 

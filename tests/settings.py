@@ -97,6 +97,25 @@ elif TEST_CONFIG == "second_db":
     DATABASES["tasks"] = _tasks
     DATABASE_ROUTERS = ["tests.routers.TaskDatabaseRouter"]
     TASKCLAIM_DATABASE = "tasks"
+elif TEST_CONFIG in ("sharded", "sharded_mixed"):
+    # Tenants routed over two task databases: "default" (PostgreSQL, or SQLite in sharded_mixed) and
+    # "shard2", a PostgreSQL server of its own that the runner starts (TASKCLAIM_TEST_SHARD_SERVER).
+    # Worker processes get the test database's name in TASKCLAIM_TEST_SHARD_DB_NAME.
+    import json as _json
+
+    _shard = _json.loads(os.environ.get("TASKCLAIM_TEST_SHARD_SERVER") or '{"port": 5433}')
+    DATABASES["shard2"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("TASKCLAIM_TEST_SHARD_DB_NAME", "postgres"),
+        "HOST": "127.0.0.1",
+        "PORT": str(_shard["port"]),
+        "USER": "postgres",
+        "PASSWORD": "",
+        "TEST": {"NAME": "test_taskclaim_shard2"},
+    }
+    TASKCLAIM_DATABASES = ["default", "shard2"]
+    TASKCLAIM_ROUTER = "tests.routers.tenant_database"
+    DATABASE_ROUTERS = ["tests.routers.ShardRouter"]
 elif TEST_CONFIG not in ("default", "autocommit_off"):
     raise RuntimeError(f"unknown TASKCLAIM_TEST_CONFIG {TEST_CONFIG!r}")
 

@@ -39,7 +39,7 @@ from django.db import connections
 from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 
-from ..conf import settings
+from .. import routing
 from ..exceptions import InvalidTaskKey, TaskClaimError
 from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
 from ..lifecycle import Claim, claim
@@ -245,16 +245,16 @@ def _wrap(
         def sync_node(state: Any, config: RunnableConfig) -> Any:
             # LangGraph runs sync nodes on threads of its own pool: a connection this call
             # opens on such a thread is closed again, not left to the thread's end.
-            conn = connections[settings.DATABASE]
-            opened_here = conn.connection is None
+            unopened = [connections[alias] for alias in routing.databases() if connections[alias].connection is None]
             try:
                 task_key = identity(state, config)
                 args, kwargs = call_args(state, config)
                 return run_by_key(lambda: claim(task_key, owner=owner, lease=lease),
                                   lambda held: execute(held, fn, args, kwargs, policy=POLICY).outcome(), on_busy)
             finally:
-                if opened_here and not conn.in_atomic_block:
-                    conn.close()
+                for conn in unopened:  # the tenant's task database, wherever it is
+                    if not conn.in_atomic_block:
+                        conn.close()
 
         wrapper = sync_node
 

@@ -8,6 +8,7 @@ from .api import (
     claim_next,
     default_owner,
     ensure,
+    ensure_many,
     ensure_task,
     reclaim_expired,
     reclaim_expired_rows,
@@ -18,5 +19,5 @@ from .transitions import in_transaction
 
 __all__ = [
     "Claim", "ClaimOutcome", "claim", "claim_next", "complete_or_fail", "current_claim", "default_owner",
-    "ensure", "ensure_task", "in_transaction", "reclaim_expired", "reclaim_expired_rows",
+    "ensure", "ensure_many", "ensure_task", "in_transaction", "reclaim_expired", "reclaim_expired_rows",
 ]

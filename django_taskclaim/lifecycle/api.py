@@ -10,10 +10,14 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import transaction
+
+from .. import routing
 from ..conf import settings
 from ..exceptions import InvalidArgument, PayloadMismatch, TaskClaimError
 from ..keys import (
@@ -34,7 +38,7 @@ from ..keys import (
     validate_text,
 )
 from ..status import Status
-from ..store.rows import Claimed, Moved, TaskRow
+from ..store.rows import Claimed, Moved, NewTask, TaskRow
 from . import transitions
 from .handle import Claim
 from .transitions import to_task
@@ -111,7 +115,7 @@ def ensure_task(
 ) -> tuple[Any, bool]:
     """:func:`ensure`, also telling whether this call created the task."""
     key, tenant = resolve_identity(key, tenant)
-    using = using or settings.DATABASE
+    using = routing.route(tenant, using)
     stored = payload_json(payload)
     fp = fingerprint_of(stored)
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
@@ -123,9 +127,12 @@ def ensure_task(
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     # The row that made the insert conflict can be purged before it is read: insert again.
     for _ in range(3):
-        row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
-                                          max_attempts=limit, dispatch=dispatch_json, queue=queue, priority=priority,
-                                          run_after=run_after, task_path=task_path)
+        try:
+            row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
+                                              max_attempts=limit, dispatch=dispatch_json, queue=queue,
+                                              priority=priority, run_after=run_after, task_path=task_path)
+        except routing.UNREACHABLE as exc:
+            routing.unreachable(exc, using, tenant)
         if row is not None:
             break
     else:
@@ -133,6 +140,48 @@ def ensure_task(
     if fp and row.payload_fingerprint != fp:
         raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
     return to_task(row, using), created
+
+
+def ensure_many(
+    tasks: Iterable[tuple[str | TaskKey, str, Any]], max_attempts: int | None = None, *, queue: str,
+    priority: int = 0, run_after: datetime | None = None, task_path: str = "", dispatch: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> list[tuple[TaskRow, bool]]:
+    """:func:`ensure_task` for many queued tasks of one kind: for each ``(key, tenant, payload)`` of
+    ``tasks``, in order, its row and whether this call created it.
+
+    One multi-row insert per chunk of rows, all in one transaction (a savepoint inside the
+    caller's, one in each database of the tenants' tasks): every task is created, or none. A key
+    that exists (or came earlier in ``tasks``) is that task; a payload that differs from its
+    stored one raises ``PayloadMismatch`` and nothing of the call is kept.
+    """
+    limit = _max_attempts(max_attempts)
+    queue, priority, run_after = queue_name(queue), valid_priority(priority), valid_run_after(run_after)
+    task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
+    dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
+    # Each task goes to its tenant's database (TASKCLAIM_ROUTER): one batch per database, the
+    # rows given back in the order of ``tasks``.
+    batches: dict[str, list[tuple[int, NewTask]]] = {}
+    count = 0
+    for count, (key, tenant, payload) in enumerate(tasks, 1):
+        key, tenant = resolve_identity(key, tenant)
+        stored = payload_json(payload)
+        batches.setdefault(routing.route(tenant, using), []).append((count - 1, NewTask(
+            tenant, key, limit, stored, fingerprint_of(stored), dispatch_json, queue, priority, run_after, task_path)))
+    found: list[Any] = [None] * count
+    # One transaction per database, nested: a mismatch in any database leaves none of the call.
+    with ExitStack() as atomic:
+        for alias, batch in batches.items():
+            atomic.enter_context(transaction.atomic(using=alias))
+            try:
+                rows = transitions.ensure_many(alias, [task for _, task in batch])
+            except routing.UNREACHABLE as exc:
+                routing.unreachable(exc, alias)
+            for (at, task), (row, created) in zip(batch, rows, strict=True):
+                if task.payload_fingerprint and row.payload_fingerprint != task.payload_fingerprint:
+                    raise PayloadMismatch(task.key, task.tenant, row.payload_fingerprint, task.payload_fingerprint)
+                found[at] = (row, created)
+    return found
 
 
 def claim(
@@ -144,10 +193,18 @@ def claim(
     seconds = lease_seconds(lease)
     owner = _owner(owner)
     validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
-    using = using or settings.DATABASE
+    using = routing.route(tenant, using)
     stored = payload_json(payload)
     fp = fingerprint_of(stored)
     limit = _max_attempts(max_attempts)
+    try:
+        return _claim(using, key, tenant, owner, seconds, stored, fp, limit, delivery_id)
+    except routing.UNREACHABLE as exc:
+        routing.unreachable(exc, using, tenant)
+
+
+def _claim(using: str, key: str, tenant: str, owner: str, seconds: float, stored: str | None, fp: str,
+           limit: int, delivery_id: str) -> ClaimOutcome:
     # A claim can lose to a change that makes the task claimable again (a release) between the
     # statement and the read of the state; try again a few times before reporting what we saw.
     # A task deleted by taskclaim_purge meanwhile (even between the read and the duplicate's
@@ -199,18 +256,48 @@ def claim_next(
             f"path must be '' (work for a handler) or '*' (tasks that name their callable), not {path!r}")
     owner = _owner(owner)
     validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
-    using = using or settings.DATABASE
-    sent = time.monotonic()
-    claimed = transitions.claim_next(using, owner=owner, lease=seconds, tenant=tenant, limit=limit,
-                                     delivery_id=delivery_id, queues=queues, path=path)
-    return [Claim.taken(c, using, seconds, delivery_id, sent=sent) for c in claimed]
+    if tenant is not None:
+        visit: Sequence[str] = (routing.route(tenant, using),)
+    else:
+        visit = routing.rotation(using)
+    failed: BaseException | None = None
+    for alias in visit:
+        sent = time.monotonic()
+        try:
+            claimed = transitions.claim_next(alias, owner=owner, lease=seconds, tenant=tenant, limit=limit,
+                                             delivery_id=delivery_id, queues=queues, path=path)
+        except routing.UNREACHABLE as exc:
+            if len(visit) == 1:
+                routing.unreachable(exc, alias, tenant)
+            # One database out of reach must not stop the work of the others: the next one is
+            # visited, and the error is raised when none had anything to hand out.
+            logger.warning("claim_next: task database %r cannot be reached: %s", alias, exc)
+            failed = failed or routing.named(exc, alias) or exc
+            continue
+        if claimed:
+            return [Claim.taken(c, alias, seconds, delivery_id, sent=sent) for c in claimed]
+    if failed is not None:
+        raise failed
+    return []
 
 
 def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) -> list[Moved]:
-    """Move expired RUNNING tasks to PENDING (FAILED when attempts are spent); the tasks moved."""
+    """Move expired RUNNING tasks to PENDING (FAILED when attempts are spent); the tasks moved.
+
+    Of database ``using``, else of every task database in turn (``limit`` in all).
+    """
     if limit is not None:
         positive_int(limit, "limit")
-    return transitions.reclaim(using or settings.DATABASE, limit)
+    moved: list[Moved] = []
+    for alias in routing.databases(using):
+        left = None if limit is None else limit - len(moved)
+        if left == 0:
+            break
+        try:
+            moved += transitions.reclaim(alias, left)
+        except routing.UNREACHABLE as exc:
+            routing.unreachable(exc, alias)
+    return moved
 
 
 def reclaim_expired(limit: int | None = None, *, using: str | None = None) -> int:

@@ -28,6 +28,7 @@ from ..keys import (
     to_json,
     validate_text,
 )
+from ..routing import writes_only_to
 from ..status import Status
 from ..store.rows import Claimed, TaskRow
 from . import transitions
@@ -323,6 +324,11 @@ class Claim(KeepaliveMixin):
         The task row is locked (the write lock on SQLite) *before* the token is checked, so no
         takeover can happen between the check and the commit. Complete inside the block to
         commit the effect and the completion together.
+
+        The block's writes must go to the claim's database (``using``): a write to another one
+        would commit on its own, whatever becomes of the claim, so it raises ``TaskClaimError``
+        before it is sent (and the block rolls back). ``routing.fenced_database()`` names the
+        claim's database meanwhile, for a database router to send the effect's model there.
         """
         refused = False
         nested = transitions.in_transaction(self.using)
@@ -333,7 +339,7 @@ class Claim(KeepaliveMixin):
             transitions.join_callers_transaction(self.using)
         ending = self._ended
         try:
-            with transaction.atomic(using=self.using):
+            with transaction.atomic(using=self.using), writes_only_to(self.using, self.key, self.tenant):
                 if transitions.lock(self):
                     held = self._row_held
                     # Inside an outer transaction the lock outlives this block: keepalive may rest.

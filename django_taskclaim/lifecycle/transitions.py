@@ -19,9 +19,10 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import signals
 from ..conf import settings
+from ..exceptions import TaskClaimError
 from ..status import Status
 from ..store import get_store, store_of
-from ..store.rows import Claimed, Found, Moved, TaskRow
+from ..store.rows import Claimed, Found, Moved, NewTask, TaskRow
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -62,13 +63,14 @@ def in_transaction(using: str) -> bool:
 
 
 def send(using: str, signal: Any, **kwargs: Any) -> None:
-    """Send ``signal`` once the current transaction commits (at once outside one)."""
+    """Send ``signal`` once the current transaction commits (at once outside one), with
+    ``using``: the alias of the task database where the change happened."""
     if not signal.receivers:
         return
     sender = task_model()
 
     def deliver() -> None:
-        for receiver, response in signal.send_robust(sender=sender, **kwargs):
+        for receiver, response in signal.send_robust(sender=sender, using=using, **kwargs):
             if isinstance(response, Exception):
                 logger.error("signal receiver %r failed", receiver, exc_info=response)
 
@@ -275,6 +277,42 @@ def ensure(
             store.adopt_payload(cursor, row.id, payload, fingerprint)
             row = store.read_task(cursor, tenant=tenant, key=key)
     return row, False
+
+
+def ensure_many(using: str, tasks: Sequence[NewTask]) -> list[tuple[TaskRow, bool]]:
+    """Create PENDING tasks unless they exist, in one transaction (a savepoint inside the caller's):
+    for each task, in order, its row and whether this call created it. A task that existed is
+    read as :func:`ensure` reads it (its payload stored if it had none)."""
+    db = connections[using]
+    store = store_of(db)
+
+    def once() -> list[tuple[TaskRow, bool]]:
+        with transaction.atomic(using=using), store.cursor(db) as cursor:
+            made = store.ensure_many(cursor, tasks)
+            met = [(task.tenant, task.key) for task, row in zip(tasks, made, strict=True) if row is None]
+            found = {(row.tenant, row.key): row for row in store.read_tasks(cursor, met)} if met else {}
+        out: list[tuple[TaskRow, bool]] = []
+        for task, row in zip(tasks, made, strict=True):
+            if row is not None:
+                out.append((row, True))
+                continue
+            existing = found.get((task.tenant, task.key))
+            if existing is None or (task.payload_fingerprint and not existing.payload_fingerprint):
+                # Purged since the insert met it, or made without a payload: as ensure() does it.
+                again, created = ensure(using, tenant=task.tenant, key=task.key, payload=task.payload,
+                                        fingerprint=task.payload_fingerprint, max_attempts=task.max_attempts,
+                                        dispatch=task.dispatch, queue=task.queue, priority=task.priority,
+                                        run_after=task.run_after, task_path=task.task_path)
+                if again is None:
+                    raise TaskClaimError(f"task {task.key!r} (tenant {task.tenant!r}) kept vanishing under "
+                                         "ensure_many(); try again")
+                out.append((again, created))
+            else:
+                out.append((existing, False))
+        return out
+
+    # Racing inserts of one key can deadlock on MySQL: _retried runs it all again (outside a caller's transaction).
+    return _retried(using, once, store)
 
 
 # -- an owner's writes -----------------------------------------------------------------------

@@ -140,6 +140,16 @@ def since_value(text: str) -> timedelta | datetime:
     return parsed
 
 
+def task_database(text: str) -> str:
+    """One of the task databases (``TASKCLAIM_DATABASES``, read when the command runs)."""
+    from django_taskclaim.conf import settings
+
+    if text not in settings.DATABASES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a task database; TASKCLAIM_DATABASES lists {', '.join(map(repr, settings.DATABASES))}")
+    return text
+
+
 def queue_arg(text: str) -> str:
     """A queue name: 1–100 printable characters."""
     try:

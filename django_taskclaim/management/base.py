@@ -45,6 +45,12 @@ class TaskClaimCommand(BaseCommand):
     json_requested = False
     json_written = False
 
+    def add_database_argument(self, parser: CommandParser) -> None:
+        from django_taskclaim.management.arguments import task_database
+
+        parser.add_argument("--database", type=task_database, default=None, metavar="ALIAS",
+                            help="Only this task database (default: every one of TASKCLAIM_DATABASES).")
+
     def add_json_argument(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", dest="as_json",
                             help="Print JSON instead of text (failures too).")

@@ -19,15 +19,17 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 
 from ..checkspec import spec
 from ..status import Outcome, Status
-from .rows import ATTEMPT, ATTEMPT_COLUMNS, NO_ERROR, TASK, Claimed, Found, Moved, TaskRow, in_claim_order
+from .rows import ATTEMPT, ATTEMPT_COLUMNS, NO_ERROR, TASK, Claimed, Found, Moved, NewTask, TaskRow, in_claim_order
 from .sql import (
     CANCELLED,
+    ENSURE_CHUNK,
     EXHAUSTED_ERROR,
     FAILED,
     PENDING,
     RELEASE_SET,
     RUNNING,
     SQLStore,
+    chunks,
     claimable,
     owned,
     placeholders,
@@ -332,6 +334,27 @@ class MySQLStore(SQLStore):
             return None
         [row] = self._rows_by_id(cursor, [new_id])
         return row
+
+    def ensure_many(self, cursor: Any, tasks: Sequence[NewTask]) -> list[TaskRow | None]:
+        # No RETURNING (MySQL) and no ids to trust from a multi-row insert (interleaved auto-increment
+        # locks): the rows inserted are read back by their keys.
+        values = f"({self.task_values(running=False)})"
+        inserted: list[bool] = []
+        for chunk in chunks(tasks, ENSURE_CHUNK):
+            params = [value for task in chunk for value in self.new_task_params(cursor, task)]
+            try:
+                rows = ", ".join([values] * len(chunk))
+                cursor.execute(f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES {rows}", params)
+                inserted += [True] * len(chunk)
+            except IntegrityError as exc:
+                if _code(exc) != _DUPLICATE_KEY:
+                    raise
+                # A key exists (or comes twice): InnoDB undid this statement alone. One row at a time.
+                inserted += [self._insert(cursor, values[1:-1], self.new_task_params(cursor, task)) is not None
+                             for task in chunk]
+        new = [(task.tenant, task.key) for task, made in zip(tasks, inserted, strict=True) if made]
+        found = {(row.tenant, row.key): row for row in self.read_tasks(cursor, new)}
+        return [found[(task.tenant, task.key)] if made else None for task, made in zip(tasks, inserted, strict=True)]
 
     # -- an owner's writes ----------------------------------------------------------------
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:

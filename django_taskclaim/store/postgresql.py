@@ -16,16 +16,31 @@ from ..checkspec import spec
 from ..conf import settings
 from ..status import Outcome, Status
 from . import prepared
-from .rows import ATTEMPT, ATTEMPT_COLUMNS, NO_ERROR, TASK, TASK_COLUMNS, Claimed, Found, Moved, in_claim_order
+from .rows import (
+    ATTEMPT,
+    ATTEMPT_COLUMNS,
+    NO_ERROR,
+    TASK,
+    TASK_COLUMNS,
+    Claimed,
+    Found,
+    Moved,
+    NewTask,
+    TaskRow,
+    in_claim_order,
+)
 from .sql import (
     CANCELLED,
+    ENSURE_CHUNK,
     EXHAUSTED_ERROR,
     FAILED,
+    INSERTED,
     PENDING,
     RELEASE_SET,
     RUNNING,
     SUCCEEDED,
     SQLStore,
+    chunks,
     claimable,
     is_duplicate,
     owned,
@@ -327,10 +342,12 @@ class PostgreSQLStore(SQLStore):
         self.execute(cursor, sql, params)
         return _claimed_and_exhausted(self, cursor.fetchall())
 
-    def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK) -> str:
-        # One queue by equality: the queued index then gives its tasks in order (priority, id)
-        # with no sort; several as an array, one parameter whatever their number.
-        queue_sql = f"{table}.queue = %s::text" if len(queues) == 1 else f"{table}.queue = ANY(%s::text[])"
+    def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK,
+                     queue: str = "%s::text") -> str:
+        # One queue by equality (``queue``: its name as SQL, a parameter by default): the queued index
+        # then gives its tasks in order (priority, id) with no sort; several as an array, one
+        # parameter whatever their number.
+        queue_sql = f"{table}.queue = {queue}" if len(queues) == 1 else f"{table}.queue = ANY(%s::text[])"
         tenant_sql = f" AND {table}.tenant = %s::text" if tenant is not None else ""
         return f"{queue_sql} AND {runs(table, path)}{tenant_sql}"
 
@@ -345,19 +362,35 @@ class PostgreSQLStore(SQLStore):
         to be picked; task ``exclude`` is never picked.
         """
         where = self.queue_filter(queues, path, tenant, "t")
-        fparams: list[Any] = [queues[0] if len(queues) == 1 else list(queues), *([] if tenant is None else [tenant])]
+        several = len(queues) > 1
+        fparams: list[Any] = [list(queues) if several else queues[0], *([] if tenant is None else [tenant])]
         eparams = [*fparams, exclude] if exclude else fparams
-        params: list[Any] = [*eparams, limit, *fparams, limit, limit, owner, lease]
+        # Several queues: the same parameters, and one more limit (each queue's, then all of them).
+        params: list[Any] = [*eparams, limit, *fparams, *([limit] if several else []), limit, limit, owner, lease]
         if audit:
             params.append(delivery_id)
         key = ("queue_claim", where, bool(exclude), audit, prefix, only_if)
         return self.statement(key, lambda: self._queue_claim_sql(
-            where=where, exclude=bool(exclude), audit=audit, prefix=prefix, only_if=only_if)), params
+            where=where, exclude=bool(exclude), audit=audit, prefix=prefix, only_if=only_if,
+            each_queue=self.queue_filter(queues[:1], path, tenant, "t", queue="n.queue") if several else None)), params
 
-    def _queue_claim_sql(self, *, where: str, exclude: bool, audit: bool, prefix: str, only_if: str) -> str:
+    def _queue_claim_sql(self, *, where: str, exclude: bool, audit: bool, prefix: str, only_if: str,
+                         each_queue: str | None) -> str:
         now = self.now
         also = f" AND {only_if}" if only_if else ""
         expired_also = f"{also} AND t.id <> %s" if exclude else also
+        due = f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also}"
+        if each_queue is None:  # one queue: the queued index gives its tasks in claim order
+            pending = (f"SELECT t.id FROM {TASK} t WHERE {due} AND {where} "
+                       f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
+        else:
+            # Several: each queue's first tasks from the queued index (as one queue's), then the first
+            # of those. One sort of the whole backlog of the queues instead would cost every claim
+            # time in proportion to the tasks waiting. The candidates of each queue are locked for the
+            # statement (its transaction), and those not picked are left as they were.
+            pending = (f"SELECT c.id FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL (SELECT t.id, t.priority "
+                       f"FROM {TASK} t WHERE {due} AND {each_queue} ORDER BY t.priority DESC, t.id LIMIT %s "
+                       f"FOR UPDATE SKIP LOCKED) c ORDER BY c.priority DESC, c.id LIMIT %s")
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
         # never queue behind each other. The UPDATEs re-check the claim predicate. An expired
         # task on its last attempt ends FAILED here (as reclaim would end it): a queue without
@@ -369,9 +402,7 @@ class PostgreSQLStore(SQLStore):
             f"exhausted AS (UPDATE {TASK} x SET status = {FAILED}, error = '{EXHAUSTED_ERROR}', "
             f"lease_expires_at = NULL, updated_at = {now} FROM expired e WHERE x.id = e.id AND NOT e.again "
             f"AND x.status = {RUNNING} RETURNING {self.returning('x')}), "
-            f"pending AS MATERIALIZED (SELECT t.id FROM {TASK} t WHERE t.status = {PENDING} AND {where} "
-            f"AND (t.run_after IS NULL OR t.run_after <= {now}){also} "
-            f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED), "
+            f"pending AS MATERIALIZED ({pending}), "
             f"picked AS (SELECT id FROM (SELECT id FROM expired WHERE again UNION ALL SELECT id FROM pending) u "
             f"LIMIT %s), "
             f"claimed AS (UPDATE {TASK} q SET {self.claim_set('q')} FROM picked p "
@@ -412,6 +443,35 @@ class PostgreSQLStore(SQLStore):
             return None, [], []
         claimed, exhausted = _claimed_and_exhausted(self, [f[:-1] for f in found if f[0] is not None])
         return str(Status.SUCCEEDED), claimed, exhausted
+
+    def ensure_chunk(self, cursor: Any) -> int:
+        return ENSURE_CHUNK
+
+    def ensure_many_sql(self, cursor: Any, chunk: Sequence[NewTask]) -> tuple[str, list[Any]]:
+        # One statement whatever the chunk's size: each column's values as one array, so one text
+        # prepared once per session (a VALUES list is a text per row count, with 10 parameters a row).
+        return self.statement(("ensure_many",), self._unnest_insert_sql), [list(c) for c in zip(*chunk, strict=True)]
+
+    def _unnest_insert_sql(self) -> str:
+        types = ("text", "text", "integer", "text", "text", "text", "text", "smallint", "timestamptz", "text")
+        names = [f"v.{name}" for name in NewTask._fields]
+        names[3], names[5] = "v.payload::jsonb", "v.dispatch::jsonb"
+        # Binary parameters: psycopg quotes each element of a text-format array in Python, ten times
+        # the cost of the whole binary array for a chunk of 1,000.
+        arrays = ", ".join(f"%b::{sql_type}[]" for sql_type in types)
+        # In the order given (WITH ORDINALITY): ids, and so the queue's order among equal priorities, follow it.
+        return (f"INSERT INTO {TASK} ({self.insert_columns()}) SELECT {self.task_values(running=False, values=names)} "
+                f"FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(NewTask._fields)}, n) ORDER BY v.n "
+                f"ON CONFLICT (tenant, \"key\") DO NOTHING RETURNING {INSERTED.replace('payload', 'payload::text')}")
+
+    def read_tasks(self, cursor: Any, keys: Sequence[tuple[str, str]]) -> list[TaskRow]:
+        found: list[TaskRow] = []
+        for chunk in chunks(keys, ENSURE_CHUNK):
+            tenants, names = (list(column) for column in zip(*chunk, strict=True))
+            self.execute(cursor, f'SELECT {self.columns()} FROM {TASK} WHERE (tenant, "key") IN '
+                                 f"(SELECT * FROM unnest(%b::text[], %b::text[]))", [tenants, names])
+            found += (self.decode(r) for r in cursor.fetchall())
+        return found
 
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from django.core.checks import CheckMessage
 
-from .rows import Claimed, Found, Moved, TaskRow
+from .rows import Claimed, Found, Moved, NewTask, TaskRow
 
 
 class Store(Protocol):
@@ -107,8 +107,16 @@ class Store(Protocol):
     ) -> TaskRow | None:
         """Insert a PENDING task unless ``(tenant, key)`` exists; the new row, or ``None``."""
 
+    def ensure_many(self, cursor: Any, tasks: Sequence[NewTask]) -> list[TaskRow | None]:
+        """:meth:`ensure` for many tasks, one multi-row insert per chunk (of up to 1,000 rows) on
+        ``cursor``'s transaction: for each task, in order, its new row, or ``None`` where its
+        ``(tenant, key)`` exists (already, or named by an earlier task of ``tasks``)."""
+
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
         """The task ``(tenant, key)``, or ``None``."""
+
+    def read_tasks(self, cursor: Any, keys: Sequence[tuple[str, str]]) -> list[TaskRow]:
+        """The tasks of these ``(tenant, key)`` pairs that exist, in no particular order."""
 
     def adopt_payload(self, cursor: Any, task_id: int, payload: str | None, fingerprint: str) -> None:
         """Store a payload on a task created without one (and only then)."""

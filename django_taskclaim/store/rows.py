@@ -41,6 +41,22 @@ class TaskRow(NamedTuple):
 
 
 TASK_COLUMNS: tuple[str, ...] = TaskRow._fields
+
+
+class NewTask(NamedTuple):
+    """A queued task to insert (``Store.ensure_many``): ``ensure()``'s values, in the order of its
+    parameters, the payload and dispatch already encoded as JSON."""
+
+    tenant: str
+    key: str
+    max_attempts: int
+    payload: str | None
+    payload_fingerprint: str
+    dispatch: str | None
+    queue: str | None
+    priority: int
+    run_after: datetime | None
+    task_path: str
 #: The columns of a new attempt row, in the order every insert of one gives them: the last
 #: three (a failure's error) start empty, and only a failure fills them in.
 ATTEMPT_COLUMNS = ("task_id, token, owner, delivery_id, started_at, ended_at, outcome, stale_writes, "

@@ -9,10 +9,11 @@ is fixed SQL: table and column names, the clock, and the status words of ``statu
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.core.checks import CheckMessage
@@ -32,9 +33,12 @@ from .rows import (
     Claimed,
     Found,
     Moved,
+    NewTask,
     TaskRow,
     in_claim_order,
 )
+
+T = TypeVar("T")
 
 _WIDTH = len(TASK_COLUMNS)
 _JSON_AT = tuple(i for i, c in enumerate(TASK_COLUMNS) if c in JSON_COLUMNS)
@@ -55,6 +59,9 @@ def word(choice: str) -> str:
 
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (word(s) for s in Status.values)
+PENDING_STATUS = str(Status.PENDING.value)
+#: What a multi-row insert returns of each row it inserted (the rest is what it was given).
+INSERTED = 'id, tenant, "key", created_at, payload'
 EXHAUSTED_ERROR = "lease expired with no attempts left"
 # A release gives the task back untouched: this attempt does not count. Owners and operators
 # (force-release) release alike.
@@ -109,6 +116,22 @@ def is_duplicate(row: TaskRow, expired: bool, fingerprint: str) -> bool:
 
 def placeholders(n: int) -> str:
     return ", ".join(["%s"] * n)
+
+
+#: Rows of one multi-row insert (``ensure_many``) at most, where the database's limit on parameters allows.
+ENSURE_CHUNK = 1000
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in slices of ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def max_params(cursor: Any) -> int | None:
+    """How many parameters one statement may bind on ``cursor``'s database (``None``: no limit Django knows)."""
+    limit = cursor.db.features.max_query_params
+    return None if limit is None else int(limit)
 
 
 class SQLStore:
@@ -199,20 +222,22 @@ class SQLStore:
         """The columns of a new task row, in ``TASK_COLUMNS`` order without ``id``."""
         return self.statement(("insert_columns",), lambda: ", ".join(self.quote(c) for c in TASK_COLUMNS[1:]))
 
-    def task_values(self, *, running: bool) -> str:
+    def task_values(self, *, running: bool, values: Sequence[str] = ()) -> str:
         """A new task row's values for :meth:`insert_columns`: a claim's (``running``: RUNNING under a
         lease, its first attempt, claimed by key) or ``ensure()``'s (PENDING). Parameters: tenant,
         key, owner (``running``), max_attempts, lease (``running``), payload, payload fingerprint,
-        then (not ``running``) dispatch, queue, priority, run_after, task_path."""
+        then (not ``running``) dispatch, queue, priority, run_after, task_path. ``values``: SQL in place
+        of ``ensure()``'s parameters, in :class:`NewTask`'s order (the columns of a multi-row insert)."""
         text, now = self.param("text"), self.now
         if running:
             state = f"{RUNNING}, {text}, 1, 1, {self.param('integer')}, {self.lease_sql()}"
-            queued = "NULL, 0, NULL, ''"
-        else:
-            state = f"{PENDING}, '', 0, 0, {self.param('integer')}, NULL"
-            queued = f"{text}, {self.param('smallint')}, {self.param('timestamptz')}, {text}"
-        dispatch = "NULL" if running else self.json_param
-        return f"{text}, {text}, {state}, {self.json_param}, {text}, NULL, '', '', {dispatch}, {now}, {now}, {queued}"
+            return (f"{text}, {text}, {state}, {self.json_param}, {text}, NULL, '', '', NULL, {now}, {now}, "
+                    "NULL, 0, NULL, ''")
+        tenant, key, attempts, payload, fingerprint, dispatch, queue, priority, run_after, path = values or (
+            text, text, self.param("integer"), self.json_param, text, self.json_param, text, self.param("smallint"),
+            self.param("timestamptz"), text)
+        return (f"{tenant}, {key}, {PENDING}, '', 0, 0, {attempts}, NULL, {payload}, {fingerprint}, NULL, '', '', "
+                f"{dispatch}, {now}, {now}, {queue}, {priority}, {run_after}, {path}")
 
     def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK) -> str:
         """Which queued tasks a queue claim looks at (parameters: the queue names, the tenant if given)."""
@@ -419,6 +444,67 @@ class SQLStore:
         )
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
+
+    def ensure_many(self, cursor: Any, tasks: Sequence[NewTask]) -> list[TaskRow | None]:
+        rows: dict[tuple[str, str], TaskRow] = {}
+        dispatches: dict[str | None, Any] = {}  # each dispatch text decoded once
+        for chunk in chunks(tasks, self.ensure_chunk(cursor)):
+            sql, params = self.ensure_many_sql(cursor, chunk)
+            self.execute(cursor, sql, params)
+            first: dict[tuple[str, str], NewTask] = {}
+            for task in chunk:  # a key named twice: the first is inserted (in order), the others conflict
+                first.setdefault((task.tenant, task.key), task)
+            for found in cursor.fetchall():
+                task = first[(found[1], found[2])]
+                rows[(task.tenant, task.key)] = self.inserted_row(task, found, dispatches)
+        # Each row once, to the first of the tasks that name its key: a later one met it existing.
+        return [rows.pop((task.tenant, task.key), None) for task in tasks]
+
+    def ensure_chunk(self, cursor: Any) -> int:
+        """Tasks per multi-row insert: at most ``ENSURE_CHUNK``, fewer where the database's limit on a
+        statement's parameters (one per value of every row) is lower."""
+        width, limit = len(NewTask._fields), max_params(cursor)
+        return ENSURE_CHUNK if limit is None else max(1, min(ENSURE_CHUNK, limit // width))
+
+    def ensure_many_sql(self, cursor: Any, chunk: Sequence[NewTask]) -> tuple[str, list[Any]]:
+        """The multi-row insert of ``chunk`` and its parameters: ``INSERT … VALUES (…), (…) …``, returning
+        ``id, tenant, key, created_at, payload`` of the rows it inserted."""
+        sql = self.statement(("ensure_many", len(chunk)), functools.partial(self._values_insert_sql, len(chunk)))
+        return sql, [value for task in chunk for value in self.new_task_params(cursor, task)]
+
+    def _values_insert_sql(self, rows: int) -> str:
+        values = f"({self.task_values(running=False)})"
+        return (f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES {', '.join([values] * rows)} "
+                f"ON CONFLICT (tenant, {self.quote('key')}) DO NOTHING RETURNING {INSERTED}")
+
+    def inserted_row(self, task: NewTask, found: Sequence[Any], dispatches: dict[str | None, Any]) -> TaskRow:
+        """The row a multi-row insert wrote for ``task``, from what it returned (:data:`INSERTED`): the
+        task's own values, and the database's id, time and stored payload (JSON as the database
+        normalised it, as a read of the row gives it)."""
+        pk, _, _, stamp, payload = found
+        created = cast(datetime, self.to_datetime(stamp))  # NOT NULL
+        if task.dispatch not in dispatches:
+            dispatches[task.dispatch] = None if task.dispatch is None else json.loads(task.dispatch)
+        return TaskRow(pk, task.tenant, task.key, PENDING_STATUS, "", 0, 0, task.max_attempts, None,
+                       json.loads(payload) if isinstance(payload, str | bytes) else payload, task.payload_fingerprint,
+                       None, "", "", dispatches[task.dispatch], created, created, task.queue, task.priority,
+                       task.run_after, task.task_path)
+
+    def new_task_params(self, cursor: Any, task: NewTask) -> list[Any]:
+        """``ensure()``'s parameters of ``task`` (:meth:`task_values`, not running)."""
+        return [*task[:8], self.datetime_param(cursor, task.run_after), task.task_path]
+
+    def read_tasks(self, cursor: Any, keys: Sequence[tuple[str, str]]) -> list[TaskRow]:
+        found: list[TaskRow] = []
+        for chunk in chunks(keys, max(1, min(ENSURE_CHUNK, (max_params(cursor) or 2 * ENSURE_CHUNK) // 2))):
+            self.execute(
+                cursor,
+                f"SELECT {self.columns()} FROM {TASK} WHERE (tenant, {self.quote('key')}) IN "
+                f"({', '.join(['(%s, %s)'] * len(chunk))})",
+                [value for pair in chunk for value in pair],
+            )
+            found += (self.decode(r) for r in cursor.fetchall())
+        return found
 
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
         self.execute(cursor, f"SELECT {self.columns()} FROM {TASK} WHERE tenant = %s AND {self.quote('key')} = %s",

@@ -13,13 +13,16 @@ dead workers, retries with backoff, and exactly one task per declared identity.
             claim.complete("charged")
         return "charged"
 
-Run the tasks with ``manage.py taskclaim_worker --queue default``. See docs/django-tasks.md.
+Run the tasks with ``manage.py taskclaim_worker --queue default``; enqueue many at once with
+``enqueue_many(task, [(args, kwargs), ...])`` (one multi-row insert per 1,000). See docs/django-tasks.md.
 """
 
 from __future__ import annotations
 
 from ..lifecycle.execution import current_claim
-from .backend import ClaimBackend
+from .backend import ClaimBackend, enqueue_many
 from .identity import AFTER_FAILURE, REUSE, RUN_AGAIN, claim_options, keyed
 
-__all__ = ["AFTER_FAILURE", "REUSE", "RUN_AGAIN", "ClaimBackend", "claim_options", "current_claim", "keyed"]
+__all__ = [
+    "AFTER_FAILURE", "REUSE", "RUN_AGAIN", "ClaimBackend", "claim_options", "current_claim", "enqueue_many", "keyed",
+]

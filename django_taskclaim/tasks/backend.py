@@ -11,20 +11,22 @@ with backoff). A task declared ``@keyed`` is enqueued once per identity.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.core import checks
+from django.db import transaction
 
+from .. import routing
 from ..conf import settings
 from ..exceptions import InvalidTaskKey
 from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE
-from .compat import BaseTaskBackend, TaskResultDoesNotExist, normalize_json, task_enqueued
+from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, options_of
-from .results import result_of
+from .results import new_result, parse_result_id, result_of
 
 
 class ClaimBackend(BaseTaskBackend):
@@ -41,7 +43,13 @@ class ClaimBackend(BaseTaskBackend):
     # -- what the options say ---------------------------------------------------------------
     @property
     def using(self) -> str:
+        """The default task database (``TASKCLAIM_DATABASE``); a tenant's tasks go to :meth:`database_for`."""
         return settings.DATABASE
+
+    @staticmethod
+    def database_for(tenant: str) -> str:
+        """The database holding ``tenant``'s tasks (``TASKCLAIM_ROUTER``)."""
+        return routing.route(tenant)
 
     def lease_for(self, func: Any) -> float:
         """The lease of ``func``'s claims: its ``claim_options``, else ``OPTIONS["LEASE"]``, else the setting."""
@@ -68,50 +76,103 @@ class ClaimBackend(BaseTaskBackend):
         from ..lifecycle import ensure_task
 
         self.validate_task(task)
-        # The framework's JSON rule, before anything is stored: a bad argument raises here.
-        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        key, tenant, payload = self._call(task, identity_of(task.func), args, kwargs)
+        row, created = ensure_task(
+            key, tenant, payload, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
+            run_after=task.run_after, task_path=task.module_path, dispatch=self._dispatch(task),
+            using=self.database_for(tenant))
+        # A new row is the task as enqueued; an identity met again is the task as it was stored.
+        if not created:
+            return self._met_again(task, row)
+        result = result_of(row, [], self.alias, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def enqueue_many(self, task: Any, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Any]:
+        """Enqueue ``task`` once for each ``(args, kwargs)`` of ``calls``: their results, in order, each
+        as ``task.enqueue(*args, **kwargs)`` would return it.
+
+        The bulk form of ``enqueue``: one multi-row INSERT per chunk of (up to) 1,000 tasks, all in one
+        transaction on the task database (on each, for tenants routed to several), the caller's where
+        there is one (the tasks commit or roll back with the caller's rows). Every call is checked
+        before anything is written (a bad argument raises the framework's ``TypeError``), and the
+        call is all or nothing: a keyed
+        task's identity met again (stored before, or earlier in ``calls``) returns that task, and
+        with other arguments raises ``PayloadMismatch``, which keeps none of the call's tasks.
+        ``task_enqueued`` is sent for each task it created.
+
+            results = ClaimBackend.enqueue_many(send_mail, [((user.pk,), {}) for user in users])
+        """
+        from ..lifecycle import ensure_many
+        from ..lifecycle.transitions import to_task
+
+        self.validate_task(task)
         identity = identity_of(task.func)
+        # A generator: each call's arguments are encoded as they come, and kept no longer (every
+        # call is still checked before the first insert).
+        new = (self._call(task, identity, args, kwargs) for args, kwargs in calls)
+        with transaction.atomic(using=self.using):
+            rows = ensure_many(new, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
+                               run_after=task.run_after, task_path=task.module_path,
+                               dispatch=self._dispatch(task))
+            made = [created for _, created in rows]
+            results = [new_result(task, row, self.alias, using=self.database_for(row.tenant)) if created
+                       else self._met_again(task, to_task(row, self.database_for(row.tenant)))
+                       for row, created in rows]
+            del rows  # thousands of rows: not kept while the receivers run
+        sender = type(self)
+        for result, created in zip(results, made, strict=True):
+            if created:
+                task_enqueued.send(sender, task_result=result)
+        return results
+
+    @staticmethod
+    def _call(task: Any, identity: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, str, Any]:
+        """``(key, tenant, payload)`` of one call: its declared identity, or a fresh one (every call is new work)."""
+        # The framework's JSON rule, before anything is stored: a bad argument raises here.
+        args, kwargs = normalize_json(args), normalize_json(kwargs)  # a list and a dict, new
         if identity is not None:
             key, tenant = resolve_identity(identity.of(*args, **kwargs), "")
         else:
-            key, tenant = f"task:{uuid.uuid4().hex}", ""  # every call is new work
+            key, tenant = f"task:{secrets.token_hex(16)}", ""  # 128 random bits, as a uuid4's 122
+        return key, tenant, {"args": args, "kwargs": kwargs}
+
+    def _dispatch(self, task: Any) -> dict[str, Any]:
         dispatch = {"backend": self.alias}
         if task.run_after is not None:
             dispatch["run_after"] = task.run_after.isoformat()
-        row, created = ensure_task(
-            key, tenant, {"args": args, "kwargs": kwargs}, self.max_attempts_for(task.func),
-            queue=task.queue_name, priority=task.priority, run_after=task.run_after, task_path=task.module_path,
-            dispatch=dispatch, using=self.using)
-        if not created:
-            if row.task_path != task.module_path:
-                raise InvalidTaskKey(
-                    f"key {key!r} (tenant {tenant!r}) already names other work: "
-                    f"{row.task_path or 'a task claimed by key'}, not {task.module_path}")
-            if identity is not None and identity.after_failure == RUN_AGAIN and row.status in RESETTABLE:
-                type(row).objects.using(self.using).filter(pk=row.pk).reset()
-                row.refresh_from_db(using=self.using)
-        # A new row is the task as enqueued; an identity met again is the task as it was stored.
-        result = result_of(row, [] if created else self._attempts(row.pk), self.alias, task if created else None)
-        if created:
-            task_enqueued.send(type(self), task_result=result)
-        return result
+        return dispatch
+
+    def _met_again(self, task: Any, row: Any) -> Any:
+        """The result of an identity met again: the task as it was stored (run again first, under
+        ``RUN_AGAIN``, if it FAILED or was CANCELLED)."""
+        if row.task_path != task.module_path:
+            raise InvalidTaskKey(
+                f"key {row.key!r} (tenant {row.tenant!r}) already names other work: "
+                f"{row.task_path or 'a task claimed by key'}, not {task.module_path}")
+        identity = identity_of(task.func)
+        if identity is not None and identity.after_failure == RUN_AGAIN and row.status in RESETTABLE:
+            type(row).objects.using(row._state.db).filter(pk=row.pk).reset()
+            row.refresh_from_db(using=row._state.db)
+        return result_of(row, self._attempts(row.pk, row._state.db), self.alias)
 
     # -- results ----------------------------------------------------------------------------
     def get_result(self, result_id: str) -> Any:
-        """The result of task row ``result_id``; ``TaskResultDoesNotExist`` for any other id."""
+        """The result of the task ``result_id`` names (``results.result_id``); ``TaskResultDoesNotExist``
+        for any other id."""
         from ..models import Task
 
         try:
-            pk = int(str(result_id))
-            row = Task.objects.using(self.using).exclude(task_path="").get(pk=pk)
+            using, pk = parse_result_id(result_id)
+            row = Task.objects.using(using).exclude(task_path="").get(pk=pk)
         except (ValueError, OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
-        return result_of(row, self._attempts(pk), self.alias)
+        return result_of(row, self._attempts(pk, using), self.alias)
 
-    def _attempts(self, pk: int) -> list[Any]:
+    def _attempts(self, pk: int, using: str | None = None) -> list[Any]:
         from ..models import Attempt
 
-        return list(Attempt.objects.using(self.using).filter(task_id=pk).order_by("started_at", "id"))
+        return list(Attempt.objects.using(using or self.using).filter(task_id=pk).order_by("started_at", "id"))
 
     # -- checks -----------------------------------------------------------------------------
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -119,3 +180,13 @@ class ClaimBackend(BaseTaskBackend):
         from .checks import backend_messages
 
         return [*super().check(**kwargs), *backend_messages(self)]
+
+
+def enqueue_many(task: Any, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Any]:
+    """``task.enqueue(*args, **kwargs)`` for each ``(args, kwargs)`` of ``calls``, in bulk: see
+    :meth:`ClaimBackend.enqueue_many` (the task's backend must be a ``ClaimBackend``)."""
+    backend = task.get_backend()
+    if not isinstance(backend, ClaimBackend):
+        raise InvalidTask(f"task {task.module_path!r} runs on backend {task.backend!r} "
+                          f"({type(backend).__name__}), not a ClaimBackend: enqueue_many() cannot enqueue it")
+    return backend.enqueue_many(task, calls)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from django.apps import apps
 from django.core import checks
@@ -14,9 +14,6 @@ from ..exceptions import InvalidArgument, TaskClaimError
 from ..keys import lease_seconds, positive_int
 from ..retries import Backoff
 from .compat import FRAMEWORK
-
-if TYPE_CHECKING:
-    from .backend import ClaimBackend
 
 #: What ``OPTIONS`` may hold, and what each is.
 KNOWN_OPTIONS = {
@@ -41,12 +38,12 @@ W203 = spec("django_taskclaim.W203", "Task backend {alias!r} runs on the django_
         "nor its log receivers.")
 
 
-def backend_messages(backend: ClaimBackend) -> list[checks.CheckMessage]:
+def backend_messages(backend: Any) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = [E201.error(alias=backend.alias, problem=problem)
                 for problem in options_problems(backend)]
-    if differs_from_callers(backend.using):
-        messages.append(W201.warning(alias=backend.alias, using=backend.using,
-                                 default=DEFAULT_DB_ALIAS))
+    for using in settings.DATABASES:  # each database a tenant's tasks may be enqueued in
+        if differs_from_callers(using):
+            messages.append(W201.warning(alias=backend.alias, using=using, default=DEFAULT_DB_ALIAS))
     if not settings.AUDIT:
         messages.append(W202.warning(alias=backend.alias))
     if FRAMEWORK == "django_tasks" and not apps.is_installed("django_tasks"):
@@ -54,7 +51,7 @@ def backend_messages(backend: ClaimBackend) -> list[checks.CheckMessage]:
     return messages
 
 
-def options_problems(backend: ClaimBackend) -> list[str]:
+def options_problems(backend: Any) -> list[str]:
     """What is wrong with a backend's ``OPTIONS`` (each a sentence naming the option)."""
     problems = [f"unknown option {name!r} (known: {', '.join(KNOWN_OPTIONS)})"
                 for name in backend.options if name not in KNOWN_OPTIONS]

@@ -9,12 +9,15 @@ from typing import TYPE_CHECKING, Any
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
+from .. import routing
+from ..conf import settings
 from ..status import Outcome, Status
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
 if TYPE_CHECKING:
     from ..models import Attempt
     from ..models import Task as TaskRow
+    from ..store.rows import TaskRow as StoreRow
 
 STATUS = {
     Status.PENDING: TaskResultStatus.READY,
@@ -47,6 +50,47 @@ def task_as_enqueued(row: TaskRow, backend: str) -> Any:
     )
 
 
+def result_id(row: TaskRow) -> str:
+    """The id of a task row's result: its primary key, after the alias of its database when the
+    tasks are spread over several (``"shard2:42"``, at most 64 characters: check E008)."""
+    return format_result_id(row._state.db or settings.DATABASE, row.pk)
+
+
+def format_result_id(using: str, pk: int) -> str:
+    """The result id of task ``pk`` in database ``using`` (see :func:`result_id`)."""
+    return f"{using}:{pk}" if routing.several() else str(pk)
+
+
+def parse_result_id(value: object) -> tuple[str, int]:
+    """The database and primary key a result id names; ``ValueError`` for an id that names none
+    (not of :func:`result_id`'s form, or a database that is not a task database)."""
+    text = str(value)
+    alias, _, pk = text.rpartition(":")
+    if not alias:
+        alias = settings.DATABASE
+    elif alias not in settings.DATABASES:
+        raise ValueError(f"{text!r} names no task database")
+    if not pk.isdigit() or not pk.isascii():
+        raise ValueError(f"{text!r} is not a result id")
+    return alias, int(pk)
+
+
+def new_result(task: Any, row: StoreRow, backend: str, owner: str | None = None, *, using: str) -> Any:
+    """The ``TaskResult`` of a task row on its first attempt: just enqueued (READY), or just claimed
+    by ``owner`` (RUNNING since the claim). What :func:`result_of` makes of such a row, from the
+    store's row alone: no model instance, no query (a bulk enqueue builds thousands, a worker one
+    a task). ``using`` is the row's database."""
+    payload = row.payload or {}
+    started = None if owner is None else row.updated_at  # a claim's time
+    return TaskResult(
+        task=task, id=format_result_id(using, row.id),
+        status=TaskResultStatus.READY if owner is None else TaskResultStatus.RUNNING,
+        enqueued_at=row.created_at, started_at=started, last_attempted_at=started, finished_at=None,
+        args=payload.get("args", []), kwargs=payload.get("kwargs", {}), backend=backend, errors=[],
+        worker_ids=[] if owner is None else [owner],
+    )
+
+
 def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any = None) -> Any:
     """The ``TaskResult`` of a task row: its status, times, arguments, errors, workers."""
     # The attempts of this run: a task run again (RUN_AGAIN, an operator's reset) counts its
@@ -61,7 +105,7 @@ def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any
     finished: datetime | None = row.updated_at if row.is_terminal else None
     result: Any = TaskResult(
         task=task if task is not None else task_as_enqueued(row, backend),
-        id=str(row.pk), status=status, enqueued_at=row.created_at,
+        id=result_id(row), status=status, enqueued_at=row.created_at,
         started_at=claims[0].started_at if claims else None,
         last_attempted_at=claims[-1].started_at if claims else None,
         finished_at=finished, args=payload.get("args", []), kwargs=payload.get("kwargs", {}),

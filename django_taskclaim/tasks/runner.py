@@ -20,7 +20,7 @@ from ..status import Status
 from ..worker import Runner
 from .compat import TaskContext, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
 from .identity import options_of
-from .results import STATUS, load_task, result_of
+from .results import STATUS, load_task, new_result, result_of
 
 
 class TaskRunner(Runner):
@@ -65,8 +65,7 @@ class TaskRunner(Runner):
         except Exception as exc:  # not importable any more: the task can never run here
             status = record_failure(claim, exc, retry=False)
             return Executed(claim, status, error=exc)
-        lease = self.backend.lease_for(task.func)
-        if options_of(task.func).lease is not None and lease != claim.lease:
+        if options_of(task.func).lease is not None and (lease := self.backend.lease_for(task.func)) != claim.lease:
             claim.heartbeat(lease)  # the task's own lease, from now on
         payload = claim.payload or {}
         args, kwargs = list(payload.get("args", [])), dict(payload.get("kwargs", {}))
@@ -88,17 +87,13 @@ class TaskRunner(Runner):
         return executed
 
     def _running(self, claim: Claim, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """The task's result as it starts; on a first attempt built from the claim alone."""
+        """The task's result as it starts; on a first attempt built from the claimed row alone."""
         from ..models import Task
 
-        row = Task.objects.using(claim.using).get(pk=claim.task_id) if claim.attempt > 1 else claim.as_task()
-        if claim.attempt > 1:
-            return result_of(row, self.backend._attempts(claim.task_id), self.backend.alias, task)
-        result = result_of(row, [], self.backend.alias, task)
-        object.__setattr__(result, "started_at", row.updated_at)
-        object.__setattr__(result, "last_attempted_at", row.updated_at)
-        result.worker_ids.append(claim.owner)
-        return result
+        if claim.attempt == 1 and claim.row is not None:
+            return new_result(task, claim.row, self.backend.alias, owner=claim.owner, using=claim.using)
+        row = Task.objects.using(claim.using).get(pk=claim.task_id)
+        return result_of(row, self.backend._attempts(claim.task_id, claim.using), self.backend.alias, task)
 
     @staticmethod
     def _finished(sender: type, result: Any, executed: Executed) -> None:

@@ -24,7 +24,8 @@ def registry():  # type: ignore[no-untyped-def]
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    got = registry.get_sample_value(name, labels)
+    """A sample of the task database's series (every metric has a ``database`` label)."""
+    got = registry.get_sample_value(name, {**labels, "database": Task.objects.db})
     return 0.0 if got is None else got
 
 
@@ -79,7 +80,7 @@ def test_gauges_query_the_database_at_scrape_time(registry) -> None:  # type: ig
     assert value(registry, "taskclaim_tasks", status="pending") == 3
     assert value(registry, "taskclaim_tasks", status="running") == 2
     assert value(registry, "taskclaim_tasks", status="succeeded") == 0
-    assert registry.get_sample_value("taskclaim_tasks", {"status": "cancelled"}) == 0
+    assert registry.get_sample_value("taskclaim_tasks", {"status": "cancelled", "database": Task.objects.db}) == 0
     assert value(registry, "taskclaim_expired_leases") == 1
     live.complete()
     assert value(registry, "taskclaim_tasks", status="succeeded") == 1
@@ -90,7 +91,8 @@ def test_install_is_idempotent_and_uninstall_disconnects(registry) -> None:  # t
     Task.objects.claim("once")
     assert value(registry, "taskclaim_claims_total", outcome="claimed") == 1  # not twice
     metrics.uninstall(registry)
-    assert registry.get_sample_value("taskclaim_claims_total", {"outcome": "claimed"}) is None
+    claimed = {"outcome": "claimed", "database": Task.objects.db}
+    assert registry.get_sample_value("taskclaim_claims_total", claimed) is None
     Task.objects.claim("after")
     again = metrics.install(registry)  # re-registering works after uninstall
     assert again is not None
@@ -102,7 +104,7 @@ def test_counters_only_without_database_gauges() -> None:
     metrics.install(registry, database_gauges=False)
     try:
         Task.objects.ensure("x")
-        assert registry.get_sample_value("taskclaim_tasks", {"status": "pending"}) is None
+        assert registry.get_sample_value("taskclaim_tasks", {"status": "pending", "database": Task.objects.db}) is None
         Task.objects.claim("x")
         assert value(registry, "taskclaim_claims_total", outcome="claimed") == 1
     finally:
@@ -115,9 +117,11 @@ def test_metrics_view(registry) -> None:  # type: ignore[no-untyped-def]
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     body = response.content.decode()
-    assert 'taskclaim_claims_total{outcome="claimed"} 1.0' in body
-    assert 'taskclaim_tasks{status="running"} 1.0' in body
-    assert "taskclaim_expired_leases 0.0" in body
+    db = Task.objects.db
+    assert f'taskclaim_claims_total{{database="{db}",outcome="claimed"}} 1.0' in body
+    assert f'taskclaim_tasks{{database="{db}",status="running"}} 1.0' in body
+    assert f'taskclaim_expired_leases{{database="{db}"}} 0.0' in body
+    assert f'taskclaim_database_up{{database="{db}"}} 1.0' in body
 
 
 def test_queue_depth_and_the_oldest_due_tasks_age_per_queue(registry) -> None:  # type: ignore[no-untyped-def]
@@ -139,4 +143,5 @@ def test_queue_depth_and_the_oldest_due_tasks_age_per_queue(registry) -> None:  
     assert value(registry, "taskclaim_queue_depth", queue="reports", state="due") == 0
     assert 590 < value(registry, "taskclaim_queue_oldest_due_seconds", queue="mail") < 900
     assert value(registry, "taskclaim_queue_oldest_due_seconds", queue="reports") == 0
-    assert registry.get_sample_value("taskclaim_queue_depth", {"queue": "default", "state": "due"}) is None
+    assert registry.get_sample_value("taskclaim_queue_depth",
+                                     {"queue": "default", "state": "due", "database": Task.objects.db}) is None

@@ -134,8 +134,9 @@ def test_inspect_admin_and_metrics_report_it_held(held_owner, admin_client) -> N
     registry = CollectorRegistry()
     metrics.install(registry)
     try:
-        assert registry.get_sample_value("taskclaim_held_leases") == 1
-        assert registry.get_sample_value("taskclaim_expired_leases") == 1
+        db = {"database": Task.objects.db}
+        assert registry.get_sample_value("taskclaim_held_leases", db) == 1
+        assert registry.get_sample_value("taskclaim_expired_leases", db) == 1
     finally:
         metrics.uninstall(registry)
     finish(owner)

@@ -205,8 +205,9 @@ def second_db(args: argparse.Namespace) -> None:
     report["admin_list"] = {"status": page.status_code, "held": "held" in page.content.decode()}
     registry = CollectorRegistry()
     metrics.install(registry)
-    report["metrics"] = {"running": registry.get_sample_value("taskclaim_tasks", {"status": "running"}),
-                         "expired": registry.get_sample_value("taskclaim_expired_leases")}
+    db = {"database": "tasks"}  # TASKCLAIM_DATABASE of tests.settings_ops
+    report["metrics"] = {"running": registry.get_sample_value("taskclaim_tasks", {"status": "running", **db}),
+                         "expired": registry.get_sample_value("taskclaim_expired_leases", db)}
     report["default_db_tasks"] = Task.objects.using("default").count()
     emit(event="report", **report)
 

@@ -112,16 +112,18 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
                      r"report \|", report), report
     assert "| duplicate executions, every system and W | 0 | = 0 | yes |" in report
     assert "Exactly one winner per key" in report
+    # claim_next timed on one queue at a time and on all eight at once, by-key claims beside them.
+    for label in ("by-key claim p50", "claim_next, one queue at a time (8 queues in use) p50",
+                  "claim_next over all 8 queues at once p50"):
+        assert re.search(rf"^\| {re.escape(label)} at 10,000 finished rows / at 1,000 \| [\d.]+", report, re.M), label
 
 
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_benchmark_tasks_phase_smoke_run(tmp_path: Path) -> None:
-    """``--smoke --phases tasks``: each peer drains through its own worker command in its own
-    virtualenv (made on first use: django-ox under Python 3.12), with zero duplicates; ours is
-    measured when ``django_taskclaim.tasks`` imports, and named as not measured otherwise."""
-    import importlib.util
-
+    """``--smoke --phases tasks``: each system drains through its own worker command (the peers in
+    virtualenvs of their own, made on first use: django-ox under Python 3.12), with zero
+    duplicates, and enqueues in bulk its own way."""
     settings_dict = connection.settings_dict
     url = (f"postgresql://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}"
            f"/{settings_dict['NAME']}")
@@ -148,11 +150,16 @@ def test_benchmark_tasks_phase_smoke_run(tmp_path: Path) -> None:
     assert re.search(r"^- django-ox: Python 3\.1[2-9]\.\d+, Django 6\.1\.\d+, django-ox ", report, re.M), report
     assert re.search(r"^- django-tasks-db: Python 3\.11\.\d+, Django 5\.2\.\d+, django-tasks 0\.12", report, re.M)
     assert "| duplicate executions, Django Tasks drain, every system | 0 | = 0 | yes |" in report
-    if importlib.util.find_spec("django_taskclaim.tasks") is None:
-        assert ("- **django-taskclaim** (`django_taskclaim.tasks.ClaimBackend`): not measured: "
-                "django_taskclaim.tasks cannot be imported") in report, report
-        assert "| Django Tasks API: drain at W=2, django-taskclaim (ClaimBackend) at its best vs django-ox at its " \
-               "best | not measured (django-taskclaim: " in report
-    else:
-        assert re.search(r"^\| Django Tasks API: drain at W=2, django-taskclaim \(ClaimBackend\) at its best vs "
-                         r"django-ox at its best \| [\d.]+", report, re.M), report
+    # Ours: taskclaim_worker one task at a time and 16, Task.enqueue() and enqueue_many, every ratio taken.
+    for label in ("django-taskclaim (taskclaim_worker --queue default)",
+                  "django-taskclaim (taskclaim_worker --queue default --batch 16)"):
+        row = rf"^\| django-taskclaim \| {re.escape(label)} \| [\d,]+ \| [\d,]+ \| 0 \|$"
+        assert re.search(row, report, re.M), label
+    for label in ("django-taskclaim (Task.enqueue)", "django-taskclaim (enqueue_many)"):
+        assert re.search(rf"^\| django-taskclaim \| {re.escape(label)} \| [\d.]+ \| [\d,]+ \| [\d.]+ \|$", report,
+                         re.M), label
+    for peer in ("django-tasks-db", "django-ox"):
+        assert re.search(rf"^\| Django Tasks API: drain at W=2, django-taskclaim \(ClaimBackend\) at its best vs "
+                         rf"{peer} at its best \| [\d.]+", report, re.M), report
+        assert re.search(rf"^\| Django Tasks API: bulk enqueue of 200 tasks in one transaction, django-taskclaim vs "
+                         rf"{peer} at its best \| [\d.]+", report, re.M), report

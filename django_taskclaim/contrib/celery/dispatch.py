@@ -118,7 +118,7 @@ def enqueue_once(
             return
         handle.sent = True
 
-    transaction.on_commit(publish, using=using or settings.DATABASE)
+    transaction.on_commit(publish, using=row._state.db)  # the tenant's task database
     return handle
 
 

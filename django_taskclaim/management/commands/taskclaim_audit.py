@@ -19,8 +19,10 @@ from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, DateTimeField, Exists, F, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 
+from django_taskclaim import routing
+from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.management.arguments import positive_int, since_value, tenant_name
-from django_taskclaim.management.base import TaskClaimCommand, database_now
+from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, database_now
 from django_taskclaim.models import Attempt
 from django_taskclaim.store import DbNow
 
@@ -48,15 +50,24 @@ class Command(TaskClaimCommand):
         parser.add_argument("--limit", type=positive_int, default=50,
                             help="Items listed per section; counts are always complete "
                                  "(default: %(default)r).")
+        self.add_database_argument(parser)
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, since: timedelta | datetime | None, tenant: str | None,
-               limit: int, as_json: bool, verbosity: int = 1,
+               limit: int, as_json: bool, verbosity: int = 1, database: str | None = None,
                **options: Any) -> None:
         self.verbosity = verbosity
-        # A duration counts back from the database's clock, which stamped the attempts.
-        cutoff = database_now() - since if isinstance(since, timedelta) else since
-        report = self.audit(cutoff, tenant, limit)
+        # A tenant's tasks are in its database; else every task database (or the one named).
+        try:
+            aliases = (routing.route(tenant, database),) if tenant is not None else routing.databases(database)
+        except TaskClaimError as exc:  # --database that does not hold the tenant's tasks
+            raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
+        reports = []
+        for alias in aliases:
+            # A duration counts back from the database's clock, which stamped the attempts.
+            cutoff = database_now(alias) - since if isinstance(since, timedelta) else since
+            reports.append(self.audit(alias, cutoff, tenant, limit))
+        report = self.merged(reports, limit)
         if as_json:
             self.write_json(report)
         else:
@@ -68,8 +79,9 @@ class Command(TaskClaimCommand):
                 returncode=OVERLAP_FOUND)
 
     # -- the queries ----------------------------------------------------------------------
-    def audit(self, cutoff: datetime | None, tenant: str | None, limit: int) -> dict[str, Any]:
-        attempts = Attempt.objects.all()
+    def audit(self, using: str, cutoff: datetime | None, tenant: str | None, limit: int) -> dict[str, Any]:
+        """The report of task database ``using``."""
+        attempts = Attempt.objects.using(using).all()
         if tenant is not None:
             attempts = attempts.filter(task__tenant=tenant)
         claims = attempts.filter(token__isnull=False).annotate(end=attempt_end())
@@ -78,11 +90,27 @@ class Command(TaskClaimCommand):
         return {
             "since": cutoff,
             "tenant": tenant,
+            "databases": [using],
             "overlaps": self.overlaps(claims, cutoff, limit),
             "takeovers": self.takeovers(claims, limit),
             "stale_writes": self.stale_writes(claims, limit),
             "duplicates": self.duplicates(attempts, cutoff, limit),
         }
+
+    @staticmethod
+    def merged(reports: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+        """One report of several databases' reports: counts added up, items (each naming its
+        database) listed database by database, ``limit`` per section."""
+        if len(reports) == 1 and not routing.several():
+            return reports[0]
+        merged: dict[str, Any] = {"since": reports[0]["since"], "tenant": reports[0]["tenant"],
+                                  "databases": [r["databases"][0] for r in reports]}
+        for section in ("overlaps", "takeovers", "stale_writes", "duplicates"):
+            parts = [r[section] for r in reports]
+            merged[section] = {name: sum(p[name] for p in parts) for name in parts[0] if name != "items"}
+            merged[section]["items"] = [{**item, "database": r["databases"][0]} for r in reports
+                                        for item in r[section]["items"]][:limit]
+        return merged
 
     def overlaps(self, claims: Any, cutoff: datetime | None, limit: int) -> dict[str, Any]:
         # Claims of one task take increasing tokens, so each overlapping pair is found once:
@@ -96,7 +124,7 @@ class Command(TaskClaimCommand):
         later = claims.filter(Exists(earlier))
         items = []
         for b in later.select_related("task").order_by("started_at", "id")[:limit]:
-            firsts = (Attempt.objects.filter(task_id=b.task_id, token__isnull=False,
+            firsts = (Attempt.objects.using(claims.db).filter(task_id=b.task_id, token__isnull=False,
                                              token__lt=b.token)
                       .annotate(end=attempt_end())
                       .filter(end__gt=b.started_at, started_at__lt=b.end).order_by("token"))
@@ -144,6 +172,8 @@ class Command(TaskClaimCommand):
         overlaps, takeovers = report["overlaps"], report["takeovers"]
         stale, dups = report["stale_writes"], report["duplicates"]
         scope = []
+        if routing.several():
+            scope.append(f"database{'s' if len(report['databases']) > 1 else ''} {', '.join(report['databases'])}")
         if report["since"] is not None:
             scope.append(f"since {report['since'].isoformat()}")
         if report["tenant"] is not None:
@@ -174,7 +204,8 @@ class Command(TaskClaimCommand):
 
     @staticmethod
     def name(item: dict[str, Any]) -> str:
-        return f"{item['tenant']}/{item['key']}" if item["tenant"] else repr(item["key"])
+        name = f"{item['tenant']}/{item['key']}" if item["tenant"] else repr(item["key"])
+        return f"{name} (in {item['database']})" if "database" in item else name
 
 
 __all__ = ["Command"]

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_taskclaim.management.arguments import task_key, tenant_name
+from django_taskclaim import routing
+from django_taskclaim.management.arguments import task_database, task_key, tenant_name
 from django_taskclaim.management.base import TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Attempt, Task, held_ids
 from django_taskclaim.store import DbNow
@@ -41,27 +42,37 @@ class Command(TaskClaimCommand):
                             help="The task's key (none: the queues).")
         parser.add_argument("--tenant", type=tenant_name, default="",
                             help="The task's tenant (default: %(default)r).")
+        parser.add_argument("--database", type=task_database, default=None, metavar="ALIAS",
+                            help="The task database to look in (default: the tenant's, by TASKCLAIM_ROUTER; "
+                                 "with no key: every one).")
         self.add_json_argument(parser)
 
-    def handle(self, *args: Any, key: str | None, tenant: str, as_json: bool, **options: Any) -> None:
+    def handle(self, *args: Any, key: str | None, tenant: str, as_json: bool, database: str | None = None,
+               **options: Any) -> None:
         if key is None:
-            self.write_queues(Task.objects.queue_stats(), as_json)
+            stats = [{**q, "database": alias} for alias in routing.databases(database)
+                     for q in Task.objects.db_manager(alias).queue_stats()]
+            self.write_queues(stats, as_json)
             return
-        task = Task.objects.annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
+        using = database or routing.route(tenant)
+        task = Task.objects.db_manager(using).annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
         if task is None:
-            others = list(Task.objects.filter(key=key).order_by("tenant")
-                          .values_list("tenant", flat=True)[:10])
-            hint = f"; it exists for tenant(s) {', '.join(map(repr, others))}" if others else ""
-            raise CommandError(f"no task {key!r} for tenant {tenant!r}{hint}", returncode=NOT_FOUND)
+            others = [(alias, found) for alias in routing.databases(database)
+                      for found in Task.objects.db_manager(alias).filter(key=key).order_by("tenant")
+                      .values_list("tenant", flat=True)[:10]]
+            named = [f"{found!r} (in {alias})" if routing.several() else repr(found) for alias, found in others]
+            hint = f"; it exists for tenant(s) {', '.join(named[:10])}" if others else ""
+            where = f" in database {using!r}" if routing.several() else ""
+            raise CommandError(f"no task {key!r} for tenant {tenant!r}{where}{hint}", returncode=NOT_FOUND)
         db_now = task.db_now
         remaining = task.lease_remaining(now=db_now)
         # An expired lease whose row a transaction locks is held, not abandoned (see TaskQuerySet.held).
-        using = Task.objects.get_queryset().db
         held = remaining is not None and remaining < 0 and task.pk in held_ids(using, [task.pk])
         attempts = list(Attempt.objects.using(task._state.db).filter(task_id=task.pk)
                         .order_by("started_at", "id"))
         if as_json:
             document = {
+                "database": using,
                 "db_now": db_now,
                 "task": task_as_dict(task, remaining, held),
                 "attempts": [{**a.as_dict(), "seconds": seconds_between(a)} for a in attempts],
@@ -72,7 +83,8 @@ class Command(TaskClaimCommand):
 
     def write_text(self, task: Task, remaining: float | None, held: bool, attempts: list[Attempt]) -> None:
         out = self.stdout.write
-        out(f"task {task.key!r} tenant={task.tenant!r} id={task.pk}")
+        where = f" database={task._state.db}" if routing.several() else ""
+        out(f"task {task.key!r} tenant={task.tenant!r} id={task.pk}{where}")
         lease = ""
         if remaining is not None and remaining >= 0:
             lease = f" (lease {remaining:.1f}s left)"
@@ -121,10 +133,12 @@ class Command(TaskClaimCommand):
         if not stats:
             out("no queued task is pending or running")
             return
-        out(f"{'queue':<24}{'due':>8}{'deferred':>10}{'running':>9}  oldest due")
+        several = routing.several()
+        out(f"{'queue':<24}{'due':>8}{'deferred':>10}{'running':>9}  oldest due" + ("  database" if several else ""))
         for q in stats:
             age = "-" if q["oldest_due_age"] is None else f"{q['oldest_due_age']:.1f}s"
-            out(f"{q['queue']:<24}{q['due']:>8}{q['deferred']:>10}{q['running']:>9}  {age}")
+            line = f"{q['queue']:<24}{q['due']:>8}{q['deferred']:>10}{q['running']:>9}  {age}"
+            out(f"{line:<63}  {q['database']}" if several else line)
 
 
 __all__ = ["Command"]

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 from django.db.models import Count
 
+from django_taskclaim import routing
 from django_taskclaim.lifecycle import transitions
 from django_taskclaim.management.arguments import TERMINAL, duration, positive_int, terminal_status
 from django_taskclaim.management.base import TaskClaimCommand, database_now
@@ -33,61 +34,86 @@ class Command(TaskClaimCommand):
                             help="Tasks deleted per transaction (default: %(default)r).")
         parser.add_argument("--dry-run", action="store_true",
                             help="Count what would be deleted; delete nothing.")
+        self.add_database_argument(parser)
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, older_than: timedelta, status: list[str] | None, batch_size: int,
-               dry_run: bool, as_json: bool = False, verbosity: int = 1,
+               dry_run: bool, as_json: bool = False, verbosity: int = 1, database: str | None = None,
                **options: Any) -> None:
         self.verbosity = verbosity
         statuses = sorted(set(status or TERMINAL))
-        tasks = Task.objects.get_queryset()  # on TASKCLAIM_DATABASE
+        reports = [self.purge(alias, older_than, statuses, batch_size, dry_run, as_json)
+                   for alias in routing.databases(database)]
+        several = routing.several()
+        if dry_run:
+            by_status: dict[str, int] = {}
+            for report in reports:
+                for name, n in report["by_status"].items():
+                    by_status[name] = by_status.get(name, 0) + n
+            document = {"dry_run": True, "cutoff": reports[0]["cutoff"], "statuses": statuses,
+                        "tasks": sum(r["tasks"] for r in reports), "by_status": by_status,
+                        "attempts": sum(r["attempts"] for r in reports)}
+        else:
+            document = {"dry_run": False, "cutoff": reports[0]["cutoff"], "statuses": statuses,
+                        "tasks": sum(r["tasks"] for r in reports), "attempts": sum(r["attempts"] for r in reports)}
+        if several:
+            document["databases"] = {r["database"]: {k: v for k, v in r.items() if k != "database"} for r in reports}
+        if as_json:
+            self.write_json(document, indent=None)
+            return
+        if dry_run:
+            if self.verbosity >= 1:
+                for report in reports:
+                    for name in sorted(report["by_status"]):
+                        where = f" in {report['database']}" if several else ""
+                        self.stdout.write(f"would delete {report['by_status'][name]} {name} task(s){where}")
+            self.stdout.write(
+                f"purge (dry run): {document['tasks']} task(s) and {document['attempts']} attempt(s) last "
+                f"updated before {self.cutoffs(reports)} would be deleted; nothing changed")
+            return
+        self.stdout.write(
+            f"purge: deleted {document['tasks']} task(s) and {document['attempts']} attempt(s) "
+            f"({', '.join(statuses)}; last updated before {self.cutoffs(reports)})")
+
+    @staticmethod
+    def cutoffs(reports: list[dict[str, Any]]) -> str:
+        """The cutoff (each database's, by its own clock, when there are several)."""
+        if len(reports) == 1:
+            return str(reports[0]["cutoff"].isoformat())
+        return ", ".join(f"{r['cutoff'].isoformat()} in {r['database']}" for r in reports)
+
+    def purge(self, alias: str, older_than: timedelta, statuses: list[str], batch_size: int, dry_run: bool,
+              as_json: bool) -> dict[str, Any]:
+        """Purge (or count, ``dry_run``) on task database ``alias``; what it found, as a report."""
+        tasks = Task.objects.db_manager(alias).get_queryset()
         # The cutoff is read from the database clock, which wrote updated_at: a process whose
         # own clock runs ahead would otherwise purge tasks that finished a moment ago.
-        cutoff = database_now(tasks.db) - older_than
+        cutoff = database_now(alias) - older_than
         candidates = tasks.filter(status__in=statuses, updated_at__lt=cutoff)
         if dry_run:
-            self.dry_run(candidates, cutoff, statuses, as_json)
-            return
+            counts = dict(candidates.order_by().values_list("status").annotate(n=Count("pk")))
+            attempts = Attempt.objects.using(alias).filter(task__in=candidates).count()
+            return {"database": alias, "cutoff": cutoff, "tasks": sum(counts.values()), "by_status": counts,
+                    "attempts": attempts}
         total = candidates.count()
         progress = self.stdout.isatty() and self.verbosity >= 1 and not as_json
         deleted_tasks = deleted_attempts = 0
         while True:
-            deleted, attempts = self.delete_batch(tasks.db, statuses, cutoff, batch_size)
+            deleted, attempts = self.delete_batch(alias, statuses, cutoff, batch_size)
             deleted_tasks += deleted
             deleted_attempts += attempts
             if progress and total:
-                self.stdout.write(f"\rpurged {deleted_tasks}/{total} task(s)", ending="")
+                self.stdout.write(f"\rpurged {deleted_tasks}/{total} task(s) in {alias}", ending="")
                 self.stdout.flush()
             if deleted < batch_size:
                 break
         if progress and total:
             self.stdout.write("")
-        if as_json:
-            self.write_json({"dry_run": False, "cutoff": cutoff, "statuses": statuses,
-                             "tasks": deleted_tasks, "attempts": deleted_attempts}, indent=None)
-            return
-        self.stdout.write(
-            f"purge: deleted {deleted_tasks} task(s) and {deleted_attempts} attempt(s) "
-            f"({', '.join(statuses)}; last updated before {cutoff.isoformat()})")
+        return {"database": alias, "cutoff": cutoff, "tasks": deleted_tasks, "attempts": deleted_attempts}
 
     def delete_batch(self, using: str, statuses: list[str], cutoff: datetime, batch_size: int) -> tuple[int, int]:
         """Delete one batch in its own transaction; returns (tasks, attempts) deleted."""
         return transitions.purge(using, statuses=statuses, before=cutoff, limit=batch_size)
-
-    def dry_run(self, candidates: Any, cutoff: datetime, statuses: list[str], as_json: bool) -> None:
-        counts = dict(candidates.order_by().values_list("status").annotate(n=Count("pk")))
-        attempts = Attempt.objects.using(candidates.db).filter(task__in=candidates).count()
-        if as_json:
-            self.write_json({"dry_run": True, "cutoff": cutoff, "statuses": statuses,
-                             "tasks": sum(counts.values()), "by_status": counts,
-                             "attempts": attempts}, indent=None)
-            return
-        if self.verbosity >= 1:
-            for name in sorted(counts):
-                self.stdout.write(f"would delete {counts[name]} {name} task(s)")
-        self.stdout.write(
-            f"purge (dry run): {sum(counts.values())} task(s) and {attempts} attempt(s) last "
-            f"updated before {cutoff.isoformat()} would be deleted; nothing changed")
 
 
 __all__ = ["Command"]

@@ -7,14 +7,18 @@ import threading
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
+from django_taskclaim import routing
 from django_taskclaim.lifecycle import reclaim_expired_rows
 from django_taskclaim.management.arguments import positive_int, positive_seconds
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Task, held_ids
 from django_taskclaim.status import Status
 from django_taskclaim.store.rows import Moved
+
+#: Exit code when a task database could not be reached (the others were reclaimed).
+UNREACHABLE = 3
 
 
 class ReclaimLoop:
@@ -63,6 +67,7 @@ class Command(TaskClaimCommand):
         parser.add_argument("--requeue-after", type=positive_seconds, default=None, metavar="SECONDS",
                             help="With --requeue: a PENDING task whose message was last sent longer ago than "
                                  "this is re-sent (default: 300).")
+        self.add_database_argument(parser)
         self.add_json_argument(parser)
 
     requeue = False
@@ -71,9 +76,11 @@ class Command(TaskClaimCommand):
 
     def handle(self, *args: Any, dry_run: bool, limit: int | None, batch_size: int,
                every: float | None, requeue: bool = False, requeue_after: float | None = None,
-               as_json: bool = False, verbosity: int = 1, **options: Any) -> None:
+               as_json: bool = False, verbosity: int = 1, database: str | None = None, **options: Any) -> None:
         self.verbosity = verbosity  # BaseCommand passes it as an option, never sets it
         self.as_json = as_json
+        self.databases = routing.databases(database)
+        self.unreachable: dict[str, str] = {}  # of the last round: alias -> the error
         if limit is not None and batch_size > limit:
             batch_size = limit
         if requeue_after is not None and not requeue:
@@ -95,29 +102,41 @@ class Command(TaskClaimCommand):
 
         if every is None:
             one_round()
+            if self.unreachable:
+                raise CommandError(f"task database(s) {', '.join(map(repr, self.unreachable))} could not be "
+                                   "reached; the others were reclaimed", returncode=UNREACHABLE)
         else:
             ReclaimLoop(one_round, every).run()
             if self.verbosity >= 1 and not as_json:
                 self.stdout.write("reclaim: stopped")
 
+    def where(self, alias: str) -> str:
+        """`` database=ALIAS`` in a line of text, with tasks over several databases."""
+        return f" database={alias}" if routing.several() else ""
+
     def dry_round(self, limit: int | None) -> None:
-        expired = list(Task.objects.expired().order_by("id"))
-        held = held_ids(Task.objects.get_queryset().db, [t.pk for t in expired])
-        # What a round would take: the first expired tasks no transaction holds (SKIP LOCKED).
-        tasks = [t for t in expired if t.pk not in held][:limit]
-        skipped = [t for t in expired if t.pk in held]
-        would = [Moved(t.pk, t.key, t.tenant, t.fencing_token,
-                       Status.PENDING if t.attempts < t.max_attempts else Status.FAILED) for t in tasks]
+        tasks: list[tuple[str, Task]] = []
+        skipped: list[tuple[str, Task]] = []
+        for alias in self.databases:
+            expired = list(Task.objects.db_manager(alias).expired().order_by("id"))
+            held = held_ids(alias, [t.pk for t in expired])
+            # What a round would take: the first expired tasks no transaction holds (SKIP LOCKED).
+            tasks += [(alias, t) for t in expired if t.pk not in held][:None if limit is None else limit - len(tasks)]
+            skipped += [(alias, t) for t in expired if t.pk in held]
+        would = [(alias, Moved(t.pk, t.key, t.tenant, t.fencing_token,
+                               Status.PENDING if t.attempts < t.max_attempts else Status.FAILED))
+                 for alias, t in tasks]
         resend = self.requeue_candidates(would) if self.requeue else None
         if self.as_json:
             self.write_json({"dry_run": True, **self.summary(would), "held": self.held_items(skipped),
                              "requeue": resend}, indent=None)
             return
-        for task, row in zip(tasks, would, strict=True):
+        for (alias, task), (_, row) in zip(tasks, would, strict=True):
             if self.verbosity >= 1:
                 self.stdout.write(
                     f"would reclaim {task.key!r} tenant={task.tenant!r} token={task.fencing_token} "
                     f"owner={task.owner!r} attempts={task.attempts}/{task.max_attempts} -> {row.status}"
+                    f"{self.where(alias)}"
                 )
         self.write_held(skipped, dry_run=True)
         self.stdout.write(f"reclaim (dry run): {len(tasks)} expired task(s) found, nothing changed")
@@ -129,51 +148,58 @@ class Command(TaskClaimCommand):
             self.stdout.write(f"requeue (dry run): {len(resend)} lost message(s) would be re-sent")
 
     @staticmethod
-    def held_items(tasks: list[Task]) -> list[dict[str, Any]]:
-        return [{"id": t.pk, "key": t.key, "tenant": t.tenant, "token": t.fencing_token, "owner": t.owner}
-                for t in tasks]
+    def held_items(tasks: list[tuple[str, Task]]) -> list[dict[str, Any]]:
+        return [{"id": t.pk, "key": t.key, "tenant": t.tenant, "token": t.fencing_token, "owner": t.owner,
+                 "database": alias} for alias, t in tasks]
 
-    def write_held(self, tasks: list[Task], *, dry_run: bool) -> None:
+    def write_held(self, tasks: list[tuple[str, Task]], *, dry_run: bool) -> None:
         """Say which expired tasks a round leaves alone because a transaction holds them, and why."""
         if not tasks:
             return
         if self.verbosity >= 1:
-            for t in tasks:
+            for alias, t in tasks:
                 self.stdout.write(f"{'would skip' if dry_run else 'skipped'} held {t.key!r} tenant={t.tenant!r} "
-                                  f"token={t.fencing_token} owner={t.owner!r}")
+                                  f"token={t.fencing_token} owner={t.owner!r}{self.where(alias)}")
         self.stdout.write(f"reclaim{' (dry run)' if dry_run else ''}: {len(tasks)} held task(s) "
                           f"{'would be ' if dry_run else ''}skipped: lease expired, but {HELD_REASON}")
 
-    def requeue_candidates(self, would: list[Moved]) -> list[dict[str, Any]]:
+    def requeue_candidates(self, would: list[tuple[str, Moved]]) -> list[dict[str, Any]]:
         """What ``--requeue`` would re-send after this (dry) round, sending nothing."""
         from django_taskclaim.celery import requeue_lost
 
-        found = requeue_lost(would, older_than=self.requeue_after, dry_run=True)
-        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_id} for i in found]
+        return [{"key": i.key, "tenant": i.tenant, "celery_task_id": i.celery_id, "database": alias}
+                for alias in self.databases
+                for i in requeue_lost([m for a, m in would if a == alias], older_than=self.requeue_after,
+                                      using=alias, dry_run=True)]
 
     @staticmethod
-    def summary(rows: list[Moved]) -> dict[str, Any]:
-        pending = sum(1 for r in rows if r.status == Status.PENDING)
+    def summary(rows: list[tuple[str, Moved]]) -> dict[str, Any]:
+        pending = sum(1 for _, r in rows if r.status == Status.PENDING)
         return {
-            "reclaimed": [r._asdict() for r in rows],
+            "reclaimed": [{**r._asdict(), "database": alias} for alias, r in rows],
             "pending": pending,
             "failed": len(rows) - pending,
         }
 
-    def reclaim_round(self, limit: int | None, batch_size: int) -> list[Moved]:
-        moved: list[Moved] = []
-        while limit is None or len(moved) < limit:
-            size = batch_size if limit is None else min(batch_size, limit - len(moved))
-            rows = reclaim_expired_rows(size)
-            moved.extend(rows)
-            if self.verbosity >= 2 and not self.as_json:
-                for r in rows:
-                    self.stdout.write(f"reclaimed {r.key!r} tenant={r.tenant!r} token={r.token} -> {r.status}")
-            if len(rows) < size:
-                break
+    def reclaim_round(self, limit: int | None, batch_size: int) -> list[tuple[str, Moved]]:
+        moved: list[tuple[str, Moved]] = []
+        skipped: list[tuple[str, Task]] = []
+        unreachable: dict[str, str] = {}
+        for alias in self.databases:
+            try:
+                moved += self.reclaim_database(alias, limit, batch_size, len(moved))
+                # The round's SKIP LOCKED passed over the tasks a transaction holds: name them.
+                skipped += ((alias, t) for t in Task.objects.db_manager(alias).held().order_by("id"))
+            except routing.UNREACHABLE as exc:
+                # One task database out of reach must not stop the others' recovery: said, and
+                # the command fails once the round is over (a loop goes on to the next round).
+                unreachable[alias] = str(exc)
+                self.stderr.write(f"reclaim: task database {alias!r} cannot be reached: {exc}")
+                connections[alias].close_if_unusable_or_obsolete()
         summary = self.summary(moved)
-        # The round's SKIP LOCKED passed over the tasks a transaction holds: name them.
-        skipped = list(Task.objects.held().order_by("id"))
+        if unreachable:
+            summary["unreachable"] = unreachable
+        self.unreachable = unreachable
         if not self.as_json:
             self.write_held(skipped, dry_run=False)
             self.stdout.write(
@@ -186,13 +212,31 @@ class Command(TaskClaimCommand):
                             indent=None)
         return moved
 
-    def after_round(self, moved: list[Moved]) -> list[dict[str, Any]] | None:
+    def reclaim_database(self, alias: str, limit: int | None, batch_size: int,
+                         done: int) -> list[tuple[str, Moved]]:
+        """Reclaim in batches on database ``alias`` until none is left or ``done`` reached ``limit``."""
+        moved: list[tuple[str, Moved]] = []
+        while limit is None or done + len(moved) < limit:
+            size = batch_size if limit is None else min(batch_size, limit - done - len(moved))
+            rows = reclaim_expired_rows(size, using=alias)
+            moved += ((alias, r) for r in rows)
+            if self.verbosity >= 2 and not self.as_json:
+                for r in rows:
+                    self.stdout.write(f"reclaimed {r.key!r} tenant={r.tenant!r} token={r.token} -> "
+                                      f"{r.status}{self.where(alias)}")
+            if len(rows) < size:
+                break
+        return moved
+
+    def after_round(self, moved: list[tuple[str, Moved]]) -> list[dict[str, Any]] | None:
         """Hook for work after a round: with ``--requeue``, the Celery bridge re-sends lost messages."""
         if not self.requeue:
             return None
         from django_taskclaim.celery import requeue_lost
 
-        sent = requeue_lost(moved, older_than=self.requeue_after)
+        sent = [item for alias in self.databases
+                for item in requeue_lost([m for a, m in moved if a == alias], older_than=self.requeue_after,
+                                         using=alias)]
         failed = [item for item in sent if item.error is not None]
         if not self.as_json:
             if self.verbosity >= 2:

@@ -13,8 +13,17 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.utils.module_loading import import_string
 
+from django_taskclaim import routing
+from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.keys import MIN_LEASE
-from django_taskclaim.management.arguments import lease, owner_name, positive_int, queue_arg, tenant_name
+from django_taskclaim.management.arguments import (
+    lease,
+    owner_name,
+    positive_int,
+    queue_arg,
+    task_database,
+    tenant_name,
+)
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.worker import Runner, work
 
@@ -37,6 +46,9 @@ class Command(TaskClaimCommand):
                             help="The Django task backend (a ClaimBackend) whose tasks to run, without a "
                                  "handler (default: %(default)r).")
         parser.add_argument("--tenant", type=tenant_name, default=None, help="Only this tenant's tasks.")
+        parser.add_argument("--database", type=task_database, default=None, metavar="ALIAS",
+                            help="Only the tasks of this task database (default: the tenant's with --tenant, "
+                                 "else every one of TASKCLAIM_DATABASES in turn).")
         parser.add_argument("--lease", type=lease, default=None,
                             help=f"Lease in seconds, from {MIN_LEASE:g} to TASKCLAIM_MAX_LEASE "
                                  "(default: TASKCLAIM_DEFAULT_LEASE, or the backend's LEASE).")
@@ -53,8 +65,13 @@ class Command(TaskClaimCommand):
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
                lease: float | None, batch: int, max_tasks: int | None, until_drained: bool, atomic: bool,
-               owner: str | None, as_json: bool = False, **options: Any) -> None:
+               owner: str | None, as_json: bool = False, database: str | None = None, **options: Any) -> None:
         runner: Any
+        if tenant is not None:
+            try:
+                routing.route(tenant, database)
+            except TaskClaimError as exc:  # --database that does not hold the tenant's tasks
+                raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         if handler is None:
             runner, queue, lease = self._tasks(backend, queues, lease, atomic)
         else:
@@ -63,7 +80,7 @@ class Command(TaskClaimCommand):
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
-                         max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop)
+                         max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop, using=database)
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)

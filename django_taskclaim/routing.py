@@ -1,0 +1,156 @@
+"""Tenants spread over several databases: which database holds a tenant's tasks.
+
+``TASKCLAIM_ROUTER`` names a callable ``router(tenant) -> alias``; ``TASKCLAIM_DATABASES``
+lists every alias it may return. A task lives in its tenant's database, so every statement
+about one task (its claim, its owner's writes, the effects its ``fenced()`` block commits) runs
+on one database and exactly-one-winner stays a single-row decision there. Without a router
+every tenant is in ``TASKCLAIM_DATABASE``, as with one database.
+
+Calls without a tenant (``claim_next()``, ``reclaim_expired()``, the commands, the metrics)
+visit every task database; ``claim_next()`` starts its round at a different one on each call
+(:func:`rotation`), so that a busy database never starves the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
+from typing import Any, NoReturn
+
+from django.db import InterfaceError, OperationalError, connections
+
+from .conf import settings
+from .exceptions import TaskClaimError
+
+#: Errors of a database that cannot be reached (stopped, restarting, failing over).
+UNREACHABLE = (OperationalError, InterfaceError)
+
+_turn = itertools.count()
+_fenced: ContextVar[str | None] = ContextVar("taskclaim_fenced_database", default=None)
+# What a fenced() block may not send to another database: statements that change data or schema.
+_WRITES = frozenset({"INSERT", "UPDATE", "DELETE", "REPLACE", "MERGE", "TRUNCATE", "COPY", "CREATE",
+                     "ALTER", "DROP", "GRANT", "REVOKE", "CALL"})
+_MODIFYING = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE)\b", re.IGNORECASE)
+
+
+def route(tenant: str, using: str | None = None) -> str:
+    """The database alias that holds ``tenant``'s tasks.
+
+    ``using`` (a caller's explicit alias, ``Task.objects.db_manager(alias)``) is taken as it is
+    without a router; with one it must be the tenant's database: a task claimed in two databases
+    would have two owners, so the disagreement raises ``TaskClaimError`` before anything is sent.
+    """
+    router = settings.ROUTER
+    if router is None:
+        return using or settings.DATABASE
+    alias = router(tenant)
+    if alias not in settings.DATABASES:
+        raise TaskClaimError(
+            f"TASKCLAIM_ROUTER sent tenant {tenant!r} to database {alias!r}, which is not one of "
+            f"TASKCLAIM_DATABASES ({', '.join(map(repr, settings.DATABASES))})")
+    if using is not None and using != alias:
+        raise TaskClaimError(
+            f"tenant {tenant!r} lives in database {alias!r} (TASKCLAIM_ROUTER), not in {using!r}: its "
+            "tasks are claimed there only, or one task could have an owner in each database")
+    return alias
+
+
+def databases(using: str | None = None) -> tuple[str, ...]:
+    """The task databases a call without a tenant covers: ``using`` alone when given, else every one."""
+    return (using,) if using else settings.DATABASES
+
+
+def rotation(using: str | None = None) -> tuple[str, ...]:
+    """:func:`databases`, starting at the next one on each call (round robin, per process)."""
+    found = databases(using)
+    if len(found) < 2:
+        return found
+    start = next(_turn) % len(found)
+    return found[start:] + found[:start]
+
+
+def several() -> bool:
+    """Whether the tasks are spread over more than one database."""
+    return len(settings.DATABASES) > 1
+
+
+def named(error: BaseException, alias: str, tenant: str | None = None) -> BaseException | None:
+    """``error`` of task database ``alias`` again, its message naming which of several task
+    databases could not be connected to (and for which tenant), of the same class (an
+    ``OperationalError`` stays one, so workers wait and try again). ``None`` with one database,
+    or once connected (the statement's own error, to be raised as it is)."""
+    if not several() or connections[alias].connection is not None:
+        return None
+    whose = f" (tenant {tenant!r})" if tenant is not None else ""
+    found = type(error)(f"task database {alias!r}{whose} cannot be reached: {error}")
+    found.__cause__ = error
+    return found
+
+
+def unreachable(error: BaseException, alias: str, tenant: str | None = None) -> NoReturn:
+    """Raise ``error`` again, named by :func:`named` where it says so."""
+    found = named(error, alias, tenant)
+    if found is None:
+        raise error
+    raise found from error
+
+
+def fenced_database() -> str | None:
+    """Inside ``claim.fenced()``: the alias of the claim's database, where the block's writes
+    commit with the claim; ``None`` outside. A Django database router returns it for the models a
+    fenced block writes (docs/configurations.md, "Tenants over several databases")."""
+    return _fenced.get()
+
+
+def is_write(sql: str) -> bool:
+    """Whether a statement changes data or schema (``SELECT … FOR UPDATE`` only locks)."""
+    words = sql.lstrip(" \t\r\n(").split(None, 1)
+    if not words:
+        return False
+    first = words[0].upper()
+    return first in _WRITES or (first == "WITH" and _MODIFYING.search(sql) is not None)
+
+
+@contextmanager
+def writes_only_to(alias: str, key: str, tenant: str) -> Iterator[None]:
+    """Refuse every write to a database other than ``alias`` while the block runs.
+
+    A write elsewhere would commit on its own, before the claim's transaction and whatever happens
+    to it: the effect could land although the claim was fenced off, or twice. The statement is
+    refused before it is sent (``TaskClaimError`` naming both databases); the block then rolls
+    back on ``alias`` as on any error. Watched through ``connection.execute_wrapper`` on this
+    thread's connections (raw driver cursors are not seen).
+    """
+    token = _fenced.set(alias)
+    try:
+        others = [other for other in connections if other != alias]
+        if not others:
+            yield
+            return
+        with ExitStack() as stack:
+            for other in others:
+                stack.enter_context(connections[other].execute_wrapper(_refusal(alias, other, key, tenant)))
+            yield
+    finally:
+        _fenced.reset(token)
+
+
+def _refusal(alias: str, other: str, key: str, tenant: str) -> Callable[..., Any]:
+    def refuse(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        if is_write(sql):
+            raise TaskClaimError(
+                f"fenced() of task {key!r} (tenant {tenant!r}) commits on database {alias!r}, but the "
+                f"block wrote to database {other!r}: that write would commit on its own, whatever becomes "
+                f"of the claim. Write the effect to {alias!r} (route its model with a database router: "
+                f"django_taskclaim.routing.fenced_database()), or outside the block. Nothing was written "
+                f"to {other!r}. Statement: {sql[:200]}")
+        return execute(sql, params, many, context)
+
+    return refuse
+
+
+__all__ = ["UNREACHABLE", "databases", "fenced_database", "is_write", "named", "rotation", "route", "several",
+           "unreachable", "writes_only_to"]

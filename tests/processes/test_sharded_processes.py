@@ -1,0 +1,241 @@
+"""Tenants over two task databases, proven with OS processes and a server stopped for real
+(configurations ``sharded`` and ``sharded_mixed``; see tests/databases/test_sharded.py).
+
+- racing processes on keys of tenants of both databases: one winner per key, each effect once,
+  in the tenant's database;
+- workers draining both databases at once: every task once, every effect once;
+- a takeover in each database: owners paused past their lease (SIGSTOP) are fenced off there;
+- the second server stopped (``pg_ctl stop``): the other tenants keep working (a worker keeps
+  draining them, claims and the reclaim sweeper go on), the stopped database's calls fail naming
+  it, and everything recovers when the server is started again.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import OperationalError, connections
+from prometheus_client import CollectorRegistry
+
+from devtools.polling import wait_until
+from devtools.processes import Child, Supervisor
+from devtools.servers import PostgresServer
+from django_taskclaim import metrics
+from django_taskclaim.models import Attempt, Task
+from tests.routers import tenant_database
+from tests.sharding import ON_A, ON_B, SHARDED_TESTS, A, B
+from tests.testapp.models import Effect
+
+pytestmark = SHARDED_TESTS
+
+
+@pytest.fixture
+def procs(processes: Supervisor) -> Supervisor:
+    return processes
+
+
+def start(procs: Supervisor, *args: str) -> Child:
+    return procs.start("tests.programs.routing_worker", *args)
+
+
+def events(procs: Supervisor, predicate: Callable[[Child, dict[str, Any]], bool], count: int, *, timeout: float,
+           what: str) -> list[dict[str, Any]]:
+    """The first ``count`` events (of every child, read so far or to come) for which ``predicate`` holds.
+
+    Events read while waiting for others stay in the log: several children report in any order.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for c, e in procs.log if predicate(c, e)]
+        if len(found) >= count:
+            return found[:count]
+        if procs.next(deadline - time.monotonic()) is None and time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}: {len(found)} of {count}")
+
+
+def event_of(procs: Supervisor, child: Child, name: str, timeout: float = 60) -> dict[str, Any]:
+    return events(procs, lambda c, e: c is child and e.get("event") == name, 1, timeout=timeout,
+                  what=f"{name!r} from process {child.pid}")[0]
+
+
+def effects_by_task(alias: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name in Effect.objects.using(alias).values_list("task_key", flat=True):
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def test_racing_processes_one_winner_per_key_in_both_databases(procs: Supervisor) -> None:
+    items = [f"order-{n}@{tenant}" for tenant in (ON_A[0], ON_B[0], ON_A[1], ON_B[1]) for n in range(5)]
+    racers = [start(procs, "race", *items) for _ in range(5)]
+    for racer in racers:
+        event_of(procs, racer, "ready")
+    for racer in racers:
+        racer.send("go")
+    won = [w for racer in racers for w in event_of(procs, racer, "done", 120)["won"]]
+    for racer in racers:
+        assert racer.wait(60) == 0, racer.stderr()
+    assert sorted((w["tenant"], w["key"]) for w in won) == sorted(tuple(reversed(i.split("@"))) for i in items)
+    assert all(w["database"] == tenant_database(w["tenant"]) for w in won)
+    for alias, tenants in ((A, ON_A[:2]), (B, ON_B[:2])):
+        assert effects_by_task(alias) == {f"{t}/order-{n}": 1 for t in tenants for n in range(5)}
+        tasks = Task.objects.db_manager(alias)
+        assert tasks.count() == 10 and set(tasks.values_list("status", flat=True)) == {"succeeded"}
+        assert set(tasks.values_list("fencing_token", flat=True)) == {1}
+        assert Attempt.objects.using(alias).filter(outcome="duplicate").count() <= 10 * 4
+
+
+def test_workers_drain_both_databases_and_apply_every_effect_once(procs: Supervisor) -> None:
+    for n in range(60):
+        Task.objects.ensure(f"job-{n}", tenant=ON_A[n % 3], queue="default")
+        Task.objects.ensure(f"job-{n}", tenant=ON_B[n % 3], queue="default")
+    workers = [start(procs, "serve", "--until-drained") for _ in range(3)]
+    exits = [event_of(procs, w, "exit", 180) for w in workers]
+    for worker in workers:
+        assert worker.wait(60) == 0, worker.stderr()
+    assert sum(e["succeeded"] for e in exits) == 120 and not any(e["failed"] or e["unrecorded"] for e in exits)
+    done = [e for _, e in procs.log if e.get("event") == "done"]
+    assert all(e["database"] == tenant_database(e["tenant"]) for e in done)
+    for alias, tenants in ((A, ON_A), (B, ON_B)):
+        assert effects_by_task(alias) == {f"{tenants[n % 3]}/job-{n}": 1 for n in range(60)}
+        assert set(Task.objects.db_manager(alias).values_list("status", flat=True)) == {"succeeded"}
+
+
+def test_a_takeover_in_each_database_fences_off_the_paused_owner(procs: Supervisor) -> None:
+    holders = {tenant: start(procs, "hold", "report", tenant, "--lease", "1") for tenant in (ON_A[0], ON_B[0])}
+    for tenant, holder in holders.items():
+        claimed = event_of(procs, holder, "claimed")
+        assert claimed["database"] == tenant_database(tenant) and claimed["token"] == 1
+        holder.stop()  # SIGSTOP: paused with its claim, past its lease
+    for tenant in holders:
+        taker = wait_until(lambda tenant=tenant: Task.objects.claim("report", tenant=tenant, owner="taker").claim,
+                           timeout=30, what=f"a takeover of {tenant}'s task")
+        assert taker.token == 2 and taker.using == tenant_database(tenant)
+        with taker.fenced():
+            Effect.objects.create(task_key=f"{tenant}/report", token=taker.token, worker="taker")
+            taker.complete("taken over")
+    for holder in holders.values():
+        holder.cont()
+        holder.send("write now")
+        assert event_of(procs, holder, "stale")["token"] == 1
+        assert holder.wait(60) == 0, holder.stderr()
+    for tenant in holders:
+        alias = tenant_database(tenant)
+        assert list(Effect.objects.using(alias).values_list("task_key", "worker")) == [(f"{tenant}/report", "taker")]
+        outcomes = dict(Attempt.objects.using(alias).filter(token__isnull=False).values_list("token", "outcome"))
+        assert outcomes == {1: "taken_over", 2: "succeeded"}
+        assert Attempt.objects.using(alias).get(token=1).stale_writes == 1
+
+
+# ---- one server stopped --------------------------------------------------------------------
+
+@pytest.fixture
+def shard_server() -> Iterator[PostgresServer]:
+    """The second task database's server (started by the test runner), started again if a test
+    left it stopped."""
+    described = os.environ.get("TASKCLAIM_TEST_SHARD_SERVER")
+    if not described:
+        pytest.skip("the runner did not start the second server (python3 -m tests --config sharded)")
+    server = PostgresServer.attached(described)
+    yield server
+    connections[B].close()
+    if not _answers():
+        server.resume()
+    connections[B].close()
+
+
+def _answers() -> bool:
+    try:
+        connections[B].close()
+        connections[B].ensure_connection()
+    except OperationalError:
+        return False
+    return True
+
+
+def done_events(procs: Supervisor, database: str, count: int, timeout: float) -> list[dict[str, Any]]:
+    """Wait until the workers reported ``count`` tasks of ``database`` done (since the start)."""
+    return events(procs, lambda c, e: e.get("event") == "done" and e["database"] == database, count,
+                  timeout=timeout, what=f"tasks of {database} done")
+
+
+def test_with_one_server_stopped_the_other_tenants_keep_working_and_all_recover(
+        procs: Supervisor, shard_server: PostgresServer) -> None:
+    worker = start(procs, "serve", "--lease", "5")
+    event_of(procs, worker, "ready")
+    for n in range(3):
+        Task.objects.ensure(f"before-{n}", tenant=ON_A[0], queue="default")
+        Task.objects.ensure(f"before-{n}", tenant=ON_B[0], queue="default")
+    done_events(procs, A, 3, 60)
+    done_events(procs, B, 3, 60)
+    stranded = Task.objects.claim("stranded", tenant=ON_A[1], lease=600).claim
+    assert stranded is not None
+
+    connections[B].close()
+    shard_server.halt()  # pg_ctl stop: the second server is down, for real
+    for n in range(3):
+        Task.objects.ensure(f"during-{n}", tenant=ON_A[0], queue="default")
+    done_events(procs, A, 6, 60)  # the worker goes on with the tenants of the other database
+    ok = Task.objects.claim("by-key", tenant=ON_A[2]).claim
+    assert ok is not None and ok.using == A
+    ok.complete()
+    failed = re.escape(f"task database 'shard2' (tenant {ON_B[0]!r}) cannot be reached")
+    with pytest.raises(OperationalError, match=failed):
+        Task.objects.claim("during", tenant=ON_B[0])
+    with pytest.raises(OperationalError, match=failed):
+        Task.objects.ensure("during", tenant=ON_B[0], queue="default")
+    # claim_next() without a tenant: whichever database its round starts at, the one that answers
+    # hands out its tasks; once it has none, the stopped one's error is raised.
+    Task.objects.ensure("manual-0", tenant=ON_A[0], queue="manual")
+    Task.objects.ensure("manual-1", tenant=ON_A[1], queue="manual")
+    assert [c.using for _ in range(2) for c in Task.objects.claim_next(queue="manual")] == [A, A]
+    with pytest.raises(OperationalError, match="task database 'shard2' cannot be reached"):
+        Task.objects.claim_next(queue="manual")
+    # The sweeper still reclaims the other database, and fails (exit 3) naming the stopped one.
+    Task.objects.db_manager(A).filter(pk=stranded.task_id).update(lease_expires_at="2000-01-01T00:00:00Z")
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError) as stopped:
+        call_command("taskclaim_reclaim", "--json", stdout=out, stderr=err)
+    assert stopped.value.returncode == 3 and "'shard2'" in str(stopped.value)
+    report = json.loads(out.getvalue())
+    assert [(r["key"], r["database"]) for r in report["reclaimed"]] == [("stranded", A)]
+    assert "shard2" in report["unreachable"] and "cannot be reached" in err.getvalue()
+    registry = CollectorRegistry()
+    metrics.install(registry)
+    try:
+        assert registry.get_sample_value("taskclaim_database_up", {"database": B}) == 0
+        assert registry.get_sample_value("taskclaim_database_up", {"database": A}) == 1
+        assert registry.get_sample_value("taskclaim_tasks", {"status": "succeeded", "database": A}) == 7
+    finally:
+        metrics.uninstall(registry)
+
+    shard_server.resume()
+    recovered = wait_until(lambda: _claims(ON_B[0]), timeout=60, what="a claim on the restarted server")
+    assert recovered.using == B
+    recovered.complete()
+    for n in range(3):
+        Task.objects.ensure(f"after-{n}", tenant=ON_B[1], queue="default")
+    done_events(procs, B, 6, 60)  # the same worker process, reconnected
+    worker.proc.stdin.close()  # type: ignore[union-attr]
+    exit_event = event_of(procs, worker, "exit")
+    assert worker.wait(60) == 0, worker.stderr()
+    assert exit_event["failed"] == exit_event["unrecorded"] == 0
+    assert effects_by_task(B) == {**{f"{ON_B[0]}/before-{n}": 1 for n in range(3)},
+                                  **{f"{ON_B[1]}/after-{n}": 1 for n in range(3)}}
+    assert len(effects_by_task(A)) == 6
+
+
+def _claims(tenant: str) -> Any:
+    try:
+        return Task.objects.claim("after-restart", tenant=tenant).claim
+    except OperationalError:
+        return None
