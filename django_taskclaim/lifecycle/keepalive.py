@@ -58,13 +58,15 @@ class KeepaliveMixin:
         owner: str
         lease: float
         using: str
-        lost: threading.Event
+        _lost: threading.Event | None
         lost_reason: BaseException | None
         _finishing: bool
         _row_held: bool
         _deadline: float
         _beating: threading.Thread | None
 
+        @property
+        def lost(self) -> threading.Event: ...
         def heartbeat(self, lease: float | timedelta | None = None) -> datetime | None: ...
         def _log_extra(self) -> dict[str, Any]: ...
 
@@ -111,7 +113,8 @@ class KeepaliveMixin:
 
     def _raise_if_lost(self) -> None:
         # A claim that ended itself lost nothing, whatever its heartbeats met afterwards.
-        if self.lost.is_set() and not self._finishing:
+        lost = self._lost  # None: never made, so never set
+        if lost is not None and lost.is_set() and not self._finishing:
             raise StaleClaim(self.key, self.tenant, self.token, "keepalive")
 
     def _beat(self, beats: _Beats) -> None:
