@@ -227,7 +227,10 @@ class _Beats:
     stop: threading.Event
 
     def __init__(self, claim: KeepaliveMixin, every: float, outer: bool) -> None:
-        self.claim, self.every, self.outer = claim, every, outer
+        # Dropped when the block ends unstarted: the starter's queue keeps such blocks until
+        # they are due, and the claim (its row, its payload) need not live that long.
+        self.claim: KeepaliveMixin | None = claim
+        self.every, self.outer = every, outer
         self.due = claim._deadline - claim.lease + every
         self.lock = threading.Lock()
         self.state = _WAITING
@@ -236,11 +239,12 @@ class _Beats:
     def begin(self) -> None:
         """Start the heartbeat thread, unless the block has ended meanwhile."""
         with self.lock:
-            if self.state != _WAITING:
+            claim = self.claim
+            if self.state != _WAITING or claim is None:
                 return
             self.stop = threading.Event()
-            self.thread = threading.Thread(target=self.claim._beat, args=(self,), daemon=True,
-                                           name=f"taskclaim-keepalive-{self.claim.token}")
+            self.thread = threading.Thread(target=claim._beat, args=(self,), daemon=True,
+                                           name=f"taskclaim-keepalive-{claim.token}")
             self.thread.start()
             self.state = _STARTED
 
@@ -249,6 +253,8 @@ class _Beats:
         returned for the caller to join)."""
         with self.lock:
             thread, self.state = self.thread, _ENDED
+            if thread is None:
+                self.claim = None
         if thread is None:
             _starter().ended()
             return None

@@ -375,6 +375,21 @@ def test_short_blocks_of_a_busy_worker_leave_the_starter_asleep() -> None:
     assert wakes <= 1
 
 
+def test_a_short_block_keeps_no_claim_alive_once_it_ends() -> None:
+    """The starter keeps an ended block queued until it is due (up to a third of the lease),
+    but not its claim: a busy worker's claims, their rows and payloads, are freed as they end."""
+    import gc
+    import weakref
+
+    claim = Task.objects.claim("freed", lease=300, payload={"big": "x" * 1000}).claim
+    with claim.keepalive():
+        pass
+    gone = weakref.ref(claim)
+    del claim
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_forked_child_beats_with_a_starter_of_its_own() -> None:
     """The starter thread does not survive a fork: a child (a Celery prefork worker, say) that
     keeps a claim alive gets its own."""
