@@ -54,6 +54,7 @@ WAIT: Any = type("Wait", (), {"__repr__": lambda self: "WAIT"})()
 
 _NOTHING: Any = type("Nothing", (), {"__repr__": lambda self: "<nothing>"})()
 _current: contextvars.ContextVar[Claim] = contextvars.ContextVar("taskclaim_current_claim")
+_NO_SCOPE = nullcontext()  # reusable: it holds no state
 
 
 class EndingRolledBack(TaskClaimError):
@@ -165,15 +166,18 @@ def execute(
     """Run ``func(*args, **kwargs)`` under ``claim`` with keepalive; end the claim by the rules."""
     value, raised, storing, made = _NOTHING, None, False, None
     rolled_back = claim._rolled_back
-    with _running(claim):
-        try:
-            with claim.keepalive(), _scope(claim, policy):
-                value = func(*args, **(kwargs or {}))
-                if policy.atomic and claim._ended is None:  # the completion commits with the body's writes
-                    storing = True
-                    made = (finish or _complete)(claim, value)
-        except BaseException as exc:
-            raised = exc
+    current = _current.set(claim)  # what _running() does, without a generator: once a task
+    try:
+        inside = in_transaction(claim.using)
+        with claim._keepalive(inside), _scope(claim, policy, inside):
+            value = func(*args, **(kwargs or {}))
+            if policy.atomic and claim._ended is None:  # the completion commits with the body's writes
+                storing = True
+                made = (finish or _complete)(claim, value)
+    except BaseException as exc:
+        raised = exc
+    finally:
+        _current.reset(current)
     if storing and raised is None:
         return Executed(claim, claim.ended() or Status.SUCCEEDED, value, next_claims=made or [])
     return conclude(claim, value, raised, policy=policy, finish=finish, storing=storing, rolled_back=rolled_back)
@@ -202,13 +206,14 @@ async def aexecute(
                                          rolled_back=rolled_back)
 
 
-def _scope(claim: Claim, policy: Policy) -> AbstractContextManager[Any]:
+def _scope(claim: Claim, policy: Policy, inside: bool) -> AbstractContextManager[Any]:
+    """What the body runs in; ``inside``: whether the claim's connection is in a transaction."""
     if policy.atomic:
         return claim.fenced()
     # Inside a transaction a database error in the body would abort it (PostgreSQL), and then
     # recording the failure would fail too, hiding the original error: run the body in a
     # savepoint, so its rollback leaves the transaction usable.
-    return transaction.atomic(using=claim.using) if in_transaction(claim.using) else nullcontext()
+    return transaction.atomic(using=claim.using) if inside else _NO_SCOPE
 
 
 def conclude(

@@ -43,6 +43,7 @@ MAX_RESULT_REF_LENGTH = 1024
 
 
 MAX_TRACEBACK_LENGTH = 64_000
+_LOST_LOCK = threading.Lock()
 
 
 def failure_details(error: object) -> tuple[str, str]:
@@ -103,8 +104,7 @@ class Claim(KeepaliveMixin):
         self.task_path = ""
         #: The task row as it was claimed (``None`` when the claim was built by hand).
         self.row: TaskRow | None = None
-        # Set by keepalive() when a heartbeat is refused or the lease ran out locally.
-        self.lost = threading.Event()
+        self._lost: threading.Event | None = None  # see lost
         self.lost_reason: BaseException | None = None
         # complete/fail/release under way or done: a refused heartbeat then means nothing was lost.
         self._finishing = False
@@ -140,6 +140,18 @@ class Claim(KeepaliveMixin):
 
     def __repr__(self) -> str:
         return f"<Claim {self.key!r} tenant={self.tenant!r} token={self.token} owner={self.owner!r}>"
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set by keepalive() when a heartbeat is refused or the lease ran out locally. Made on
+        first use: most claims of a busy queue never need one."""
+        event = self._lost
+        if event is None:
+            with _LOST_LOCK:  # the heartbeat thread and the owner may ask at once: one event
+                if self._lost is None:
+                    self._lost = threading.Event()
+                event = self._lost
+        return event
 
     def _log_extra(self) -> dict[str, Any]:
         return {"key": self.key, "tenant": self.tenant, "token": self.token, "owner": self.owner}

@@ -22,11 +22,12 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -57,18 +58,19 @@ class KeepaliveMixin:
         owner: str
         lease: float
         using: str
-        lost: threading.Event
+        _lost: threading.Event | None
         lost_reason: BaseException | None
         _finishing: bool
         _row_held: bool
         _deadline: float
         _beating: threading.Thread | None
 
+        @property
+        def lost(self) -> threading.Event: ...
         def heartbeat(self, lease: float | timedelta | None = None) -> datetime | None: ...
         def _log_extra(self) -> dict[str, Any]: ...
 
-    @contextmanager
-    def keepalive(self, interval: float | None = None) -> Iterator[Any]:
+    def keepalive(self, interval: float | None = None) -> AbstractContextManager[Any]:
         """Heartbeat from a background thread every ``lease / 3`` seconds while the block runs.
 
         If a heartbeat is refused (another worker took over), or the database cannot be reached
@@ -77,12 +79,11 @@ class KeepaliveMixin:
         (or failing, releasing) the claim inside the block ends the heartbeats, with no error.
         Inside a transaction see the module's rules.
         """
-        beats = self._begin(interval, transitions.in_transaction(self.using))
-        try:
-            yield self
-        finally:
-            beats.end()
-        self._raise_if_lost()
+        return _Block(self, interval, None)
+
+    def _keepalive(self, outer: bool) -> AbstractContextManager[Any]:
+        """:meth:`keepalive` for a caller that has just asked whether a transaction is open."""
+        return _Block(self, None, outer)
 
     @asynccontextmanager
     async def akeepalive(self, interval: float | None = None) -> AsyncIterator[Any]:
@@ -112,7 +113,8 @@ class KeepaliveMixin:
 
     def _raise_if_lost(self) -> None:
         # A claim that ended itself lost nothing, whatever its heartbeats met afterwards.
-        if self.lost.is_set() and not self._finishing:
+        lost = self._lost  # None: never made, so never set
+        if lost is not None and lost.is_set() and not self._finishing:
             raise StaleClaim(self.key, self.tenant, self.token, "keepalive")
 
     def _beat(self, beats: _Beats) -> None:
@@ -183,6 +185,27 @@ class KeepaliveMixin:
         transitions.send(self.using, signals.heartbeat_lost, claim=self, error=exc)
 
 
+class _Block:
+    """A ``keepalive()`` block: its heartbeats are queued when it is entered and end with it.
+
+    A class rather than a generator: a queue worker enters one for every task."""
+
+    __slots__ = ("beats", "claim", "interval", "outer")
+
+    def __init__(self, claim: KeepaliveMixin, interval: float | None, outer: bool | None) -> None:
+        self.claim, self.interval, self.outer = claim, interval, outer
+
+    def __enter__(self) -> Any:
+        outer = transitions.in_transaction(self.claim.using) if self.outer is None else self.outer
+        self.beats = self.claim._begin(self.interval, outer)
+        return self.claim
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        self.beats.end()
+        if kind is None:  # the block's own error, if any, is the news
+            self.claim._raise_if_lost()
+
+
 # -- deferred heartbeat threads ----------------------------------------------------------------
 # A block's heartbeat thread starts only once its first heartbeat is due: most blocks of a busy
 # queue end long before (a 30 s lease beats every 10 s), and a thread started and joined for
@@ -199,10 +222,16 @@ class _Beats:
     began): a claim that waited its turn has that much less of its lease left.
     """
 
+    #: Set when the block ends: the heartbeat thread's wait. Made with the thread (most blocks
+    #: never start one).
+    stop: threading.Event
+
     def __init__(self, claim: KeepaliveMixin, every: float, outer: bool) -> None:
-        self.claim, self.every, self.outer = claim, every, outer
+        # Dropped when the block ends unstarted: the starter's queue keeps such blocks until
+        # they are due, and the claim (its row, its payload) need not live that long.
+        self.claim: KeepaliveMixin | None = claim
+        self.every, self.outer = every, outer
         self.due = claim._deadline - claim.lease + every
-        self.stop = threading.Event()
         self.lock = threading.Lock()
         self.state = _WAITING
         self.thread: threading.Thread | None = None
@@ -210,10 +239,12 @@ class _Beats:
     def begin(self) -> None:
         """Start the heartbeat thread, unless the block has ended meanwhile."""
         with self.lock:
-            if self.state != _WAITING:
+            claim = self.claim
+            if self.state != _WAITING or claim is None:
                 return
-            self.thread = threading.Thread(target=self.claim._beat, args=(self,), daemon=True,
-                                           name=f"taskclaim-keepalive-{self.claim.token}")
+            self.stop = threading.Event()
+            self.thread = threading.Thread(target=claim._beat, args=(self,), daemon=True,
+                                           name=f"taskclaim-keepalive-{claim.token}")
             self.thread.start()
             self.state = _STARTED
 
@@ -222,10 +253,13 @@ class _Beats:
         returned for the caller to join)."""
         with self.lock:
             thread, self.state = self.thread, _ENDED
-        self.stop.set()
+            if thread is None:
+                self.claim = None
         if thread is None:
             _starter().ended()
-        elif join:
+            return None
+        self.stop.set()
+        if join:
             thread.join()
             return None
         return thread
@@ -240,6 +274,9 @@ class _Starter:
         self.order = itertools.count()
         self.gone = 0  # queued blocks that ended before their due time
         self.thread: threading.Thread | None = None
+        # When the thread looks at the queue next: the end of its wait (inf: until notified),
+        # -inf while it is not waiting. A block due later needs no wake-up.
+        self.wakes_at = -math.inf
 
     def add(self, beats: _Beats) -> None:
         with self.cond:
@@ -247,7 +284,8 @@ class _Starter:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, daemon=True, name="taskclaim-keepalive-starter")
                 self.thread.start()
-            if self.queue[0][2] is beats:  # sooner than what the thread waits for
+            if beats.due < self.wakes_at:  # sooner than the thread would look
+                self.wakes_at = beats.due
                 self.cond.notify()
 
     def ended(self) -> None:
@@ -263,17 +301,24 @@ class _Starter:
         while True:
             with self.cond:
                 while True:
-                    while self.queue and self.queue[0][2].state != _WAITING:
-                        heapq.heappop(self.queue)
-                        self.gone = max(0, self.gone - 1)
                     if not self.queue:
+                        self.wakes_at = math.inf
                         self.cond.wait()
                         continue
-                    delay = self.queue[0][0] - time.monotonic()
-                    if delay <= 0:
+                    due, _, beats = self.queue[0]
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        # Ended blocks stay queued until they are due (or ended() drops them):
+                        # popped at once, they would leave the thread waiting for a notify, and
+                        # each new block of a busy worker would wake it.
+                        self.wakes_at = due
+                        self.cond.wait(delay)
+                        continue
+                    heapq.heappop(self.queue)
+                    if beats.state == _WAITING:
                         break
-                    self.cond.wait(delay)
-                beats = heapq.heappop(self.queue)[2]
+                    self.gone = max(0, self.gone - 1)
+                self.wakes_at = -math.inf
             beats.begin()
 
 

@@ -59,13 +59,18 @@ class TaskRunner(Runner):
             delay=lambda claim, error: backoff.delay(claim.attempt),
         )
 
+    @functools.lru_cache(maxsize=1024)  # noqa: B019
+    def _own_lease(self, path: str) -> float | None:
+        """The lease the task at ``path`` declares for itself (``None``: the worker's)."""
+        return options_of(self._task(path).func).lease
+
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         try:
             task = self._task(claim.task_path)
         except Exception as exc:  # not importable any more: the task can never run here
             status = record_failure(claim, exc, retry=False)
             return Executed(claim, status, error=exc)
-        if options_of(task.func).lease is not None and (lease := self.backend.lease_for(task.func)) != claim.lease:
+        if (lease := self._own_lease(claim.task_path)) is not None and lease != claim.lease:
             claim.heartbeat(lease)  # the task's own lease, from now on
         payload = claim.payload or {}
         args, kwargs = list(payload.get("args", [])), dict(payload.get("kwargs", {}))
@@ -88,10 +93,10 @@ class TaskRunner(Runner):
 
     def _running(self, claim: Claim, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """The task's result as it starts; on a first attempt built from the claimed row alone."""
-        from ..models import Task
-
         if claim.attempt == 1 and claim.row is not None:
             return new_result(task, claim.row, self.backend.alias, owner=claim.owner, using=claim.using)
+        from ..models import Task
+
         row = Task.objects.using(claim.using).get(pk=claim.task_id)
         return result_of(row, self.backend._attempts(claim.task_id, claim.using), self.backend.alias, task)
 

@@ -342,6 +342,54 @@ def test_many_short_blocks_leave_the_starters_queue_small() -> None:
     assert len(keepalive._starter().queue) <= 2001  # ended blocks are dropped, not kept for 100 s
 
 
+def test_short_blocks_of_a_busy_worker_leave_the_starter_asleep() -> None:
+    """Blocks that end long before their first heartbeat is due do not wake the starter thread:
+    woken for each task, it takes the interpreter from the worker at each of its statements."""
+    from django_taskclaim.lifecycle import keepalive
+
+    claim = Task.objects.claim("asleep", lease=300).claim
+    with claim.keepalive():  # the starter exists
+        pass
+    starter = keepalive._starter()
+    wakes = 0
+    notify = starter.cond.notify
+
+    def counting(n: int = 1) -> None:
+        nonlocal wakes
+        wakes += 1
+        notify(n)
+
+    def parked() -> bool:  # the starter thread waits on its condition
+        with starter.cond:
+            return bool(starter.cond._waiters)  # type: ignore[attr-defined]
+
+    starter.cond.notify = counting  # type: ignore[method-assign]
+    try:
+        for _ in range(50):
+            with claim.keepalive():
+                pass
+            # The worker's completion statement: the starter thread may run meanwhile.
+            wait_until(parked, timeout=10, interval=0.001, what="the starter thread waiting")
+    finally:
+        del starter.cond.notify
+    assert wakes <= 1
+
+
+def test_a_short_block_keeps_no_claim_alive_once_it_ends() -> None:
+    """The starter keeps an ended block queued until it is due (up to a third of the lease),
+    but not its claim: a busy worker's claims, their rows and payloads, are freed as they end."""
+    import gc
+    import weakref
+
+    claim = Task.objects.claim("freed", lease=300, payload={"big": "x" * 1000}).claim
+    with claim.keepalive():
+        pass
+    gone = weakref.ref(claim)
+    del claim
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_forked_child_beats_with_a_starter_of_its_own() -> None:
     """The starter thread does not survive a fork: a child (a Celery prefork worker, say) that
     keeps a claim alive gets its own."""
