@@ -203,11 +203,15 @@ def claim_key(
                                     delivery_id=delivery_id, audit=audit, in_transaction=inside)
 
     # Where the claim's write would wait for the row's holder (an owner inside fenced()), the task
-    # is read first: one it may not claim is answered from the read, without waiting.
-    found = read_state() if store.looks_first else None
+    # is read first: one it may not claim is answered from the read, without waiting. Not inside
+    # a caller's transaction on a database without row locks (SQLite): the read's shared lock
+    # cannot become the write lock while another connection writes ("database is locked" at
+    # once, without the busy timeout), so there the write goes first and waits for its turn.
+    looks_first = store.looks_first and not (inside and not store.row_locks)
+    found = read_state() if looks_first else None
     if found is None or found.claimable(fingerprint):
         # None yet, one it may claim, or not read: the write may wait for a racing claim's transaction.
-        exists = (found is not None) if store.looks_first else None
+        exists = (found is not None) if looks_first else None
         result = _write(using, lambda cursor: store.claim_key(
             cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload, fingerprint=fingerprint,
             max_attempts=max_attempts, delivery_id=delivery_id, audit=audit, in_transaction=inside, exists=exists))
