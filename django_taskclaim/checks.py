@@ -2,9 +2,10 @@
 ``TASKCLAIM_*`` settings.
 
 Each database answers for itself (``store.system_check``: E001, then the store's own E002, E003,
-E010, W020, W021…), each integration too (``contrib.INTEGRATIONS``: the Celery bridge's E101,
-W101–W106). Every ID is declared with ``checkspec.spec``, which refuses one declared twice;
-docs/reference.md lists them all.
+E010, W020, W021…; ``store.server_check``, where Django asks for the database checks: E023),
+each integration too (``contrib.INTEGRATIONS``: the Celery bridge's E101, W101–W106). Every ID
+is declared with ``checkspec.spec``, which refuses one declared twice; docs/reference.md lists
+them all.
 """
 
 from __future__ import annotations
@@ -45,18 +46,34 @@ E006 = spec("django_taskclaim.E006", "{problem}",
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Each task database must be configured and have a store (E001); its store checks the rest.
 
-    A store queries its server only where Django asks for the database checks of that
-    database (``check --database``, ``migrate``), except for the server's version (read once
-    per process by Django anyway).
+    Registered without Django's ``database`` tag, so that every ``manage.py check`` (and
+    ``runserver``…) runs it: Django 6.1 leaves tagged checks out unless ``--database`` names an
+    alias. It reads settings and at most the server's version (read once per process by Django
+    anyway); what needs a query is :func:`check_database_server`.
     """
     alias = settings.DATABASE
     if alias not in django_settings.DATABASES:
         return [E004.error(alias=alias, aliases=", ".join(django_settings.DATABASES))]
     found: list[checks.CheckMessage] = []
-    for each in _listed() or (alias,):
-        if each in django_settings.DATABASES:  # E008 reports the others
-            found += store.system_check(each, connections[each], query=each in (databases or ()))
+    for each in _task_databases():
+        found += store.system_check(each, connections[each])
     return found
+
+
+def check_database_server(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """What only a query tells of each task database Django asks the database checks of
+    (``check --database``, ``migrate``): tagged ``database``, and empty without ``databases``
+    (Django before 6.1 runs tagged checks without it too)."""
+    found: list[checks.CheckMessage] = []
+    for each in _task_databases():
+        if each in (databases or ()):
+            found += store.server_check(each, connections[each])
+    return found
+
+
+def _task_databases() -> list[str]:
+    """The task databases that are in DATABASES (E004 and E008 report the others)."""
+    return [each for each in _listed() or (settings.DATABASE,) if each in django_settings.DATABASES]
 
 
 #: A Django task result's id names the database of a task among several (``alias:pk``): at most
@@ -155,6 +172,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def register() -> None:
-    checks.register(check_database, checks.Tags.database)
+    checks.register(check_database)
+    checks.register(check_database_server, checks.Tags.database)
     checks.register(check_settings)
     checks.register(check_routing)

@@ -10,6 +10,8 @@ Callers pass intent (a token, a result, a lease), never SQL.
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -27,6 +29,9 @@ from ..store.rows import Claimed, Found, Moved, NewTask, TaskRow
 logger = logging.getLogger("django_taskclaim")
 
 T = TypeVar("T")
+
+DEADLOCK_ATTEMPTS = 5
+DEADLOCK_BACKOFF = 0.01  # seconds: the first retry waits up to this long, each next one twice as long
 
 
 class Holder(Protocol):
@@ -90,15 +95,19 @@ def _retried(using: str, operation: Callable[[], T], store: Any) -> T:
     a purge deleting a row that claims wait for). Only a transaction of our own is repeated:
     one of the caller's was rolled back as a whole, and the error is theirs to handle.
     """
-    for attempt in range(1, 6):
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
             return operation()
         except OperationalError as exc:
             # Whose transaction it was is the same after the failure as before: an atomic block
             # of our own has ended, the caller's (or autocommit off) still holds.
-            if attempt == 5 or not store.retryable(exc) or in_transaction(using):
+            if attempt == DEADLOCK_ATTEMPTS or not store.retryable(exc) or in_transaction(using):
                 raise
             logger.info("deadlock victim, trying again (%d)", attempt)
+            # Inserts of one key queued behind a purge's delete of it wake together when the
+            # purge commits, and deadlock with each other again if the victims return at once:
+            # each waits a random moment first, up to twice as long after each failure.
+            time.sleep(random.uniform(0, DEADLOCK_BACKOFF * 2 ** (attempt - 1)))  # noqa: S311 (jitter)
     raise AssertionError("unreachable")
 
 
@@ -195,11 +204,15 @@ def claim_key(
                                     delivery_id=delivery_id, audit=audit, in_transaction=inside)
 
     # Where the claim's write would wait for the row's holder (an owner inside fenced()), the task
-    # is read first: one it may not claim is answered from the read, without waiting.
-    found = read_state() if store.looks_first else None
+    # is read first: one it may not claim is answered from the read, without waiting. Not inside
+    # a caller's transaction on a database without row locks (SQLite): the read's shared lock
+    # cannot become the write lock while another connection writes ("database is locked" at
+    # once, without the busy timeout), so there the write goes first and waits for its turn.
+    looks_first = store.looks_first and not (inside and not store.row_locks)
+    found = read_state() if looks_first else None
     if found is None or found.claimable(fingerprint):
         # None yet, one it may claim, or not read: the write may wait for a racing claim's transaction.
-        exists = (found is not None) if store.looks_first else None
+        exists = (found is not None) if looks_first else None
         result = _write(using, lambda cursor: store.claim_key(
             cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload, fingerprint=fingerprint,
             max_attempts=max_attempts, delivery_id=delivery_id, audit=audit, in_transaction=inside, exists=exists))

@@ -1,8 +1,8 @@
 """The store: all SQL of the app, one module per database, behind one Protocol.
 
 ``VENDORS`` is the registry: Django's ``connection.vendor`` -> the store for it. The lifecycle
-asks ``get_store(alias)``; the system check asks :func:`system_check` (E001 for a vendor with no
-store here, else the store's own ``system_check``); ``DbNow``/``DbNowPlus`` put the database
+asks ``get_store(alias)``; the system checks ask :func:`system_check` (E001 for a vendor with no
+store here, else the store's own ``system_check``) and :func:`server_check`; ``DbNow``/``DbNowPlus`` put the database
 clock into ORM queries. Adding a database is one store module and one line here.
 """
 
@@ -31,13 +31,20 @@ E001 = spec("django_taskclaim.E001", "Database {alias!r} ({vendor}) is not suppo
             "table; set TASKCLAIM_DATABASE to an alias of one of them.")
 
 
-def system_check(alias: str, db: Any, *, query: bool = False) -> list[CheckMessage]:
+def system_check(alias: str, db: Any) -> list[CheckMessage]:
     """The system check of the task database ``alias`` (Django connection ``db``): E001 where no
     store serves its vendor, else what its store finds (``Store.system_check``)."""
     found = VENDORS.get(db.vendor)
     if found is None:
         return [E001.error(alias=alias, vendor=db.vendor)]
-    return found.system_check(alias, db, query=query)
+    return found.system_check(alias, db)
+
+
+def server_check(alias: str, db: Any) -> list[CheckMessage]:
+    """The queried part of the check of task database ``alias`` (``Store.server_check``); nothing
+    for a vendor with no store (:func:`system_check` reports E001)."""
+    found = VENDORS.get(db.vendor)
+    return [] if found is None else found.server_check(alias, db)
 
 
 def get_store(alias: str) -> Store:
@@ -78,4 +85,4 @@ class DbNowPlus(Func):
         return sql, tuple(params)
 
 
-__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "store_of", "system_check"]
+__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "server_check", "store_of", "system_check"]

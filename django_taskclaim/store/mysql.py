@@ -109,8 +109,8 @@ class MySQLStore(SQLStore):
                     f"{'.'.join(map(str, MINIMUM_MYSQL))} or newer (FOR UPDATE SKIP LOCKED)")
         return None
 
-    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
-        found = super().system_check(alias, connection, query=query)
+    def system_check(self, alias: str, connection: Any) -> list[CheckMessage]:
+        found = super().system_check(alias, connection)
         options: dict[str, Any] = connection.settings_dict.get("OPTIONS") or {}
         level = options.get("isolation_level", "read committed")
         if str(level or "").lower() != "read committed":
@@ -119,9 +119,10 @@ class MySQLStore(SQLStore):
         charset = connection.get_connection_params().get("charset", "")
         if str(charset).lower() != "utf8mb4":
             found.append(E022.error(alias=alias, charset=charset))
-        if query:
-            found += self._narrow_columns_check(alias, connection)
         return found
+
+    def server_check(self, alias: str, connection: Any) -> list[CheckMessage]:
+        return self._narrow_columns_check(alias, connection)
 
     def _narrow_columns_check(self, alias: str, connection: Any) -> list[CheckMessage]:
         """E023: text columns of the task tables that are not utf8mb4, once the migration that

@@ -117,14 +117,14 @@ class PostgreSQLStore(SQLStore):
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
-    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+    def system_check(self, alias: str, connection: Any) -> list[CheckMessage]:
         """E010: prepared statements cannot live behind a transaction-mode pooler.
 
         Django asks for ``DISABLE_SERVER_SIDE_CURSORS = True`` exactly there (PgBouncer in
         transaction mode), so that setting is the sign; a session-mode pooler or Django's own
         pool keeps a session per connection, where prepared statements work.
         """
-        found = super().system_check(alias, connection, query=query)
+        found = super().system_check(alias, connection)
         if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS") and settings.PREPARED_STATEMENTS:
             found.append(E010.error(alias=alias))
         return found

@@ -35,10 +35,14 @@ class Store(Protocol):
     def cursor(self, db: Any) -> Any:
         """A cursor on Django connection ``db`` for this store's statements (a ``CursorWrapper``)."""
 
-    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+    def system_check(self, alias: str, connection: Any) -> list[CheckMessage]:
         """The system check of database ``alias`` (Django connection ``connection``) for this store:
-        a server too old, settings that break claims. ``query``: Django asked for the database
-        checks of this alias (``check --database``, ``migrate``), so the check may query the server."""
+        a server too old, settings that break claims. Runs with every ``manage.py check``: it
+        reads the settings and at most the server's version, never the tables."""
+
+    def server_check(self, alias: str, connection: Any) -> list[CheckMessage]:
+        """What only a query to the server tells (MySQL: E023, the task tables' columns): run where
+        Django asks for the database checks of ``alias`` (``check --database``, ``migrate``)."""
 
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         """SQL and parameters for the database clock plus ``seconds`` (negative: the past)."""

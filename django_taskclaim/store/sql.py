@@ -181,7 +181,7 @@ class SQLStore:
         """Why this server cannot hold the task table (too old…), or ``None``: check E002."""
         return None
 
-    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
+    def system_check(self, alias: str, connection: Any) -> list[CheckMessage]:
         """E002 (a server :meth:`unsupported` refuses) and E003; stores add their own checks."""
         found: list[CheckMessage] = []
         if (problem := self.unsupported(connection)) is not None:
@@ -189,6 +189,9 @@ class SQLStore:
         if self.naive_datetimes and not settings.USE_TZ:
             found.append(E003.error(vendor=self.naive_datetimes))
         return found
+
+    def server_check(self, alias: str, connection: Any) -> list[CheckMessage]:
+        return []
 
     def shifted_now(self, seconds: float) -> tuple[str, list[Any]]:
         return self.lease_sql(), [self.lease_param(seconds)]

@@ -49,8 +49,8 @@ class SQLiteStore(SQLStore):
                     f"{'.'.join(map(str, MINIMUM_VERSION))} or newer (UPDATE … RETURNING)")
         return None
 
-    def system_check(self, alias: str, connection: Any, *, query: bool = False) -> list[CheckMessage]:
-        found = super().system_check(alias, connection, query=query)
+    def system_check(self, alias: str, connection: Any) -> list[CheckMessage]:
+        found = super().system_check(alias, connection)
         # The settings as they are now (override_settings changes these, not the connection's copy).
         database: dict[str, Any] = settings.DATABASES[alias]
         options: dict[str, Any] = database.get("OPTIONS") or {}

@@ -9,15 +9,18 @@ is stored as written. The checks E022 and E023 refuse a connection or a column t
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any
 
 import django
 import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import connection
 
 from devtools.processes import Supervisor
-from django_taskclaim.checks import check_database
+from django_taskclaim.checks import check_database, check_database_server
 from tests.programs.charset_worker import DELIVERY, ERROR, OWNER
 
 pytestmark = [
@@ -88,7 +91,7 @@ def test_e022_a_connection_character_set_other_than_utf8mb4(monkeypatch, charset
 
 
 def test_e023_a_task_table_column_that_is_not_utf8mb4() -> None:
-    assert check_database(databases=["default"]) == []
+    assert check_database_server(databases=["default"]) == []
     with connection.cursor() as cursor:
         # Put back as it was, collation too: another collation of utf8mb4 would make the admin's
         # join with django_celery_results fail ("Illegal mix of collations") in later tests.
@@ -98,11 +101,15 @@ def test_e023_a_task_table_column_that_is_not_utf8mb4() -> None:
         cursor.execute("ALTER TABLE django_taskclaim_attempt MODIFY delivery_id varchar(255) "
                        "CHARACTER SET latin1 NOT NULL")
     try:
-        assert check_database() == []  # the database checks only where asked (check --database, migrate)
-        [error] = check_database(databases=["default"])
+        # The database checks only where asked (check --database, migrate).
+        assert check_database() == [] and check_database_server() == []
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+        [error] = check_database_server(databases=["default"])
         assert error.id == "django_taskclaim.E023"
         assert "django_taskclaim_attempt.delivery_id" in error.msg and "latin1" in error.msg
         assert "0003_mysql_utf8mb4" in error.hint
+        with pytest.raises(SystemCheckError, match="E023"):
+            call_command("check", "--database", "default", stdout=io.StringIO(), stderr=io.StringIO())
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE django_taskclaim_attempt MODIFY delivery_id varchar(255) "  # noqa: S608

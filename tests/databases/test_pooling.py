@@ -120,6 +120,7 @@ def test_with_autocommit_off_a_lost_statement_is_an_error_not_a_retry_in_an_abor
 
 @pytest.mark.usefixtures("behind_transaction_pooler")
 @override_settings(TASKCLAIM_PREPARED_STATEMENTS=True)
+@pytest.mark.django_db  # Django 6.1+: `check` runs the model checks on every database (a query)
 def test_e010_stops_manage_py_check() -> None:
     with pytest.raises(SystemCheckError, match="E010"):
         call_command("check", stdout=io.StringIO(), stderr=io.StringIO())

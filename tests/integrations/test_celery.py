@@ -48,7 +48,12 @@ except ImportError as exc:  # in CI a missing Celery is a failure, not a skip
 app = celery_app_module.app
 work = celery_app_module.work
 point_at = celery_app_module.point_at
-from tests.programs.celery_tasks import always_fails  # noqa: E402
+import tests.programs.celery_tasks  # noqa: E402, F401  (its shared tasks register with every app, this one too)
+
+# The shared task as registered with the app the tests point at their servers. The module's name
+# ``always_fails`` is a proxy to the task of Celery's *current* app, which any other app created
+# with ``set_as_current`` (the default) replaces for the rest of the process.
+always_fails = app.tasks["tests.programs.celery_tasks.always_fails"]
 
 QUEUE = "celery"  # the default queue (a Redis list, a RabbitMQ queue, of that name)
 # Every queue a test uses: emptied before each test.

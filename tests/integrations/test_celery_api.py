@@ -254,7 +254,9 @@ def test_requeue_lost_records_each_resend_and_a_second_sweep_sends_nothing() -> 
     ``requeue`` transition before its message goes out; the next sweep finds nothing lost."""
     from django_taskclaim.lifecycle import reclaim_expired_rows
 
-    memory = celery.Celery("requeue-test", broker="memory://")  # kombu's in-process transport
+    # kombu's in-process transport; not made Celery's current app, which shared tasks (and the
+    # bridge, without app=) resolve to for the rest of the process.
+    memory = celery.Celery("requeue-test", broker="memory://", set_as_current=False)
     dispatch = {"task": "tests.programs.celery_app.work", "args": ["g"], "kwargs": {}, "sent": 1}
     lost = ensure("work-g", dispatch={**dispatch, "task_id": "msg-g"})
     Task.objects.filter(pk=lost.pk).update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))

@@ -46,6 +46,7 @@ def test_w020_silent_with_the_recommended_timeout(timeout: float) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.django_db  # Django 6.1+: `check` runs the model checks on every database (a query on SQLite)
 def test_w020_is_registered() -> None:
     out, err = io.StringIO(), io.StringIO()
     with override_settings(DATABASES=databases()):

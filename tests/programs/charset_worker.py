@@ -43,7 +43,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from django_taskclaim.checks import check_database
+    from django_taskclaim.checks import check_database, check_database_server
     from django_taskclaim.models import Attempt, Task
 
     if args.skip_0003:
@@ -53,7 +53,8 @@ def main() -> None:
     if args.sql_mode == "loose":
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION sql_mode = ''")
-    report: dict[str, Any] = {"checks": [m.id for m in check_database(databases=["default"])]}
+    report: dict[str, Any] = {"checks": [m.id for m in (*check_database(databases=["default"]),
+                                                         *check_database_server(databases=["default"]))]}
 
     # fail() with an error message beyond Latin-1, by an owner of plain ASCII.
     claim = Task.objects.claim("job-fail", owner="worker-1").claim

@@ -68,7 +68,11 @@ def claimer(args: argparse.Namespace) -> None:
                 if status not in ("running", "succeeded") or (status == "succeeded" and outcome.task.result is None):
                     invalid.append(f"{key}: {status} result={outcome.task.result!r}")
         except Exception as exc:
-            errors.append({"type": error_name(exc), "text": str(exc)[:300]})
+            # Where in the app it was raised: the frames of django_taskclaim, outermost first.
+            where = [f"{frame.filename.rsplit('/', 2)[-2]}/{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} "
+                     f"{frame.name}" for frame in traceback.extract_tb(exc.__traceback__)
+                     if "/django_taskclaim/" in frame.filename]
+            errors.append({"type": error_name(exc), "text": str(exc)[:300], "where": where})
     emit(event="exit", counts=dict(seen), errors=errors, invalid=invalid)
 
 
