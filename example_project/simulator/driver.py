@@ -4,8 +4,10 @@
 (:mod:`.worker`; every second one runs the LangGraph graph), delivers each job ``--copies``
 times to them (prefetch 1), redelivers a message whose agent died or did not acknowledge it
 within the visibility timeout, and re-sends a job an agent found busy (like a Celery retry).
-The chaos: the first agent is paused (SIGSTOP) on its first claim until its job is taken over,
-the second one is killed (SIGKILL) mid-work and replaced.
+The queue opens once every agent has started, so that the chaos meets work in flight however
+slowly the agents start (a loaded machine). The chaos: the first agent is paused (SIGSTOP) on
+its first claim until its job is taken over; the first other agent to start working is killed
+(SIGKILL) mid-work and replaced.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class QueueDriver:
         self.seq = 0
         self.counts = {"deliveries": 0, "redeliveries": 0, "retries": 0, "drafts_discarded": 0}
         self.pause_target = "agent-1"
-        self.kill_target = "agent-2"
+        self.opened = False  # deliveries (or claims) begin once every agent has started
         self.pause: dict[str, Any] | None = None  # the paused agent and the claim it holds
         self.paused_done = False
         self.killed_done = False
@@ -134,6 +136,17 @@ class QueueDriver:
                     )
                 )
         self.ready.extend(d for _, d in sorted(order, key=lambda pair: pair[0]))
+
+    def open_when_ready(self) -> bool:
+        """Open the queue once every agent has started; True while it is open."""
+        if not self.opened and all(a.ready for a in self.agents):
+            self.opened = True
+            self.log("queue", "open", f"all {len(self.agents)} agents started")
+            self.on_open()
+        return self.opened
+
+    def on_open(self) -> None:
+        """What opening the queue does beyond handing out deliveries: nothing here."""
 
     def dispatch(self) -> None:
         now = time.monotonic()
@@ -192,7 +205,7 @@ class QueueDriver:
         elif kind == "progress":
             if ev["step"] == 1:
                 self.log(agent.name, "working", f"{job}  generating {ev['of']} tests")
-            if agent.name == self.kill_target and not self.killed_done:
+            if agent.name != self.pause_target and not self.killed_done:
                 self.kill(agent)
         elif kind == "duplicate":
             delivery = agent.current
@@ -321,7 +334,8 @@ class QueueDriver:
                 if time.monotonic() > deadline:
                     self.errors.append(f"gave up after --timeout {self.args.timeout:.0f}s")
                     break
-                self.dispatch()
+                if self.open_when_ready():
+                    self.dispatch()
                 self.pump(0.05)
                 if time.monotonic() - last_poll > 0.1:
                     last_poll = time.monotonic()

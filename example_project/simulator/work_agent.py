@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from devtools.events import emit
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     signals.task_taken_over.connect(on_takeover, weak=False)
     job_event.connect(on_job_event, weak=False)
     emit(event="ready", pid=os.getpid(), kind="worker")
+    # The driver says "start" once every agent is up; the end of stdin instead means the demo is over.
+    if not sys.stdin.readline():
+        emit(event="stopped", succeeded=0, failed=0, fenced_off=0)
+        return
     # A short poll: the demo's leases are short, and an agent waits for a paused agent's lease to run out.
     stats = work(TaskRunner("default"), owner=args.name, queue="testgen", until_drained=True, poll=0.1)
     emit(event="stopped", succeeded=stats.succeeded, failed=stats.failed, fenced_off=stats.fenced_off)

@@ -5,9 +5,10 @@
 ``manage.py taskclaim_worker --queue testgen`` does) until no job is left unfinished. Nothing is
 delivered: ``POST /api/jobs`` enqueued each job through Django's Tasks framework (once, however
 often it was requested), and each agent claims the next one from the task table (``FOR UPDATE
-SKIP LOCKED`` on PostgreSQL). The chaos is the delivery demo's: the first agent is paused
-(SIGSTOP) on its first claim until its job is taken over, the second is killed (SIGKILL)
-mid-work and replaced; a job whose lease ran out goes to the next agent that asks for work.
+SKIP LOCKED`` on PostgreSQL). The chaos is the delivery demo's: the agents begin claiming once all of them
+have started, the first agent is paused (SIGSTOP) on its first claim until its job is taken
+over, the first other agent to start working is killed (SIGKILL) mid-work and replaced; a job
+whose lease ran out goes to the next agent that asks for work.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class WorkerDriver(QueueDriver):
         if ev["event"] == "ready":
             agent.ready = True
             self.log(agent.name, "started", f"pid {ev['pid']} (taskclaim_worker --queue testgen)")
+            if self.opened:  # a replacement: it starts claiming at once
+                agent.child.send("start")
         elif ev["event"] == "stopped":
             agent.closing = True  # drained: nothing left unfinished
             self.log(agent.name, "drained", f"{ev['succeeded']} published, {ev['fenced_off']} fenced off")
@@ -50,6 +53,10 @@ class WorkerDriver(QueueDriver):
 
     def dispatch(self) -> None:
         return None
+
+    def on_open(self) -> None:
+        for agent in self.agents:  # each agent waits for this line before its first claim
+            agent.child.send("start")
 
     def idle(self) -> bool:
         return self.pause is None and all(not a.child.alive() for a in self.agents if not a.killed)
