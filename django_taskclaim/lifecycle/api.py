@@ -146,9 +146,10 @@ def ensure_many(
     tasks: Iterable[tuple[str | TaskKey, str, Any]], max_attempts: int | None = None, *, queue: str,
     priority: int = 0, run_after: datetime | None = None, task_path: str = "", dispatch: dict[str, Any] | None = None,
     using: str | None = None,
-) -> list[tuple[TaskRow, bool]]:
+) -> list[tuple[TaskRow, bool, str]]:
     """:func:`ensure_task` for many queued tasks of one kind: for each ``(key, tenant, payload)`` of
-    ``tasks``, in order, its row and whether this call created it.
+    ``tasks``, in order, its row, whether this call created it, and the database alias it is in
+    (its tenant's, so that the caller need not route it again).
 
     One multi-row insert per chunk of rows, all in one transaction (a savepoint inside the
     caller's, one in each database of the tenants' tasks): every task is created, or none. A key
@@ -180,7 +181,7 @@ def ensure_many(
             for (at, task), (row, created) in zip(batch, rows, strict=True):
                 if task.payload_fingerprint and row.payload_fingerprint != task.payload_fingerprint:
                     raise PayloadMismatch(task.key, task.tenant, row.payload_fingerprint, task.payload_fingerprint)
-                found[at] = (row, created)
+                found[at] = (row, created, alias)
     return found
 
 

@@ -115,10 +115,10 @@ class ClaimBackend(BaseTaskBackend):
             rows = ensure_many(new, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
                                run_after=task.run_after, task_path=task.module_path,
                                dispatch=self._dispatch(task))
-            made = [created for _, created in rows]
-            results = [new_result(task, row, self.alias, using=self.database_for(row.tenant)) if created
-                       else self._met_again(task, to_task(row, self.database_for(row.tenant)))
-                       for row, created in rows]
+            made = [created for _, created, _ in rows]
+            results = [new_result(task, row, self.alias, using=alias) if created
+                       else self._met_again(task, to_task(row, alias))
+                       for row, created, alias in rows]
             del rows  # thousands of rows: not kept while the receivers run
         sender = type(self)
         for result, created in zip(results, made, strict=True):

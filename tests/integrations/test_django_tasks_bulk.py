@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django_taskclaim.exceptions import InvalidTaskKey, PayloadMismatch
 from django_taskclaim.lifecycle import ensure_many
 from django_taskclaim.models import Task
+from django_taskclaim.routing import route
 from django_taskclaim.store import get_store
 from django_taskclaim.store.rows import NewTask
 from django_taskclaim.store.sql import ENSURE_CHUNK
@@ -41,6 +42,11 @@ def task_inserts(queries: CaptureQueriesContext) -> int:
                and "django_taskclaim_task" in q["sql"].split("(")[0])
 
 
+def row_id(result: object) -> int:
+    """The task row's id in a result's id (``"alias:id"`` where tenants are routed to several databases)."""
+    return int(str(result.id).rsplit(":", 1)[-1])  # type: ignore[attr-defined]
+
+
 def test_enqueue_many_returns_what_get_result_reads_in_order_one_insert_per_chunk() -> None:
     n = rows_per_insert() * 2 + 7  # two full chunks and a part
     with CaptureQueriesContext(connection) as queries:
@@ -49,12 +55,12 @@ def test_enqueue_many_returns_what_get_result_reads_in_order_one_insert_per_chun
     assert len(results) == n == Task.objects.count()
     assert [r.args for r in results] == [[i, 1] for i in range(n)]
     # Ids follow the calls' order: among equal priorities the queue hands them out so.
-    assert [int(r.id) for r in results] == sorted(int(r.id) for r in results)
+    assert [row_id(r) for r in results] == sorted(row_id(r) for r in results)
     backend = task_backends["default"]
     for result in (results[0], results[n // 2], results[-1]):
         assert result.status == TaskResultStatus.READY and result.attempts == 0 and result.errors == []
         assert backend.get_result(result.id) == result
-    row = Task.objects.get(pk=int(results[0].id))
+    row = Task.objects.get(pk=row_id(results[0]))
     assert (row.queue, row.priority, row.task_path, row.status) == ("default", 0, "tests.testapp.tasks.add", "pending")
     assert row.dispatch == {"backend": "default"} and row.max_attempts == 5
 
@@ -84,7 +90,7 @@ def test_inside_atomic_the_tasks_commit_or_roll_back_with_the_callers_rows() -> 
     assert not Task.objects.exists() and not Effect.objects.exists()
     with transaction.atomic():
         results = enqueue_many(tasks.add, [((1, 2), {})] * 3)
-    assert Task.objects.filter(pk__in=[int(r.id) for r in results]).count() == 3
+    assert Task.objects.filter(pk__in=[row_id(r) for r in results]).count() == 3
 
 
 def test_a_keyed_identity_met_again_is_that_task_before_or_earlier_in_the_call() -> None:
@@ -191,7 +197,8 @@ def test_ensure_many_inserts_what_is_new_and_tells_what_existed() -> None:
 
 def test_ensure_many_through_the_lifecycle_checks_payloads_and_keeps_all_or_nothing() -> None:
     rows = ensure_many([("a", "", {"n": 1}), ("b", "t", None), ("a", "", {"n": 1})], queue="default")
-    assert [(row.key, created) for row, created in rows] == [("a", True), ("b", True), ("a", False)]
+    assert [(row.key, created) for row, created, _ in rows] == [("a", True), ("b", True), ("a", False)]
+    assert [alias for _, _, alias in rows] == [route(""), route("t"), route("")]  # each tenant's database
     assert rows[2][0].id == rows[0][0].id and rows[0][0].payload == {"n": 1}
     with pytest.raises(PayloadMismatch):
         ensure_many([("c", "", None), ("a", "", {"n": 2})], queue="default")
@@ -200,7 +207,7 @@ def test_ensure_many_through_the_lifecycle_checks_payloads_and_keeps_all_or_noth
 
 def test_ensure_many_stores_a_payload_on_a_task_made_without_one() -> None:
     Task.objects.ensure("bare", queue="default")
-    [(row, created)] = ensure_many([("bare", "", {"x": 1})], queue="default")
+    [(row, created, _)] = ensure_many([("bare", "", {"x": 1})], queue="default")
     assert not created and row.payload == {"x": 1} and Task.objects.get().payload == {"x": 1}
 
 
