@@ -175,7 +175,10 @@ def start_workers(processes, env: dict[str, str], n: int, handler: str, *extra: 
 @pytest.mark.django_db(transaction=True)
 def test_four_atomic_workers_and_a_sigkill_apply_every_effect_once(processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     keys = queue(3, prefix="slow") + queue(60)
-    env = {"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)}
+    # A slow task's first attempt holds its transaction 5 s: long enough to be killed inside it,
+    # short enough that the two not killed do not keep the run waiting (on SQLite they hold the
+    # write lock, one after the other).
+    env = {"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path), "TASKCLAIM_TEST_HOLD": "5"}
     workers = start_workers(processes, env, 4, "tests.programs.worker_handlers.effect", "--atomic")
     # A worker holds a slow key's first attempt: kill it there, mid-transaction.
     victim_pid = int(wait_until(lambda: next((p.name.split(".")[2] for p in tmp_path.glob("slow*.1.*")), None),
