@@ -24,8 +24,12 @@ from .jobs import JobSpec, job_key
 
 try:
     from django.tasks import task  # Django 6
+    from django.tasks.signals import task_enqueued  # the job API watches it (views.enqueue_task)
 except ImportError:  # Django 5.2: the backport (django-tasks, "django_tasks" in INSTALLED_APPS)
     from django_tasks import task
+    from django_tasks.signals import task_enqueued
+
+__all__ = ["generate_suite", "job_event", "report", "task_enqueued"]
 
 #: What the agent does (``event``: claimed, progress, published, fenced; with its fields), for
 #: whoever watches: a task has no caller to report to. The demo's workers connect to it.

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from typing import Any
 
 from django.conf import settings
@@ -36,25 +37,41 @@ def request_job(spec: JobSpec) -> tuple[Task, bool]:
 
     ``TESTGEN_DISPATCH = "tasks"`` enqueues it through Django's Tasks framework (for
     ``taskclaim_worker``); ``"celery"`` also publishes the Celery task, once, on commit.
+    ``created`` is what the insert itself found, never a look beforehand: of two requests
+    racing for a new job, one is told 201 and the other 200.
     """
     if settings.TESTGEN_DISPATCH not in ("tasks", "celery"):
         return ensure_task(spec.task_key, payload=spec.payload)
-    key = spec.task_key
     with transaction.atomic():  # the request's transaction: the task row commits or rolls back with it
-        existed = Task.objects.filter(tenant=key.tenant, key=key.key).exists()
-        task = enqueue_task(spec) if settings.TESTGEN_DISPATCH == "tasks" else publish_celery(spec)
-    return task, not existed
+        return enqueue_task(spec) if settings.TESTGEN_DISPATCH == "tasks" else publish_celery(spec)
 
 
-def enqueue_task(spec: JobSpec) -> Task:
+#: The ids of the tasks the backend created in this context (``enqueue_task``), while it watches.
+_created: ContextVar[list[str] | None] = ContextVar("testgen_created", default=None)
+
+
+def _note_created(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    # The backend sends task_enqueued for a task it created, not for an identity met again.
+    created = _created.get()
+    if created is not None:
+        created.append(str(task_result.id))
+
+
+def enqueue_task(spec: JobSpec) -> tuple[Task, bool]:
     """The job as a Django task keyed by its ``TaskKey``: one task however often it is requested."""
-    from .jobs_tasks import generate_suite  # imported in this mode only
+    from .jobs_tasks import generate_suite, task_enqueued  # imported in this mode only
 
-    result = generate_suite.enqueue(spec.tenant, spec.run, spec.payload)
-    return Task.objects.get(pk=result.id)  # a result's id is its task row's
+    task_enqueued.connect(_note_created, dispatch_uid="testgen-created")  # once: connect() is idempotent
+    watching = _created.set([])
+    try:
+        result = generate_suite.enqueue(spec.tenant, spec.run, spec.payload)
+        created = result.id in (_created.get() or [])
+    finally:
+        _created.reset(watching)
+    return Task.objects.get(pk=result.id), created  # a result's id is its task row's
 
 
-def publish_celery(spec: JobSpec) -> Task:
+def publish_celery(spec: JobSpec) -> tuple[Task, bool]:
     # Imported here so that the demo without Celery never imports it.
     from django_taskclaim.celery import enqueue_once
 
@@ -62,8 +79,8 @@ def publish_celery(spec: JobSpec) -> Task:
 
     # Creates the row in this transaction and publishes on commit; a key that is already
     # pending, running or done is not published again.
-    enqueue_once(generate_suite, key=spec.task_key, args=(spec.tenant, spec.run, spec.payload))
-    return ensure_task(spec.task_key, payload=spec.payload)[0]  # stores the payload's fingerprint
+    sent = enqueue_once(generate_suite, key=spec.task_key, args=(spec.tenant, spec.run, spec.payload))
+    return ensure_task(spec.task_key, payload=spec.payload)[0], sent.created  # stores the payload's fingerprint
 
 
 def jobs_state(run: str | None = None) -> list[dict[str, Any]]:

@@ -427,6 +427,52 @@ def test_a_job_enqueued_in_a_rolled_back_request_is_gone_and_a_failed_job_runs_a
     assert Task.objects.get().pk == task.pk
 
 
+@pytest.mark.django_db(transaction=True)
+def test_of_two_requests_racing_for_a_new_job_one_is_told_it_created_it(tasks_mode) -> None:  # type: ignore[no-untyped-def]
+    """The first request's row is not committed yet when the second's insert arrives: the second
+    waits for it and is told 200, not a second 201 (a look for the row beforehand sees nothing)."""
+    import threading
+
+    from django.db import connections, transaction
+
+    from devtools.polling import wait_until
+    from example_project.testgen.jobs import JobSpec
+    from example_project.testgen.views import request_job
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the second insert is seen waiting on PostgreSQL; SQLite serialises the two requests")
+    spec = JobSpec("acme", "run-42", "payments", "POST /payments", "v3")
+    inserted, commit = threading.Event(), threading.Event()
+    told: dict[str, bool] = {}
+
+    def request(name: str, hold: bool) -> None:
+        try:
+            with transaction.atomic():  # ATOMIC_REQUESTS: the response is decided inside the request
+                told[name] = request_job(spec)[1]
+                if hold:
+                    inserted.set()
+                    commit.wait(30)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=request, args=("first", True))
+    first.start()
+    assert inserted.wait(30)
+    second = threading.Thread(target=request, args=("second", False))
+    second.start()
+    with connection.cursor() as cursor:  # the second request's insert waits on the first's row
+        def waiting() -> bool:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = %s", ["Lock"])
+            return cursor.fetchone()[0] > 0
+        wait_until(waiting, timeout=30, what="the second request to wait for the first's row")
+    commit.set()
+    first.join(30)
+    second.join(30)
+    assert told == {"first": True, "second": False}
+    assert Task.objects.count() == 1
+
+
 def test_database_url_parsing() -> None:
     from django.core.exceptions import ImproperlyConfigured
 
