@@ -28,7 +28,7 @@ from ..keys import (
     to_json,
     validate_text,
 )
-from ..routing import writes_only_to
+from ..routing import route, writes_only_to
 from ..status import Status
 from ..store.rows import Claimed, TaskRow
 from . import transitions
@@ -271,7 +271,9 @@ class Claim(KeepaliveMixin):
         with its lease unless ``lease`` is given, from ``queue`` (default: this task's queue) and
         of its ``path`` kind, only if the completion is accepted: a fenced-off claim raises
         ``StaleClaim`` and claims nothing. A result that cannot be stored raises
-        ``InvalidResult`` and writes nothing, as ``complete()`` does.
+        ``InvalidResult`` and writes nothing, as ``complete()`` does. Without ``tenant`` the next
+        tasks come from this task's database; a ``tenant`` whose tasks are in another one
+        (``TASKCLAIM_ROUTER``) gets its claims there, after this completion's own commit.
         """
         result_json = self._result_json(result, result_ref)
         seconds = self.lease if lease is None else lease_seconds(lease)
@@ -280,6 +282,13 @@ class Claim(KeepaliveMixin):
             _, tenant = resolve_identity("-", tenant)
         queues = queue_names(queue if queue is not None else self.queue or DEFAULT_QUEUE)
         path = ("*" if self.task_path else "") if path is None else path
+        if tenant is not None and (home := route(tenant)) != self.using:
+            # One statement cannot span two databases: complete here, then claim in the tenant's.
+            from .api import claim_next  # the module-level API imports this one
+
+            self.complete(result, result_ref)
+            return claim_next(self.owner, seconds, tenant, limit, queue=queues, path=path,
+                              delivery_id=self.delivery_id, using=home)
         finishing, self._finishing = self._finishing, True
         sent = time.monotonic()
         try:

@@ -100,6 +100,19 @@ def test_claim_next_of_a_tenant_goes_to_its_database_only() -> None:
         Task.objects.db_manager(A).claim_next(tenant=ON_B[0])
 
 
+def test_complete_and_claim_next_for_a_tenant_of_the_other_database_claims_there() -> None:
+    Task.objects.ensure("a", tenant=ON_A[0], queue="default")
+    Task.objects.ensure("b", tenant=ON_B[0], queue="default")
+    [a] = Task.objects.claim_next(tenant=ON_A[0])
+    # The completion commits in A; B's task is claimed in B (one statement cannot span both).
+    [b] = a.complete_and_claim_next({"done": "a"}, tenant=ON_B[0])
+    assert (b.key, b.tenant, b.using) == ("b", ON_B[0], B)
+    assert Task.objects.db_manager(A).get(key="a").status == Task.Status.SUCCEEDED
+    assert Task.objects.db_manager(B).get(key="b").owner == a.owner
+    assert b.complete_and_claim_next(tenant=ON_A[0]) == []  # nothing left in A: claimed nothing, completed b
+    assert Task.objects.db_manager(B).get(key="b").status == Task.Status.SUCCEEDED
+
+
 def test_a_worker_takes_turns_and_drains_every_database() -> None:
     for i in range(3):
         Task.objects.ensure(f"a-{i}", tenant=ON_A[0], queue="default")
