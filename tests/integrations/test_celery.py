@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,14 @@ class Broker:
                 return int(conn.channel().queue_declare(queue=queue, passive=True).message_count)
             except conn.channel_errors:  # NOT_FOUND: never declared, so empty
                 return 0
+
+    def length_reaches(self, n: int, queue: str = QUEUE, timeout: float = 10) -> int:
+        """``length()`` once it is ``n``, or at the deadline: a message just published reaches
+        RabbitMQ's count a moment later (the producer does not wait for the broker's confirm)."""
+        deadline = time.monotonic() + timeout
+        while (found := self.length(queue)) != n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return found
 
     def lose(self, queue: str = QUEUE) -> None:
         """Broker data loss: every message ready in ``queue`` is gone."""
@@ -378,7 +387,7 @@ def test_enqueue_once_publishes_on_commit_only_once(workers: Any, broker: Broker
     assert handles[1].status == "pending" and handles[1].celery_id == handles[0].celery_id
     again = enqueue_once(work, key="work-once", args=("once",))
     assert not again.created
-    assert broker.length() == 1
+    assert broker.length_reaches(1) == 1
 
     w = workers("w1")
     workers.ready(w)
@@ -417,6 +426,7 @@ def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: A
     lost = enqueue_once(work, key="work-lost", args=("lost",))
     crashed = enqueue_once(work, key="work-crashed", args=("crashed",))
     assert lost.sent and crashed.sent
+    assert broker.length_reaches(2) == 2  # both arrived: none can land after the loss below
     broker.lose()  # broker data loss: both messages are gone
     # An acks-early worker took "crashed" and died: its message is gone, its lease runs out.
     assert Task.objects.claim("work-crashed", owner="dead-worker", lease=30).claimed
@@ -427,7 +437,7 @@ def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: A
     with override_settings(TASKCLAIM_CELERY_APP="tests.programs.celery_app.app"):
         call_command("taskclaim_reclaim", "--requeue", stdout=out)
         assert "requeue: 2 lost message(s) re-sent" in out.getvalue(), out.getvalue()
-        assert broker.length() == 2
+        assert broker.length_reaches(2) == 2
         out = io.StringIO()
         call_command("taskclaim_reclaim", "--requeue", stdout=out)  # just re-sent: not lost
         assert "requeue: 0 lost message(s) re-sent" in out.getvalue(), out.getvalue()
