@@ -28,7 +28,7 @@ from ..keys import (
     to_json,
     validate_text,
 )
-from ..routing import route, writes_only_to
+from ..routing import UNREACHABLE, route, unreachable, writes_only_to
 from ..status import Status
 from ..store.rows import Claimed, TaskRow
 from . import transitions
@@ -284,11 +284,14 @@ class Claim(KeepaliveMixin):
         path = ("*" if self.task_path else "") if path is None else path
         if tenant is not None and (home := route(tenant)) != self.using:
             # One statement cannot span two databases: complete here, then claim in the tenant's.
-            from .api import claim_next  # the module-level API imports this one
-
             self.complete(result, result_ref)
-            return claim_next(self.owner, seconds, tenant, limit, queue=queues, path=path,
-                              delivery_id=self.delivery_id, using=home)
+            sent = time.monotonic()
+            try:
+                claimed = transitions.claim_next(home, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
+                                                 delivery_id=self.delivery_id, queues=queues, path=path)
+            except UNREACHABLE as exc:
+                unreachable(exc, home, tenant)
+            return [Claim.taken(c, home, seconds, self.delivery_id, sent=sent) for c in claimed]
         finishing, self._finishing = self._finishing, True
         sent = time.monotonic()
         try:
