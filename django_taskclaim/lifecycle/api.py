@@ -40,7 +40,7 @@ from ..keys import (
 from ..status import Status
 from ..store.rows import Claimed, Moved, NewTask, TaskRow
 from . import transitions
-from .handle import Claim
+from .handle import Claim, claim_next_in
 from .transitions import to_task
 
 logger = logging.getLogger("django_taskclaim")
@@ -263,10 +263,9 @@ def claim_next(
         visit = routing.rotation(using)
     failed: BaseException | None = None
     for alias in visit:
-        sent = time.monotonic()
         try:
-            claimed = transitions.claim_next(alias, owner=owner, lease=seconds, tenant=tenant, limit=limit,
-                                             delivery_id=delivery_id, queues=queues, path=path)
+            claimed = claim_next_in(alias, owner=owner, lease=seconds, tenant=tenant, limit=limit,
+                                    delivery_id=delivery_id, queues=queues, path=path)
         except routing.UNREACHABLE as exc:
             if len(visit) == 1:
                 routing.unreachable(exc, alias, tenant)
@@ -276,7 +275,7 @@ def claim_next(
             failed = failed or routing.named(exc, alias) or exc
             continue
         if claimed:
-            return [Claim.taken(c, alias, seconds, delivery_id, sent=sent) for c in claimed]
+            return claimed
     if failed is not None:
         raise failed
     return []

@@ -275,7 +275,6 @@ class Claim(KeepaliveMixin):
         tasks come from this task's database; a ``tenant`` whose tasks are in another one
         (``TASKCLAIM_ROUTER``) gets its claims there, after this completion's own commit.
         """
-        result_json = self._result_json(result, result_ref)
         seconds = self.lease if lease is None else lease_seconds(lease)
         positive_int(limit, "limit")
         if tenant is not None:
@@ -285,13 +284,12 @@ class Claim(KeepaliveMixin):
         if tenant is not None and (home := route(tenant)) != self.using:
             # One statement cannot span two databases: complete here, then claim in the tenant's.
             self.complete(result, result_ref)
-            sent = time.monotonic()
             try:
-                claimed = transitions.claim_next(home, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
-                                                 delivery_id=self.delivery_id, queues=queues, path=path)
+                return claim_next_in(home, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
+                                     delivery_id=self.delivery_id, queues=queues, path=path)
             except UNREACHABLE as exc:
                 unreachable(exc, home, tenant)
-            return [Claim.taken(c, home, seconds, self.delivery_id, sent=sent) for c in claimed]
+        result_json = self._result_json(result, result_ref)
         finishing, self._finishing = self._finishing, True
         sent = time.monotonic()
         try:
@@ -423,3 +421,15 @@ class Claim(KeepaliveMixin):
                 return func(*args, **kwargs)
 
         return await sync_to_async(run)()
+
+
+def claim_next_in(
+    using: str, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str,
+    queues: Sequence[str], path: str,
+) -> list[Claim]:
+    """Up to ``limit`` queued tasks claimed in database ``using`` (validated arguments): each claim
+    aged from before its statement was sent, so a slow round trip never makes a lease look longer."""
+    sent = time.monotonic()
+    claimed = transitions.claim_next(using, owner=owner, lease=lease, tenant=tenant, limit=limit,
+                                     delivery_id=delivery_id, queues=queues, path=path)
+    return [Claim.taken(c, using, lease, delivery_id, sent=sent) for c in claimed]

@@ -62,13 +62,13 @@ def enqueue_task(spec: JobSpec) -> tuple[Task, bool]:
     from .jobs_tasks import generate_suite, task_enqueued  # imported in this mode only
 
     task_enqueued.connect(_note_created, dispatch_uid="testgen-created")  # once: connect() is idempotent
-    watching = _created.set([])
+    made: list[str] = []
+    watching = _created.set(made)
     try:
         result = generate_suite.enqueue(spec.tenant, spec.run, spec.payload)
-        created = result.id in (_created.get() or [])
     finally:
         _created.reset(watching)
-    return Task.objects.get(pk=result.id), created  # a result's id is its task row's
+    return Task.objects.get(pk=result.id), result.id in made  # a result's id is its task row's
 
 
 def publish_celery(spec: JobSpec) -> tuple[Task, bool]:

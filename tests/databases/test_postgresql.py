@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from devtools.polling import wait_until
 from django_taskclaim.models import Task
 
 pytestmark = [pytest.mark.django_db]
@@ -63,9 +62,9 @@ def test_heartbeats_are_hot_updates() -> None:
     before = table_updates()
     for _ in range(20):
         claim.heartbeat()
-    deadline = time.monotonic() + 10  # before PostgreSQL 15 the counts arrive within a second or so
-    while (after := table_updates())[0] - before[0] < 20 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # Before PostgreSQL 15 the counts arrive within a second or so.
+    after = wait_until(lambda: (now := table_updates())[0] - before[0] >= 20 and now, timeout=10,
+                       what="the heartbeats in the table's statistics")
     updated, hot = after[0] - before[0], after[1] - before[1]
     assert updated >= 20 and hot == updated, (updated, hot)
 

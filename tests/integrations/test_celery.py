@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -108,13 +107,11 @@ class Broker:
             except conn.channel_errors:  # NOT_FOUND: never declared, so empty
                 return 0
 
-    def length_reaches(self, n: int, queue: str = QUEUE, timeout: float = 10) -> int:
-        """``length()`` once it is ``n``, or at the deadline: a message just published reaches
-        RabbitMQ's count a moment later (the producer does not wait for the broker's confirm)."""
-        deadline = time.monotonic() + timeout
-        while (found := self.length(queue)) != n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return found
+    def length_reaches(self, n: int, queue: str = QUEUE) -> int:
+        """``length()`` once it is ``n`` (``TimeoutError`` after 10 s): a message just published
+        reaches RabbitMQ's count a moment later (the producer does not wait for the broker's confirm)."""
+        wait_until(lambda: self.length(queue) == n, timeout=10, what=f"{n} message(s) ready in {queue}")
+        return self.length(queue)
 
     def lose(self, queue: str = QUEUE) -> None:
         """Broker data loss: every message ready in ``queue`` is gone."""
