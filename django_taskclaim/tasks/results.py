@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from .. import routing
 from ..conf import settings
+from ..ids import task_id
 from ..status import RESULT_STATUS, Outcome, Status
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
@@ -55,7 +55,7 @@ def result_id(row: TaskRow) -> str:
 
 def format_result_id(using: str, pk: int) -> str:
     """The result id of task ``pk`` in database ``using`` (see :func:`result_id`)."""
-    return f"{using}:{pk}" if routing.several() else str(pk)
+    return task_id(using, pk)
 
 
 def parse_result_id(value: object) -> tuple[str, int]:
