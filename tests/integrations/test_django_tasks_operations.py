@@ -9,6 +9,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from django_taskclaim.exceptions import InvalidTransition, StaleClaim, TaskCancelled
+from django_taskclaim.ids import parse_task_id
 from django_taskclaim.models import Task
 from django_taskclaim.status import RESULT_STATUS, Status, reported_as
 from django_taskclaim.tasks.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
@@ -83,7 +84,7 @@ def test_cancel_and_retry_refuse_a_task_in_another_state_and_name_it() -> None:
     waiting = tasks.add.enqueue(1, 1)
     with pytest.raises(InvalidTransition, match=r"READY \(pending\).*only a FAILED task"):
         backend().retry(waiting.id)
-    assert Task.objects.get(pk=int(done.id)).status == Status.SUCCEEDED
+    assert Task.objects.get(pk=parse_task_id(done.id)[1]).status == Status.SUCCEEDED
 
 
 def test_cancel_and_retry_of_an_unknown_id_or_of_work_that_is_not_a_django_task() -> None:

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from django_taskclaim.ids import task_id
+from django_taskclaim.ids import parse_task_id, task_id
 from django_taskclaim.models import Task
 from django_taskclaim.status import Status
 from tests.operators.test_admin import CHANGELIST, keys_listed, messages_of, staff
@@ -31,7 +31,8 @@ def django_tasks() -> dict[str, Task]:
     mail = tasks.send_email.enqueue("a@example.com")
     Task.objects.ensure("for-a-handler", queue="default")
     Task.objects.ensure("by-key")
-    return {"add": Task.objects.get(pk=int(add.id)), "mail": Task.objects.get(pk=int(mail.id)),
+    return {"add": Task.objects.get(pk=parse_task_id(add.id)[1]),
+            "mail": Task.objects.get(pk=parse_task_id(mail.id)[1]),
             "handler": Task.objects.get(key="for-a-handler"), "by-key": Task.objects.get(key="by-key")}
 
 
@@ -76,7 +77,7 @@ def test_a_tasks_page_shows_its_result_id_and_the_frameworks_status(client, djan
     add = django_tasks["add"]
     Task.objects.filter(pk=add.pk).cancel()
     html = client.get(change_url(add)).content.decode()
-    assert f'<div class="readonly">{add.pk}</div>' in html  # its result id (one task database)
+    assert f'<div class="readonly">{task_id(add._state.db, add.pk)}</div>' in html  # its result id
     assert '<div class="readonly">FAILED (cancelled)</div>' in html
 
 
@@ -111,21 +112,22 @@ def test_cancel_and_retry_buttons(client, django_tasks) -> None:  # type: ignore
     page = client.get(change_url(add)).content.decode()
     cancel = reverse("admin:django_taskclaim_task_cancel", args=[add.pk])
     retry = reverse("admin:django_taskclaim_task_retry", args=[add.pk])
-    assert f'action="{cancel}"' in page and f'action="{retry}"' not in page  # only what applies
+    assert f'action="{cancel}' in page and f'action="{retry}' not in page  # only what applies
     assert client.get(cancel).status_code == 405  # a GET changes nothing
     response = client.post(cancel, follow=True)
-    assert messages_of(response) == [f"Cancelled task {add.pk}."]
+    named = task_id(add._state.db, add.pk)
+    assert messages_of(response) == [f"Cancelled task {named}."]
     add.refresh_from_db()
     assert add.status == Status.CANCELLED
     page = client.get(change_url(add)).content.decode()
-    assert f'action="{retry}"' in page and f'action="{cancel}"' not in page
+    assert f'action="{retry}' in page and f'action="{cancel}' not in page
     response = client.post(retry, follow=True)
-    assert messages_of(response) == [f"Task {add.pk} is pending again, its attempts counted afresh."]
+    assert messages_of(response) == [f"Task {named} is pending again, its attempts counted afresh."]
     add.refresh_from_db()
     assert add.status == Status.PENDING
     # A task that is not in a state the button applies to (a stale page): refused, named, unchanged.
     response = client.post(retry, follow=True)
-    assert messages_of(response) == [f"Task {add.pk} is pending: only a failed or cancelled task can be retried."]
+    assert messages_of(response) == [f"Task {named} is pending: only a failed or cancelled task can be retried."]
 
 
 def test_the_buttons_need_their_permissions(client, django_tasks) -> None:  # type: ignore[no-untyped-def]
