@@ -245,8 +245,11 @@ def claim_key(
         found = result if result is not None else read_state()  # nothing claimed, nothing settled: read afresh
     if found is not None and found.duplicate:
         if logger.isEnabledFor(logging.INFO):
-            logger.info("duplicate delivery", extra={"key": key, "tenant": tenant,
-                                                     "token": found.row.fencing_token, "owner": owner})
+            row = found.row
+            logger.info("duplicate delivery: %sid=%s key=%r tenant=%r (the task is %s, token %d) from owner %r",
+                        row.task_path + " " if row.task_path else "", task_id(using, row.id), key, tenant,
+                        row.status, row.fencing_token, owner,
+                        extra={"key": key, "tenant": tenant, "token": row.fencing_token, "owner": owner})
         if signals.duplicate_delivery.receivers:  # spares building the Task when nobody listens
             send(using, signals.duplicate_delivery, task=to_task(found.row, using), owner=owner,
                  delivery_id=delivery_id)

@@ -106,3 +106,14 @@ def test_a_django_task_worker_names_its_backend(caplog) -> None:  # type: ignore
     [line] = lines(caplog, "worker ")
     assert line.startswith("worker 'w8' started: Django tasks of backend 'default', queues emails; databases ")
     assert line.endswith("; tenant 'acme'; lease 30s; batch 1 (one task at a time)")
+
+
+def test_a_duplicate_delivery_names_the_task_and_its_state(caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO, logger="django_taskclaim")
+    claim = Task.objects.claim("report:43", owner="w1", lease=60).claim
+    assert claim is not None
+    assert not Task.objects.claim("report:43", owner="w2").claimed
+    task = Task.objects.get()
+    assert lines(caplog, "duplicate delivery") == [
+        f"duplicate delivery: id={task_id(task._state.db, task.pk)} key='report:43' tenant='' "
+        "(the task is running, token 1) from owner 'w2'"]
