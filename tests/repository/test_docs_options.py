@@ -66,3 +66,11 @@ def test_works_documented_signature_is_its_signature() -> None:
         f"reference.md documents work({', '.join(n for n, _ in pairs)}); it takes {', '.join(p.name for p in real)}")
     for (name, default), p in zip(pairs, real, strict=True):
         assert ast.literal_eval(default) == p.default, f"work()'s {name} defaults to {p.default!r}, not {default}"
+
+
+def test_every_setting_has_a_row_in_the_settings_table() -> None:
+    from django_taskclaim.conf import TaskClaimSettings
+
+    names = {n for n, v in vars(TaskClaimSettings).items() if isinstance(v, property) and n.isupper()}
+    rows = set(re.findall(r"^\| `TASKCLAIM_([A-Z_]+)`", section("reference.md", "## Settings"), re.MULTILINE))
+    assert names <= rows, f"reference.md's settings table lacks TASKCLAIM_{', TASKCLAIM_'.join(sorted(names - rows))}"
