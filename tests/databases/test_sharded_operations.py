@@ -81,3 +81,29 @@ def test_log_lines_name_the_database_in_the_id(caplog) -> None:  # type: ignore[
     messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("task completed")]
     assert messages == [f"task completed: {PATH} id={B}:{task.pk} key='add-on-b' tenant={ON_B[0]!r} token=1 "
                         "owner='w1'"]
+
+
+def test_the_queue_overview_names_a_database_it_cannot_reach_and_shows_the_others(client) -> None:  # type: ignore[no-untyped-def]
+    from django.db import connections
+
+    from devtools.servers import free_port
+
+    user = User.objects.create(username="viewer", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_taskclaim",
+                                                        codename="view_task"))
+    client.force_login(user)
+    on_b()
+    Task.objects.ensure("on-a", queue="emails", task_path=PATH)
+    conn = connections[B]
+    conn.close()
+    saved = conn.settings_dict["PORT"]
+    conn.settings_dict["PORT"] = str(free_port())  # nothing listens there: the server is down
+    try:
+        response = client.get(reverse("admin:django_taskclaim_task_queues"))
+    finally:
+        conn.settings_dict["PORT"] = saved
+        conn.close()
+    assert response.status_code == 200
+    assert [(r["database"], r["queue"]) for r in response.context["queues"]] == [("default", "emails")]
+    assert list(response.context["unreachable"]) == [B]
+    assert f"Task database {B} cannot be reached: " in response.content.decode()
