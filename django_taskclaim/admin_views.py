@@ -129,12 +129,11 @@ class QueuedWorkAdminMixin:
         }
         return TemplateResponse(request, "admin/django_taskclaim/task/queues.html", context)
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        task = self.get_object(request, object_id)  # type: ignore[attr-defined]
-        buttons = self._buttons(request, task) if task is not None else []
-        return super().change_view(  # type: ignore[misc]
-            request, object_id, form_url, {**(extra_context or {}), "taskclaim_buttons": buttons})
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False,
+                           change: bool = False, form_url: str = "", obj: Any = None) -> HttpResponse:
+        # The task the page shows, as the change view read it: the buttons that apply to it.
+        context["taskclaim_buttons"] = self._buttons(request, obj) if obj is not None else []
+        return super().render_change_form(request, context, add, change, form_url, obj)  # type: ignore[misc]
 
     def _buttons(self, request: HttpRequest, task: Task) -> list[dict[str, str]]:
         """The buttons that apply to ``task`` now and that the user may press."""
