@@ -27,6 +27,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
 from .lifecycle import reclaim_expired_rows
 from .models import HELD_REASON, Attempt, Task, TaskQuerySet, held_ids
@@ -269,12 +270,14 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
-    list_display = ("key", "tenant", "status_badge", "queue", "priority", "owner", "fencing_token",
-                    "attempts_display", "lease", "took_over", "result_display", "error_display", "updated_at")
+class TaskAdmin(QueuedWorkAdminMixin, admin.ModelAdmin):
+    list_display = ("key", "tenant", "status_badge", "queue", "task_path_display", "priority", "owner",
+                    "fencing_token", "attempts_display", "lease", "took_over", "result_display", "error_display",
+                    "updated_at")
     list_display_links = ("key",)
-    list_filter = (TaskDatabaseFilter, "status", LeaseExpiredFilter, TakeoverFilter, "queue", "tenant")
-    search_fields = ("key", "owner")
+    list_filter = (TaskDatabaseFilter, "status", LeaseExpiredFilter, TakeoverFilter, "queue", TaskPathFilter,
+                   "tenant")
+    search_fields = ("key", "owner", "task_path")
     ordering = ("-id",)
     list_per_page = 50
     # The exact total is one more COUNT over a possibly large table; the filtered count is
@@ -288,12 +291,13 @@ class TaskAdmin(admin.ModelAdmin):
                            "max_attempts", "lease")}),
         (_("Result"), {"fields": ("result", "result_ref", "error")}),
         (_("Input"), {"fields": ("payload", "payload_fingerprint", "dispatch")}),
-        (_("Queue"), {"fields": ("queue", "priority", "run_after", "task_path")}),
+        (_("Queue"), {"fields": ("queue", "priority", "run_after", "task_path", "task_id_display",
+                                 "result_status_display")}),
         (_("Times"), {"fields": ("created_at", "updated_at", "lease_expires_at")}),
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in self.model._meta.fields] + ["lease"]
+        return [f.name for f in self.model._meta.fields] + ["lease", "task_id_display", "result_status_display"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # The database clock and the takeover flag come with the page's one query, on the task

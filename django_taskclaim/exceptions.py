@@ -43,6 +43,16 @@ class WorkerLost(TaskClaimError):
     result as the error of such an attempt."""
 
 
+class TaskCancelled(TaskClaimError):
+    """The task was cancelled (an operator's ``cancel``) before it ended. Never raised: named in
+    a Django task's result as its last error, since the framework has no cancelled state."""
+
+
+class InvalidTransition(TaskClaimError):
+    """An operator's cancel or retry of a task in a state it does not apply to: a finished task
+    cancelled, a task retried that neither failed nor was cancelled. Nothing was written."""
+
+
 class _Rebuildable(TaskClaimError):
     """An error with structured fields that can also be rebuilt from its message alone.
 

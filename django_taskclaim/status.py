@@ -36,3 +36,24 @@ TERMINAL: tuple[str, ...] = (Status.SUCCEEDED.value, Status.FAILED.value, Status
 RESETTABLE: tuple[str, ...] = (Status.FAILED.value, Status.CANCELLED.value)
 #: Statuses a cancel moves to CANCELLED.
 UNFINISHED: tuple[str, ...] = (Status.PENDING.value, Status.RUNNING.value)
+
+#: The one mapping from these statuses to the words of Django's Tasks framework
+#: (``TaskResultStatus``), which has no cancelled state: a CANCELLED task is reported FAILED,
+#: its result's last error ``django_taskclaim.exceptions.TaskCancelled``.
+RESULT_STATUS: dict[str, str] = {
+    Status.PENDING.value: "READY",
+    Status.RUNNING.value: "RUNNING",
+    Status.SUCCEEDED.value: "SUCCESSFUL",
+    Status.FAILED.value: "FAILED",
+    Status.CANCELLED.value: "FAILED",
+}
+
+
+def reported_as(result_status: str) -> tuple[str, ...]:
+    """The statuses that Django's Tasks framework reports as ``result_status`` (``"FAILED"``:
+    failed and cancelled), by :data:`RESULT_STATUS`; ``ValueError`` for a word it does not use."""
+    found = tuple(status for status, word in RESULT_STATUS.items() if word == str(result_status))
+    if not found:
+        raise ValueError(f"{str(result_status)!r} is not a status of Django's Tasks framework; it reports "
+                         f"{', '.join(dict.fromkeys(RESULT_STATUS.values()))}")
+    return found

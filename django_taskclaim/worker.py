@@ -87,6 +87,10 @@ class Runner:
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """What this runner runs, for the worker's start-up line."""
+        return type(self).__name__
+
 
 class HandlerRunner(Runner):
     """``handler(claim)`` under the execution protocol (``atomic``: inside ``claim.fenced()``)."""
@@ -96,6 +100,11 @@ class HandlerRunner(Runner):
 
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         return execute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
+
+    def describe(self) -> str:
+        name = getattr(self.handler, "__qualname__", None) or repr(self.handler)
+        module = getattr(self.handler, "__module__", None)
+        return f"handler {module}.{name}" if module else f"handler {name}"
 
 
 def work(
@@ -129,6 +138,7 @@ def work(
     # Over several task databases each claim_next() starts at the next one: a completion that
     # claimed the next tasks in its own database would keep the worker there while it has work.
     chain = tenant is not None or len(routing.databases(using)) < 2
+    _started(runner, owner, queues, tenant, using, seconds, batch)
     stats = WorkerStats()
     claims: list[Claim] = []
     while not stop.is_set():
@@ -156,6 +166,17 @@ def work(
     return stats
 
 
+def _started(runner: Runner, owner: str, queues: list[str], tenant: str | None, using: str | None, lease: float,
+             batch: int) -> None:
+    """The worker's one start-up line: what it runs, from which queues and databases, how."""
+    aliases = [routing.route(tenant, using)] if tenant is not None else list(routing.databases(using))
+    whose = "" if tenant is None else f"; tenant {tenant!r}"
+    logger.info("worker %r started: %s, queues %s; databases %s%s; lease %gs; batch %d (one task at a time)",
+                owner, runner.describe(), ", ".join(queues), ", ".join(aliases), whose, lease, batch,
+                extra={"owner": owner, "runner": runner.describe(), "queues": queues, "databases": aliases,
+                       "tenant": tenant, "lease": lease, "batch": batch})
+
+
 def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> list[Claim]:
     """Run one task by the execution protocol; the claims its completion made."""
     try:
@@ -163,14 +184,14 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
     except _UNREACHABLE as exc:
         # Not even a new connection could record the end: the claim runs out and the task
         # comes back after its lease, by the rules.
-        logger.warning("the end of a task could not be recorded: %s", exc, extra=claim._log_extra())
+        logger.warning("the end of a task could not be recorded: %s: %s", claim.named(), exc, extra=claim._log_extra())
         stats.unrecorded += 1
         return []
     stats.count(executed)
     if executed.given_back and not isinstance(executed.error, Exception):
         raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops
     if executed.error is not None and executed.ending != FENCED_OFF:
-        logger.warning("task handler failed", exc_info=executed.error, extra=claim._log_extra())
+        logger.warning("task handler failed: %s", claim.named(), exc_info=executed.error, extra=claim._log_extra())
     return executed.next_claims
 
 

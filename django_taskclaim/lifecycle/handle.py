@@ -154,7 +154,11 @@ class Claim(KeepaliveMixin):
         return event
 
     def _log_extra(self) -> dict[str, Any]:
-        return {"key": self.key, "tenant": self.tenant, "token": self.token, "owner": self.owner}
+        return transitions._log(self)
+
+    def named(self) -> transitions.Named:
+        """The task as log messages name it (its path, id, key, tenant, token, owner)."""
+        return transitions.Named(self)
 
     def _refuse(self, action: str) -> None:
         """Count the fenced-off write in the audit trail, tell receivers, raise ``StaleClaim``."""
@@ -257,7 +261,7 @@ class Claim(KeepaliveMixin):
         self._finishing_write("complete", transitions.complete, result_json, result_ref)
         self._stored = result_json
         if logger.isEnabledFor(logging.INFO):
-            logger.info("task completed", extra=self._log_extra())
+            logger.info("task completed: %s", self.named(), extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
 
     def complete_and_claim_next(
@@ -305,7 +309,7 @@ class Claim(KeepaliveMixin):
         self._record_ending(str(status))
         self._stored = result_json
         if logger.isEnabledFor(logging.INFO):
-            logger.info("task completed", extra=self._log_extra())
+            logger.info("task completed: %s", self.named(), extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
         return [Claim.taken(c, self.using, seconds, self.delivery_id, sent=sent) for c in claimed]
 
@@ -324,14 +328,15 @@ class Claim(KeepaliveMixin):
             settings.RETRY_BACKOFF.delay(self.attempt) if retry and self.queue is not None else None)
         status = self._finishing_write("fail", transitions.fail, text, bool(retry), wait, error_class, trace)
         retrying = status == Status.PENDING
-        logger.info("task failed", extra={**self._log_extra(), "retry": retrying, "error": text[:200]})
+        logger.info("task failed%s: %s: %s", ", to be retried" if retrying else "", self.named(), text[:200],
+                    extra={**self._log_extra(), "retry": retrying, "error": text[:200]})
         transitions.send(self.using, signals.task_failed, claim=self, error=text, retry=retrying)
         return status
 
     def release(self) -> None:
         """Give the task back untouched: PENDING again, and this attempt does not count."""
         self._finishing_write("release", transitions.release)
-        logger.info("task released", extra=self._log_extra())
+        logger.info("task released: %s", self.named(), extra=self._log_extra())
         transitions.send(self.using, signals.task_released, claim=self, key=self.key, tenant=self.tenant)
 
     def check(self) -> None:

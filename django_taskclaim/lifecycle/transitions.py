@@ -22,6 +22,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from .. import signals
 from ..conf import settings
 from ..exceptions import TaskClaimError
+from ..ids import task_id
 from ..status import Status
 from ..store import get_store, store_of
 from ..store.rows import Claimed, Found, Moved, NewTask, TaskRow
@@ -176,7 +177,8 @@ def _ending(holder: Holder, operation: Callable[[], T], status_of: Callable[[T],
     with cursor_for(holder.using) as cursor:
         row = get_store(holder.using).read_task(cursor, tenant=holder.tenant, key=holder.key)
     if row is not None and row.fencing_token == holder.token and row.status != Status.RUNNING:
-        logger.info("the ending sent before the connection dropped had committed", extra=_log(holder))
+        logger.info("the ending sent before the connection dropped had committed: %s", Named(holder),
+                    extra=_log(holder))
         return _ended_as(done, str(row.status))
     return done
 
@@ -187,7 +189,29 @@ def _ended_as(done: Any, status: str) -> Any:
 
 
 def _log(holder: Holder, **extra: Any) -> dict[str, Any]:
-    return {"key": holder.key, "tenant": holder.tenant, "token": holder.token, "owner": holder.owner, **extra}
+    """A log record's structured fields about a claim's task (``extra``)."""
+    return {"key": holder.key, "tenant": holder.tenant, "token": holder.token, "owner": holder.owner,
+            "task_id": task_id(holder.using, holder.task_id), "task_path": getattr(holder, "task_path", ""),
+            **extra}
+
+
+class Named:
+    """A claim's task as a log message names it: the path of what runs it (queued work that names
+    one), its id (a Django task's result id), key, tenant, token and owner. Formatted only when
+    the line is emitted: ``logger.info("task released: %s", Named(claim))``."""
+
+    # The values, not the claim: a log record keeps its arguments (a handler may hold it), and
+    # must not keep a finished claim (its row, its payload) alive.
+    __slots__ = ("key", "owner", "path", "pk", "tenant", "token", "using")
+
+    def __init__(self, holder: Holder) -> None:
+        self.path: str = getattr(holder, "task_path", "")
+        self.using, self.pk, self.key = holder.using, holder.task_id, holder.key
+        self.tenant, self.token, self.owner = holder.tenant, holder.token, holder.owner
+
+    def __str__(self) -> str:
+        return (f"{self.path + ' ' if self.path else ''}id={task_id(self.using, self.pk)} key={self.key!r} "
+                f"tenant={self.tenant!r} token={self.token} owner={self.owner!r}")
 
 
 # -- claims --------------------------------------------------------------------------------
@@ -221,8 +245,11 @@ def claim_key(
         found = result if result is not None else read_state()  # nothing claimed, nothing settled: read afresh
     if found is not None and found.duplicate:
         if logger.isEnabledFor(logging.INFO):
-            logger.info("duplicate delivery", extra={"key": key, "tenant": tenant,
-                                                     "token": found.row.fencing_token, "owner": owner})
+            row = found.row
+            logger.info("duplicate delivery: %sid=%s key=%r tenant=%r (the task is %s, token %d) from owner %r",
+                        row.task_path + " " if row.task_path else "", task_id(using, row.id), key, tenant,
+                        row.status, row.fencing_token, owner,
+                        extra={"key": key, "tenant": tenant, "token": row.fencing_token, "owner": owner})
         if signals.duplicate_delivery.receivers:  # spares building the Task when nobody listens
             send(using, signals.duplicate_delivery, task=to_task(found.row, using), owner=owner,
                  delivery_id=delivery_id)
@@ -258,7 +285,8 @@ def announce_claim(holder: Holder, previous_owner: str | None) -> None:
     """Tell logs and receivers of a claim (a takeover when ``previous_owner`` is set)."""
     takeover = previous_owner is not None
     if logger.isEnabledFor(logging.INFO):  # spares building the record's extras on every claim
-        logger.info("task %s", "taken over" if takeover else "claimed",
+        logger.info("task %s: %s%s", "taken over" if takeover else "claimed", Named(holder),
+                    f" (from {previous_owner!r})" if takeover else "",
                     extra=_log(holder, previous_owner=previous_owner))
     send(holder.using, signals.task_claimed, claim=holder, takeover=takeover)
     if takeover:
@@ -397,7 +425,7 @@ def refuse(holder: Holder, action: str) -> None:
     if settings.AUDIT:
         with cursor_for(holder.using) as cursor:
             get_store(holder.using).record_stale(cursor, holder.task_id, holder.token)
-    logger.warning("fenced-off %s refused", action, extra=_log(holder, action=action))
+    logger.warning("fenced-off %s refused: %s", action, Named(holder), extra=_log(holder, action=action))
     send(holder.using, signals.stale_write_refused, key=holder.key, tenant=holder.tenant,
          token=holder.token, owner=holder.owner, action=action)
 

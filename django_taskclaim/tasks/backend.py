@@ -15,15 +15,16 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core import checks
 from django.db import transaction
 
 from .. import routing
 from ..conf import settings
-from ..exceptions import InvalidTaskKey
+from ..exceptions import InvalidTaskKey, InvalidTransition
 from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
-from ..status import RESETTABLE
+from ..status import RESETTABLE, RESULT_STATUS, UNFINISHED
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, options_of
 from .results import new_result, parse_result_id, result_of
@@ -160,14 +161,51 @@ class ClaimBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> Any:
         """The result of the task ``result_id`` names (``results.result_id``); ``TaskResultDoesNotExist``
         for any other id."""
+        row = self._row(result_id)
+        return result_of(row, self._attempts(row.pk, row._state.db), self.alias)
+
+    def _row(self, result_id: str) -> Any:
+        """The task row ``result_id`` names; ``TaskResultDoesNotExist`` for any other id."""
         from ..models import Task
 
         try:
             using, pk = parse_result_id(result_id)
-            row = Task.objects.using(using).exclude(task_path="").get(pk=pk)
+            return Task.objects.using(using).exclude(task_path="").get(pk=pk)
         except (ValueError, OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
-        return result_of(row, self._attempts(pk, using), self.alias)
+
+    # -- an operator's cancel and retry: the lifecycle's guarded transitions ------------------
+    def cancel(self, result_id: str) -> Any:
+        """Cancel the READY or RUNNING task ``result_id`` names (a running worker is fenced off:
+        nothing it writes afterwards commits); its result, now FAILED with the error
+        ``TaskCancelled``. ``InvalidTransition`` for a task that already ended."""
+        return self._operate(result_id, "cancel", UNFINISHED, "only a READY or RUNNING task can be cancelled")
+
+    def retry(self, result_id: str) -> Any:
+        """Run the FAILED (or cancelled) task ``result_id`` names again, under the same id: READY,
+        its attempts counted afresh (as ``after_failure=RUN_AGAIN`` does); its result.
+        ``InvalidTransition`` for a task that did not fail."""
+        return self._operate(result_id, "reset", RESETTABLE,
+                             "only a FAILED task (failed, or cancelled) can be retried")
+
+    async def acancel(self, result_id: str) -> Any:
+        """:meth:`cancel` on Django's ORM thread."""
+        return await sync_to_async(self.cancel)(result_id)
+
+    async def aretry(self, result_id: str) -> Any:
+        """:meth:`retry` on Django's ORM thread."""
+        return await sync_to_async(self.retry)(result_id)
+
+    def _operate(self, result_id: str, action: str, applies_to: tuple[str, ...], rule: str) -> Any:
+        row = self._row(result_id)
+        using = row._state.db
+        # The queryset's operator action: the same guarded statement as the admin's and the
+        # commands', which applies only while the task is still in one of ``applies_to``.
+        done = getattr(type(row).objects.using(using).filter(pk=row.pk, status__in=applies_to), action)()
+        row.refresh_from_db(using=using)
+        if not done:
+            raise InvalidTransition(f"task {result_id!r} is {RESULT_STATUS[row.status]} ({row.status}): {rule}")
+        return result_of(row, self._attempts(row.pk, using), self.alias)
 
     def _attempts(self, pk: int, using: str | None = None) -> list[Any]:
         from ..models import Attempt

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from .. import routing
 from ..conf import settings
-from ..status import Outcome, Status
+from ..ids import task_id
+from ..status import RESULT_STATUS, Outcome, Status
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
 if TYPE_CHECKING:
@@ -19,15 +19,12 @@ if TYPE_CHECKING:
     from ..models import Task as TaskRow
     from ..store.rows import TaskRow as StoreRow
 
-STATUS = {
-    Status.PENDING: TaskResultStatus.READY,
-    Status.RUNNING: TaskResultStatus.RUNNING,
-    Status.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
-    Status.FAILED: TaskResultStatus.FAILED,
-    Status.CANCELLED: TaskResultStatus.FAILED,  # the framework has no cancelled state
-}
+#: ``status.RESULT_STATUS`` (the one mapping) in the framework's own values.
+STATUS = {Status(status): TaskResultStatus(word) for status, word in RESULT_STATUS.items()}
 #: What the framework is told of an attempt whose worker stopped (its lease ran out).
 LOST_ATTEMPT = "django_taskclaim.exceptions.WorkerLost"
+#: The last error of a cancelled task, reported FAILED (the framework has no cancelled state).
+CANCELLED = "django_taskclaim.exceptions.TaskCancelled"
 _LOST = (Outcome.EXPIRED, Outcome.TAKEN_OVER)
 
 
@@ -58,7 +55,7 @@ def result_id(row: TaskRow) -> str:
 
 def format_result_id(using: str, pk: int) -> str:
     """The result id of task ``pk`` in database ``using`` (see :func:`result_id`)."""
-    return f"{using}:{pk}" if routing.several() else str(pk)
+    return task_id(using, pk)
 
 
 def parse_result_id(value: object) -> tuple[str, int]:
@@ -100,6 +97,9 @@ def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any
     errors = [TaskError(exception_class_path=a.error_class or LOST_ATTEMPT,
                         traceback=a.traceback or f"{LOST_ATTEMPT}: the worker stopped; its lease ran out\n")
               for a in claims if a.error_class or a.outcome in _LOST]
+    if row.status == Status.CANCELLED:
+        errors.append(TaskError(exception_class_path=CANCELLED,
+                                traceback=f"{CANCELLED}: the task was cancelled before it ended\n"))
     payload = row.payload or {}
     status = STATUS[Status(row.status)]
     finished: datetime | None = row.updated_at if row.is_terminal else None

@@ -38,6 +38,9 @@ class TaskRunner(Runner):
         self.backend = backend
         self.lease = backend.lease_for(None)  # OPTIONS["LEASE"], else TASKCLAIM_DEFAULT_LEASE
 
+    def describe(self) -> str:
+        return f"Django tasks of backend {self.backend.alias!r}"
+
     @property
     def queues(self) -> list[str]:
         """The backend's ``QUEUES`` (``["default"]`` when it names none)."""

@@ -105,3 +105,36 @@ def test_operator_releases_a_running_task_in_the_browser(browser, live_server) -
     assert Task.objects.get(pk=task.pk).status == Task.Status.PENDING
     attempt = Attempt.objects.get(task=task, token=worker_claim.token)
     assert attempt.outcome == "released" and attempt.stale_writes == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_operator_cancels_a_task_from_its_page_and_reads_the_queues(browser, live_server) -> None:  # type: ignore[no-untyped-def]
+    """The task page's Cancel button (a POST form with its CSRF token, in a real browser), then
+    the queue overview linked from the list."""
+    from django.contrib.auth.models import Permission, User
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)  # noqa: S106
+    user.user_permissions.set(Permission.objects.filter(
+        content_type__app_label="django_taskclaim", codename__in=["view_task", "cancel_task"]))
+    task = Task.objects.ensure("mail-7", queue="emails", task_path="shop.tasks.send_mail")
+    wait = WebDriverWait(browser, TIMEOUT)
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_taskclaim/task/{task.pk}/change/")
+    browser.find_element(By.NAME, "username").send_keys("oncall")
+    browser.find_element(By.NAME, "password").send_keys("correct horse")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    cancel = "//ul[@class='object-tools']//button[text()='Cancel']"
+    wait.until(ec.element_to_be_clickable((By.XPATH, cancel))).click()
+    message = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "ul.messagelist li")))
+    assert message.text == f"Cancelled task {task.pk}."
+    assert Task.objects.get(pk=task.pk).status == Task.Status.CANCELLED
+    assert not browser.find_elements(By.XPATH, cancel)
+
+    Task.objects.ensure("mail-8", queue="emails", task_path="shop.tasks.send_mail")
+    browser.get(f"{live_server.url}/admin/django_taskclaim/task/")
+    browser.find_element(By.CSS_SELECTOR, "ul.object-tools a[href$='/task/queues/']").click()
+    table = wait.until(ec.presence_of_element_located((By.ID, "queues")))
+    assert [c.text for c in table.find_elements(By.CSS_SELECTOR, "tbody td")][:4] == ["emails", "1", "0", "0"]

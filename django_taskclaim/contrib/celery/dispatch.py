@@ -103,7 +103,7 @@ def enqueue_once(
     row, created = lifecycle.ensure_task(key, tenant, max_attempts=opts.max_attempts, dispatch=dispatch, using=using)
     if not created:
         found = str((row.dispatch or {}).get("task_id", "")) if isinstance(row.dispatch, dict) else ""
-        logger.info("enqueue_once: task exists, nothing sent",
+        logger.info("enqueue_once: task exists (%s), nothing sent: key=%r tenant=%r", row.status, key, tenant,
                     extra={"key": key, "tenant": tenant, "status": row.status})
         return Enqueued(task=row, created=False, celery_id=found)
     handle = Enqueued(task=row, created=True, celery_id=task_id)
@@ -113,7 +113,8 @@ def enqueue_once(
             task.apply_async(args=args, kwargs=kwargs, task_id=task_id, **apply_async_options)
         except Exception as exc:  # the row is committed PENDING: taskclaim_reclaim --requeue sends it later
             handle.error = exc
-            logger.exception("enqueue_once: publishing failed; taskclaim_reclaim --requeue will send it again",
+            logger.exception("enqueue_once: publishing failed; taskclaim_reclaim --requeue will send it again: "
+                             "key=%r tenant=%r", key, tenant,
                              extra={"key": key, "tenant": tenant, "delivery_id": task_id})
             return
         handle.sent = True
@@ -205,10 +206,11 @@ def requeue_lost(
             _publish(app, name, dispatch)
         except Exception as exc:  # counted and reported by the caller; the next round tries again
             item.error = exc
-            logger.exception("requeue failed", extra={"key": task.key, "tenant": task.tenant})
+            logger.exception("requeue failed: key=%r tenant=%r", task.key, task.tenant,
+                             extra={"key": task.key, "tenant": task.tenant})
         else:
-            logger.info("lost message re-sent", extra={"key": task.key, "tenant": task.tenant,
-                                                       "delivery_id": item.celery_id})
+            logger.info("lost message re-sent: key=%r tenant=%r (message %s)", task.key, task.tenant, item.celery_id,
+                        extra={"key": task.key, "tenant": task.tenant, "delivery_id": item.celery_id})
         done.append(item)
     return done
 

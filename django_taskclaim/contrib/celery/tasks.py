@@ -110,8 +110,8 @@ class ClaimedTask(celery.Task):
 
         def busy(task: Any) -> Any:
             if opts.on_busy == "skip":
-                logger.info("duplicate delivery skipped", extra={"key": key, "tenant": tenant,
-                                                                  "delivery_id": delivery_id})
+                logger.info("duplicate delivery skipped: key=%r tenant=%r", key, tenant,
+                            extra={"key": key, "tenant": tenant, "delivery_id": delivery_id})
                 raise Ignore()
             if opts.on_busy == "retry" and not direct:
                 raise self._busy_retry(task, opts)
@@ -140,7 +140,7 @@ class ClaimedTask(celery.Task):
         if celery_retries:
             status = claim.fail(error, retry=True)  # StaleClaim: fenced off, publish nothing
             if status != Status.PENDING:
-                logger.info("max_attempts reached: not retrying", extra=claim._log_extra())
+                logger.info("max_attempts reached, not retrying: %s", claim.named(), extra=claim._log_extra())
                 if exc is not None:
                     raise exc
                 from ...models import Task
@@ -157,7 +157,8 @@ class ClaimedTask(celery.Task):
         request = self.request
         sig = self.signature_from_request(request, None, None, countdown=countdown, retries=request.retries)
         sig.apply_async()
-        logger.info("task busy: checking again in %.1fs", countdown,
+        logger.info("task busy: checking again in %.1fs: key=%r tenant=%r owner=%r", countdown, task.key, task.tenant,
+                    task.owner,
                     extra={"key": task.key, "tenant": task.tenant, "token": task.fencing_token,
                            "owner": task.owner, "delivery_id": request.id})
         return Retry(f"task {task.key!r} is running under {task.owner!r}", when=countdown, sig=sig)

@@ -1,5 +1,6 @@
-"""``manage.py taskclaim_inspect KEY``: one task's state and the timeline of its attempts;
-``manage.py taskclaim_inspect`` (no key): each queue's depth and the age of its oldest due task."""
+"""``manage.py taskclaim_inspect KEY``: one task's state and the timeline of its attempts (or
+``--id ID``: the task by its id, a Django task's result id); ``manage.py taskclaim_inspect`` (no key):
+each queue's depth and the age of its oldest due task."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_taskclaim import routing
+from django_taskclaim.ids import parse_task_id, task_id
 from django_taskclaim.management.arguments import task_database, task_key, tenant_name
-from django_taskclaim.management.base import TaskClaimCommand
+from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Attempt, Task, held_ids
+from django_taskclaim.status import RESULT_STATUS, Status
 from django_taskclaim.store import DbNow
 
 NOT_FOUND = 1
@@ -33,9 +36,16 @@ def seconds_between(attempt: Attempt) -> float | None:
     return (attempt.ended_at - attempt.started_at).total_seconds()
 
 
+def result_status(task: Task) -> str:
+    """What Django's Tasks framework reports for a task (``status.RESULT_STATUS``), and why where
+    the word hides it (a cancelled task is reported FAILED)."""
+    word = RESULT_STATUS[task.status]
+    return f"{word} (TaskCancelled)" if task.status == Status.CANCELLED else word
+
+
 class Command(TaskClaimCommand):
-    help = ("Show one task (by key and tenant) and the timeline of its attempts; with no key, each queue's "
-            "depth (due, deferred, running) and how long its oldest due task has waited.")
+    help = ("Show one task (by key and tenant, or by --id) and the timeline of its attempts; with no key, each "
+            "queue's depth (due, deferred, running) and how long its oldest due task has waited.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("key", type=task_key, nargs="?", default=None,
@@ -45,10 +55,15 @@ class Command(TaskClaimCommand):
         parser.add_argument("--database", type=task_database, default=None, metavar="ALIAS",
                             help="The task database to look in (default: the tenant's, by TASKCLAIM_ROUTER; "
                                  "with no key: every one).")
+        parser.add_argument("--id", dest="task_ref", default=None, metavar="ID",
+                            help="The task with this id instead of a key: a Django task's result id, alias:pk "
+                                 "(or the primary key alone, in --database or the only task database).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, key: str | None, tenant: str, as_json: bool, database: str | None = None,
-               **options: Any) -> None:
+               task_ref: str | None = None, **options: Any) -> None:
+        if task_ref is not None:
+            key, tenant, database = self.named_by_id(task_ref, key, database)
         if key is None:
             stats = [{**q, "database": alias} for alias in routing.databases(database)
                      for q in Task.objects.db_manager(alias).queue_stats()]
@@ -75,11 +90,30 @@ class Command(TaskClaimCommand):
                 "database": using,
                 "db_now": db_now,
                 "task": task_as_dict(task, remaining, held),
+                "result_id": task_id(task._state.db or using, task.pk),
+                "result_status": RESULT_STATUS[task.status] if task.task_path else None,
                 "attempts": [{**a.as_dict(), "seconds": seconds_between(a)} for a in attempts],
             }
             self.write_json(document)
             return
         self.write_text(task, remaining, held, attempts)
+
+    @staticmethod
+    def named_by_id(text: str, key: str | None, database: str | None) -> tuple[str, str, str]:
+        """The key, tenant and database of the task that id ``text`` names (``parse_task_id``)."""
+        if key is not None:
+            raise CommandError("give either a key or --id, not both", returncode=USAGE_ERROR)
+        try:
+            using, pk = parse_task_id(text, using=database)
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
+        if database is not None and using != database:
+            raise CommandError(f"--id {text!r} names database {using!r}, not --database {database!r}",
+                               returncode=USAGE_ERROR)
+        found = Task.objects.db_manager(using).filter(pk=pk).values_list("key", "tenant").first()
+        if found is None:
+            raise CommandError(f"no task {using}:{pk} (id {text!r})", returncode=NOT_FOUND)
+        return found[0], found[1], using
 
     def write_text(self, task: Task, remaining: float | None, held: bool, attempts: list[Attempt]) -> None:
         out = self.stdout.write
@@ -94,6 +128,7 @@ class Command(TaskClaimCommand):
             lease = f" (lease expired {-remaining:.1f}s ago)"
         rows: list[tuple[str, Any]] = [
             ("status", f"{task.status}{lease}"),
+            *([("Django status", result_status(task))] if task.task_path else []),
             ("owner", task.owner or "-"),
             ("fencing token", task.fencing_token),
             ("attempts", f"{task.attempts}/{task.max_attempts}"),
