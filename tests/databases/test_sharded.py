@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry
@@ -352,12 +353,42 @@ def test_a_bulk_enqueue_puts_each_task_in_its_tenants_database_all_or_nothing() 
     from django_taskclaim.tasks.compat import TaskResultStatus
     from tests.programs.routing_tasks import invoice
 
-    tenants = [ON_A[0], ON_B[0], ON_A[1], ON_B[1]]
-    results = enqueue_many(invoice, [((tenant, 1), {}) for tenant in tenants])
-    assert [r.id.split(":")[0] for r in results] == [tenant_database(t) for t in tenants]
-    assert all(invoice.get_result(r.id).status == TaskResultStatus.READY for r in results)
+    # One call per database (the tenants grouped by ClaimBackend.database_for): one transaction each.
+    for tenants in ([ON_A[0], ON_A[1]], [ON_B[0], ON_B[1]]):
+        results = enqueue_many(invoice, [((tenant, 1), {}) for tenant in tenants])
+        assert [r.id.split(":")[0] for r in results] == [tenant_database(t) for t in tenants]
+        assert all(invoice.get_result(r.id).status == TaskResultStatus.READY for r in results)
     assert len(keys_on(A)) == 2 and len(keys_on(B)) == 2
-    # A mismatch in one database keeps nothing of the call in either.
+    # A mismatch keeps nothing of the call.
     with pytest.raises(PayloadMismatch):  # the last: ON_B[0]'s identity, other arguments
-        enqueue_many(invoice, [((ON_A[2], 1), {}), ((ON_B[2], 1), {}), ((ON_B[0], "1"), {})])
-    assert len(keys_on(A)) == 2 and len(keys_on(B)) == 2
+        enqueue_many(invoice, [((ON_B[2], 1), {}), ((ON_B[0], "1"), {})])
+    assert len(keys_on(B)) == 2
+    # In the caller's transaction on the tenants' database, the tasks roll back with it.
+    with pytest.raises(RuntimeError), transaction.atomic(using=B):
+        enqueue_many(invoice, [((ON_B[2], 1), {})])
+        raise RuntimeError
+    assert len(keys_on(B)) == 2
+
+
+def test_a_bulk_enqueue_over_two_databases_is_refused_before_anything_is_written() -> None:
+    """One call cannot commit in two databases at once (no two-phase commit with the servers'
+    default settings): when one of them refused its part at COMMIT, the other's tasks stayed
+    committed and ran. A call whose tasks span databases is refused before the first insert."""
+    from django_taskclaim.tasks import enqueue_many
+    from tests.programs.routing_tasks import invoice
+
+    calls = [((tenant, n), {}) for n in range(5) for tenant in (ON_A[0], ON_B[0])]  # 5 in A, 5 in B
+    # The first database refuses its part at COMMIT: a foreign key that Django declares
+    # DEFERRABLE INITIALLY DEFERRED (PostgreSQL, SQLite), broken in the caller's transaction.
+    with pytest.raises((TaskClaimError, IntegrityError)) as failed, transaction.atomic(using=A):
+        Attempt.objects.using(A).create(task_id=2**40, token=1, owner="dangling")
+        enqueue_many(invoice, calls)
+    assert not keys_on(B), "the second database's tasks stayed committed"
+    assert not keys_on(A)
+    message = str(failed.value)
+    assert isinstance(failed.value, TaskClaimError), message
+    assert "'default'" in message and "'shard2'" in message and "one database" in message
+    # Outside any transaction too: nothing of the call in either.
+    with pytest.raises(TaskClaimError, match="spans task databases"):
+        enqueue_many(invoice, calls)
+    assert not keys_on(A) and not keys_on(B)
