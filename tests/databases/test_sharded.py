@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry
@@ -174,6 +174,63 @@ def test_fenced_refuses_a_write_to_the_other_database_before_it_is_sent() -> Non
         claim.complete("paid")
     assert Effect.objects.using(B).filter(task_key="pay").count() == 1
     assert Task.objects.for_tenant(ON_B[0]).get(key="pay").status == "succeeded"
+
+
+def hidden_writes_to(alias: str) -> list[str]:
+    """Writes to ``alias`` whose first word is not one (each that its database runs)."""
+    insert = "INSERT INTO testapp_effect (task_key, token, worker, created_at) VALUES ('hidden', 1, 'w', {now})"
+    if connections[alias].vendor != "postgresql":
+        insert = insert.format(now="'2026-01-01 00:00:00'")
+        return [f"/* app */ {insert}", f"-- x\n{insert}"]
+    insert = insert.format(now="now()")
+    return [f"/* app */ {insert}", f"-- x\n{insert}", "SELECT taskclaim_test_write()", f"DO $$ BEGIN {insert}; END $$"]
+
+
+def test_fenced_refuses_writes_that_hide_their_first_word_on_the_other_server() -> None:
+    """The other database refuses them itself: a statement's text cannot tell every write."""
+    for alias in (A, B):
+        if connections[alias].vendor == "postgresql":
+            with connections[alias].cursor() as cursor:
+                cursor.execute("CREATE OR REPLACE FUNCTION taskclaim_test_write() RETURNS int AS $$ INSERT INTO "
+                               "testapp_effect (task_key, token, worker, created_at) VALUES ('hidden', 1, 'f', now()); "
+                               "SELECT 1 $$ LANGUAGE sql")
+    try:
+        for tenant, other in ((ON_A[0], B), (ON_B[0], A)):
+            claim = Task.objects.claim("pay", tenant=tenant).claim
+            assert claim is not None
+            for sql in hidden_writes_to(other):
+                with pytest.raises(TaskClaimError, match=f"wrote to database {other!r}"), claim.fenced():
+                    claim.complete("paid")
+                    with connections[other].cursor() as cursor:
+                        cursor.execute(sql)
+                assert not Effect.objects.using(other).exists(), sql
+            with claim.fenced():  # reading the other database still works, and its writes after the block
+                assert not Effect.objects.using(other).exists()
+                claim.complete("paid")
+            Effect.objects.using(other).create(task_key="after", token=0, worker="w")
+            assert Task.objects.for_tenant(tenant).get(key="pay").status == "succeeded"
+    finally:
+        for alias in (A, B):
+            if connections[alias].vendor == "postgresql":
+                with connections[alias].cursor() as cursor:
+                    cursor.execute("DROP FUNCTION IF EXISTS taskclaim_test_write()")
+
+
+def test_fenced_leaves_the_other_servers_open_transaction_writable() -> None:
+    """A transaction on the other database opened before the block (ATOMIC_REQUESTS on default):
+    the block's reads there run read-only, its hidden write is refused, and the transaction goes on
+    writing after the block."""
+    claim = Task.objects.claim("pay", tenant=ON_B[0]).claim
+    assert claim is not None
+    with transaction.atomic(using=A):
+        Effect.objects.using(A).create(task_key="before", token=0, worker="w")
+        with claim.fenced():
+            assert Effect.objects.using(A).filter(task_key="before").count() == 1
+        with pytest.raises(TaskClaimError, match="wrote to database 'default'"), claim.fenced(), \
+                connections[A].cursor() as cursor:
+            cursor.execute(hidden_writes_to(A)[1])
+        Effect.objects.using(A).create(task_key="after", token=0, worker="w")
+    assert sorted(Effect.objects.using(A).values_list("task_key", flat=True)) == ["after", "before"]
 
 
 def test_a_stale_claim_on_either_database_writes_nothing() -> None:
