@@ -12,10 +12,12 @@ sharded configurations are in tests/databases/test_sharded.py.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
@@ -138,6 +140,27 @@ def test_the_task_database_stays_writable_and_the_other_one_is_writable_again(tw
         cursor.execute("SELECT no_such_column FROM testapp_effect")
     assert not isinstance(failed.value, TaskClaimError)
     assert_writable(twin)
+
+
+def test_afenced_refuses_a_hidden_write_to_another_database() -> None:
+    """The awaitable twin runs the same block on the ORM's thread, where that thread's connections
+    are watched."""
+    claim = claimed()
+
+    def publish() -> None:
+        claim.complete("paid")
+        with connections[TWIN].cursor() as cursor:
+            cursor.execute(f"-- x\n{INSERT}", ["hidden", claim.token, "w", timezone.now()])
+
+    async def main() -> None:
+        try:
+            await claim.afenced(publish)
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    with pytest.raises(TaskClaimError, match=f"wrote to database {TWIN!r}"):
+        asyncio.run(main())
+    assert not Effect.objects.exists() and Task.objects.get(key="pay").status == "running"
 
 
 @pytest.mark.skipif(VENDOR == "sqlite", reason="one writer per SQLite file: the twin's open write transaction would "
