@@ -197,13 +197,15 @@ def _one_database(batches: dict[str, list[NewTask]]) -> tuple[str, list[NewTask]
     if len(batches) == 1:
         [(alias, batch)] = batches.items()
         return alias, batch
-    where = "; ".join(
-        f"{len(batch)} in {alias!r} (tenant {', '.join(map(repr, sorted({t.tenant for t in batch})[:3]))}"
-        f"{', …' if len({t.tenant for t in batch}) > 3 else ''})" for alias, batch in batches.items())
+    def tenants(batch: list[NewTask]) -> str:
+        names = sorted({task.tenant for task in batch})
+        return ", ".join(map(repr, names[:3])) + (", …" if len(names) > 3 else "")
+
+    where = "; ".join(f"{len(batch)} in {alias!r} (tenants {tenants(batch)})" for alias, batch in batches.items())
     raise TaskClaimError(
         f"this bulk enqueue of {sum(map(len, batches.values()))} tasks spans task databases: {where}. One call "
         "commits in one database only: with a transaction in each, one database refusing its part at "
-        "COMMIT would leave the other's tasks committed. Make one call per database (group the calls by "
+        "COMMIT would leave the others' tasks committed. Make one call per database (group the calls by "
         "ClaimBackend.database_for(tenant)), each all or nothing in its own database. Nothing was written.")
 
 
