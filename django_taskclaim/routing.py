@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -106,7 +106,10 @@ def fenced_database() -> str | None:
 
 
 def is_write(sql: str) -> bool:
-    """Whether a statement changes data or schema (``SELECT … FOR UPDATE`` only locks)."""
+    """Whether a statement's first word says that it changes data or schema (``SELECT … FOR UPDATE``
+    only locks). ``fenced()`` refuses these before they are sent; the first word cannot tell every
+    write (a leading comment, ``SELECT f()`` where ``f`` writes), so the other database refuses the
+    rest itself (lifecycle/readonly.py)."""
     words = sql.lstrip(" \t\r\n(").split(None, 1)
     if not words:
         return False
@@ -115,42 +118,14 @@ def is_write(sql: str) -> bool:
 
 
 @contextmanager
-def writes_only_to(alias: str, key: str, tenant: str) -> Iterator[None]:
-    """Refuse every write to a database other than ``alias`` while the block runs.
-
-    A write elsewhere would commit on its own, before the claim's transaction and whatever happens
-    to it: the effect could land although the claim was fenced off, or twice. The statement is
-    refused before it is sent (``TaskClaimError`` naming both databases); the block then rolls
-    back on ``alias`` as on any error. Watched through ``connection.execute_wrapper`` on this
-    thread's connections (raw driver cursors are not seen).
-    """
+def fencing(alias: str) -> Iterator[None]:
+    """While the block runs, :func:`fenced_database` is ``alias`` (``claim.fenced()``'s database)."""
     token = _fenced.set(alias)
     try:
-        others = [other for other in connections if other != alias]
-        if not others:
-            yield
-            return
-        with ExitStack() as stack:
-            for other in others:
-                stack.enter_context(connections[other].execute_wrapper(_refusal(alias, other, key, tenant)))
-            yield
+        yield
     finally:
         _fenced.reset(token)
 
 
-def _refusal(alias: str, other: str, key: str, tenant: str) -> Callable[..., Any]:
-    def refuse(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        if is_write(sql):
-            raise TaskClaimError(
-                f"fenced() of task {key!r} (tenant {tenant!r}) commits on database {alias!r}, but the "
-                f"block wrote to database {other!r}: that write would commit on its own, whatever becomes "
-                f"of the claim. Write the effect to {alias!r} (route its model with a database router: "
-                f"django_taskclaim.routing.fenced_database()), or outside the block. Nothing was written "
-                f"to {other!r}. Statement: {sql[:200]}")
-        return execute(sql, params, many, context)
-
-    return refuse
-
-
-__all__ = ["UNREACHABLE", "databases", "fenced_database", "is_write", "named", "rotation", "route", "several",
-           "unreachable", "writes_only_to"]
+__all__ = ["UNREACHABLE", "databases", "fenced_database", "fencing", "is_write", "named", "rotation", "route",
+           "several", "unreachable"]

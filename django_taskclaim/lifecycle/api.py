@@ -11,7 +11,6 @@ import secrets
 import socket
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -152,37 +151,62 @@ def ensure_many(
     (its tenant's, so that the caller need not route it again).
 
     One multi-row insert per chunk of rows, all in one transaction (a savepoint inside the
-    caller's, one in each database of the tenants' tasks): every task is created, or none. A key
-    that exists (or came earlier in ``tasks``) is that task; a payload that differs from its
-    stored one raises ``PayloadMismatch`` and nothing of the call is kept.
+    caller's): every task is created, or none. A key that exists (or came earlier in ``tasks``)
+    is that task; a payload that differs from its stored one raises ``PayloadMismatch`` and
+    nothing of the call is kept. Tasks of tenants routed to different databases raise
+    ``TaskClaimError`` before anything is written (:func:`_one_database`).
     """
     limit = _max_attempts(max_attempts)
     queue, priority, run_after = queue_name(queue), valid_priority(priority), valid_run_after(run_after)
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
-    # Each task goes to its tenant's database (TASKCLAIM_ROUTER): one batch per database, the
-    # rows given back in the order of ``tasks``.
-    batches: dict[str, list[tuple[int, NewTask]]] = {}
-    count = 0
-    for count, (key, tenant, payload) in enumerate(tasks, 1):
+    # Each task goes to its tenant's database (TASKCLAIM_ROUTER), the rows given back in the
+    # order of ``tasks``.
+    batches: dict[str, list[NewTask]] = {}
+    for key, tenant, payload in tasks:
         key, tenant = resolve_identity(key, tenant)
         stored = payload_json(payload)
-        batches.setdefault(routing.route(tenant, using), []).append((count - 1, NewTask(
-            tenant, key, limit, stored, fingerprint_of(stored), dispatch_json, queue, priority, run_after, task_path)))
-    found: list[Any] = [None] * count
-    # One transaction per database, nested: a mismatch in any database leaves none of the call.
-    with ExitStack() as atomic:
-        for alias, batch in batches.items():
-            atomic.enter_context(transaction.atomic(using=alias))
-            try:
-                rows = transitions.ensure_many(alias, [task for _, task in batch])
-            except routing.UNREACHABLE as exc:
-                routing.unreachable(exc, alias)
-            for (at, task), (row, created) in zip(batch, rows, strict=True):
-                if task.payload_fingerprint and row.payload_fingerprint != task.payload_fingerprint:
-                    raise PayloadMismatch(task.key, task.tenant, row.payload_fingerprint, task.payload_fingerprint)
-                found[at] = (row, created, alias)
+        batches.setdefault(routing.route(tenant, using), []).append(NewTask(
+            tenant, key, limit, stored, fingerprint_of(stored), dispatch_json, queue, priority, run_after, task_path))
+    if not batches:
+        return []
+    alias, batch = _one_database(batches)
+    found: list[tuple[TaskRow, bool, str]] = []
+    with transaction.atomic(using=alias):
+        try:
+            rows = transitions.ensure_many(alias, batch)
+        except routing.UNREACHABLE as exc:
+            routing.unreachable(exc, alias)
+        for task, (row, created) in zip(batch, rows, strict=True):
+            if task.payload_fingerprint and row.payload_fingerprint != task.payload_fingerprint:
+                raise PayloadMismatch(task.key, task.tenant, row.payload_fingerprint, task.payload_fingerprint)
+            found.append((row, created, alias))
     return found
+
+
+def _one_database(batches: dict[str, list[NewTask]]) -> tuple[str, list[NewTask]]:
+    """The one database of a bulk call's tasks, and its tasks; ``TaskClaimError`` when they span several.
+
+    No transaction commits in two databases at once: PostgreSQL's two-phase commit needs
+    ``max_prepared_transactions`` > 0 (0 by default) and a recovery manager for transactions
+    left prepared, SQLite has none. With one transaction per database, a database that refuses
+    its part at COMMIT (a deferred constraint, a serialization failure, a server gone) would
+    leave the others' tasks committed, and workers would run them. So one call writes to one
+    database, and the caller groups its calls by database.
+    """
+    if len(batches) == 1:
+        [(alias, batch)] = batches.items()
+        return alias, batch
+    def tenants(batch: list[NewTask]) -> str:
+        names = sorted({task.tenant for task in batch})
+        return ", ".join(map(repr, names[:3])) + (", …" if len(names) > 3 else "")
+
+    where = "; ".join(f"{len(batch)} in {alias!r} (tenants {tenants(batch)})" for alias, batch in batches.items())
+    raise TaskClaimError(
+        f"this bulk enqueue of {sum(map(len, batches.values()))} tasks spans task databases: {where}. One call "
+        "commits in one database only: with a transaction in each, one database refusing its part at "
+        "COMMIT would leave the others' tasks committed. Make one call per database (group the calls by "
+        "ClaimBackend.database_for(tenant)), each all or nothing in its own database. Nothing was written.")
 
 
 def claim(

@@ -28,11 +28,12 @@ from ..keys import (
     to_json,
     validate_text,
 )
-from ..routing import UNREACHABLE, route, unreachable, writes_only_to
+from ..routing import UNREACHABLE, route, unreachable
 from ..status import Status
 from ..store.rows import Claimed, TaskRow
 from . import transitions
 from .keepalive import KeepaliveMixin
+from .readonly import writes_only_to
 
 logger = logging.getLogger("django_taskclaim")
 

@@ -8,6 +8,7 @@ clock into ORM queries. Adding a database is one store module and one line here.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django.core.checks import CheckMessage
@@ -62,6 +63,22 @@ def store_of(db: Any) -> Store:
         ) from None
 
 
+def read_only(db: Any, cursor: Any) -> AbstractContextManager[None] | str:
+    """:meth:`Store.read_only` for Django connection ``db``, a database of any vendor (a ``fenced()``
+    block's other databases need not be task databases): a sentence saying why not for a vendor
+    with no store here."""
+    found = VENDORS.get(db.vendor)
+    if found is None:
+        return f"is {db.vendor}, which django-taskclaim cannot make refuse writes"
+    return found.read_only(db, cursor)
+
+
+def refused_write(db: Any, error: BaseException) -> bool:
+    """:meth:`Store.refused_write` of Django connection ``db``'s vendor (``False`` for one with no store)."""
+    found = VENDORS.get(db.vendor)
+    return found is not None and found.refused_write(error)
+
+
 class DbNow(Func):
     """The database clock as an ORM expression: leases are compared with this, never ``timezone.now()``."""
 
@@ -85,4 +102,5 @@ class DbNowPlus(Func):
         return sql, tuple(params)
 
 
-__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "server_check", "store_of", "system_check"]
+__all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "read_only", "refused_write", "server_check",
+           "store_of", "system_check"]

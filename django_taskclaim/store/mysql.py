@@ -10,7 +10,8 @@ latest committed row, not the transaction's snapshot. The clock is ``UTC_TIMESTA
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -549,6 +550,45 @@ class MySQLStore(SQLStore):
             cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE id IN ({marks}) FOR UPDATE SKIP LOCKED", chunk)
             held += sorted(seen - {r[0] for r in cursor.fetchall()})
         return held
+
+
+    # -- fenced()'s other databases --------------------------------------------------------
+    def read_only(self, db: Any, cursor: Any) -> AbstractContextManager[None] | str:
+        if not db.get_autocommit():
+            # SET TRANSACTION READ ONLY applies to the next transaction only, and a savepoint
+            # restores no access mode: an open transaction stays writable.
+            return "has a transaction open, which MySQL and MariaDB cannot make read-only once begun"
+        return _read_only_transaction(db.connection)
+
+    def refused_write(self, error: BaseException) -> bool:
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return bool(args) and args[0] == ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+
+
+#: The error of a write refused in a read-only transaction (MySQL 8 and MariaDB).
+ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION = 1792
+
+
+@contextmanager
+def _read_only_transaction(raw: Any) -> Iterator[None]:
+    """One statement in autocommit mode, in a READ ONLY transaction of its own."""
+    _run(raw, "START TRANSACTION READ ONLY")
+    ended = False
+    try:
+        yield
+        ended = True
+        _run(raw, "COMMIT")
+    finally:
+        if not ended:
+            _run(raw, "ROLLBACK")
+
+
+def _run(raw: Any, sql: str) -> None:
+    cursor = raw.cursor()
+    try:
+        cursor.execute(sql)
+    finally:
+        cursor.close()
 
 
 store = MySQLStore()

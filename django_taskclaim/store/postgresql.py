@@ -6,7 +6,8 @@ claim (``FOR UPDATE SKIP LOCKED`` plus audit) and each operator action are one r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from django.core.checks import CheckMessage
@@ -606,6 +607,21 @@ class PostgreSQLStore(SQLStore):
             transaction.set_rollback(True, using=using)
         return held
 
+    # -- fenced()'s other databases --------------------------------------------------------
+    def read_only(self, db: Any, cursor: Any) -> AbstractContextManager[None] | str:
+        # Transaction-scoped settings only: a session's SET would outlive the statement under
+        # PgBouncer's transaction pooling (another client's transaction could inherit it, and our
+        # next statement could run on a session without it).
+        if db.get_autocommit():
+            return _read_only_transaction(db.connection)
+        if getattr(cursor, "name", None):
+            return ("has a transaction open, and a server-side cursor (QuerySet.iterator()) declared in "
+                    "it under the savepoint that makes it read-only would close with that savepoint")
+        return _read_only_savepoint(db.connection)
+
+    def refused_write(self, error: BaseException) -> bool:
+        return getattr(error, "sqlstate", None) == READ_ONLY_SQL_TRANSACTION
+
 
 def _close_moved(outcome: str, token: bool = True) -> str:
     """A CTE closing the running attempts of the tasks in ``moved`` with ``outcome``."""
@@ -639,6 +655,45 @@ def _claimed_and_exhausted(store: PostgreSQLStore, found: Sequence[Sequence[Any]
             exhausted.append(Moved(row.id, row.key, row.tenant, row.fencing_token, row.status))
     exhausted.sort(key=lambda m: m.id)
     return in_claim_order(claimed), exhausted
+
+
+#: SQLSTATE of a write refused in a read-only transaction.
+READ_ONLY_SQL_TRANSACTION = "25006"
+
+
+@contextmanager
+def _read_only_transaction(raw: Any) -> Iterator[None]:
+    """One statement in autocommit mode, in a READ ONLY transaction of its own (committed after it,
+    so that a cursor WITH HOLD, Django's ``iterator()`` in autocommit, stays open)."""
+    with raw.cursor() as cursor:
+        cursor.execute("BEGIN READ ONLY")
+    ended = False
+    try:
+        yield
+        with raw.cursor() as cursor:
+            ended = True
+            cursor.execute("COMMIT")
+    finally:
+        if not ended:
+            with raw.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+
+
+@contextmanager
+def _read_only_savepoint(raw: Any) -> Iterator[None]:
+    """One statement inside a transaction the block did not open (``ATOMIC_REQUESTS``, autocommit
+    off): read-only under a savepoint (``SET LOCAL`` may only make a transaction read-only, never
+    writable again), rolled back to afterwards, which restores the transaction's own access mode.
+    The statement only read: rolling it back loses nothing but row locks it took."""
+    with raw.cursor() as cursor:
+        cursor.execute("SAVEPOINT taskclaim_read_only")
+        cursor.execute("SET LOCAL transaction_read_only = on")
+    try:
+        yield
+    finally:
+        with raw.cursor() as cursor:
+            cursor.execute("ROLLBACK TO SAVEPOINT taskclaim_read_only")
+            cursor.execute("RELEASE SAVEPOINT taskclaim_read_only")
 
 
 store = PostgreSQLStore()

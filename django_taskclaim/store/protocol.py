@@ -9,6 +9,7 @@ Methods take a cursor of the task database that the store made (:meth:`Store.cur
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -53,6 +54,17 @@ class Store(Protocol):
 
     def to_datetime(self, value: Any) -> datetime | None:
         """A datetime column's value as an aware datetime."""
+
+    def read_only(self, db: Any, cursor: Any) -> AbstractContextManager[None] | str:
+        """Around one statement that a ``fenced()`` block sends to Django connection ``db`` (another
+        database than the block's, on driver cursor ``cursor``): the database itself refuses any
+        write in it, whatever its text (a leading comment, a function that writes), and once the
+        statement ended nothing of the setting is left on the session, for its next statement or
+        the next user of the connection (a pool, PgBouncer in transaction mode). Where the database
+        cannot do that now, a sentence saying why (the caller then sends nothing)."""
+
+    def refused_write(self, error: BaseException) -> bool:
+        """Whether the driver's ``error`` is the database refusing a write under :meth:`read_only`."""
 
     def begin_write(self, cursor: Any) -> None:
         """First statement of a transaction that reads before it writes: take the write lock."""

@@ -8,6 +8,8 @@ read first and wrote later could deadlock with another writer, or fail on a stal
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from django.conf import settings
@@ -98,5 +100,26 @@ class SQLiteStore(SQLStore):
         if seconds is not None:
             cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
+    # -- fenced()'s other databases --------------------------------------------------------
+    def read_only(self, db: Any, cursor: Any) -> AbstractContextManager[None] | str:
+        return _query_only(db.connection)
+
+    def refused_write(self, error: BaseException) -> bool:
+        code = getattr(error, "sqlite_errorcode", None)  # the extended code: its low byte is the primary one
+        return code is not None and code & 0xFF == sqlite3.SQLITE_READONLY
+
+
+@contextmanager
+def _query_only(raw: Any) -> Iterator[None]:
+    """One statement with ``PRAGMA query_only`` on (a setting of the connection, in or out of a
+    transaction), then back to what it was."""
+    was = raw.execute("PRAGMA query_only").fetchone()[0]
+    raw.execute("PRAGMA query_only = 1")
+    try:
+        yield
+    finally:
+        raw.execute("PRAGMA query_only = 1" if was else "PRAGMA query_only = 0")
+
 
 store = SQLiteStore()
+

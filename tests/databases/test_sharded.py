@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import IntegrityError, connections, transaction
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry
@@ -173,6 +174,63 @@ def test_fenced_refuses_a_write_to_the_other_database_before_it_is_sent() -> Non
         claim.complete("paid")
     assert Effect.objects.using(B).filter(task_key="pay").count() == 1
     assert Task.objects.for_tenant(ON_B[0]).get(key="pay").status == "succeeded"
+
+
+def hidden_writes_to(alias: str) -> list[str]:
+    """Writes to ``alias`` whose first word is not one (each that its database runs)."""
+    insert = "INSERT INTO testapp_effect (task_key, token, worker, created_at) VALUES ('hidden', 1, 'w', {now})"
+    if connections[alias].vendor != "postgresql":
+        insert = insert.format(now="'2026-01-01 00:00:00'")
+        return [f"/* app */ {insert}", f"-- x\n{insert}"]
+    insert = insert.format(now="now()")
+    return [f"/* app */ {insert}", f"-- x\n{insert}", "SELECT taskclaim_test_write()", f"DO $$ BEGIN {insert}; END $$"]
+
+
+def test_fenced_refuses_writes_that_hide_their_first_word_on_the_other_server() -> None:
+    """The other database refuses them itself: a statement's text cannot tell every write."""
+    for alias in (A, B):
+        if connections[alias].vendor == "postgresql":
+            with connections[alias].cursor() as cursor:
+                cursor.execute("CREATE OR REPLACE FUNCTION taskclaim_test_write() RETURNS int AS $$ INSERT INTO "
+                               "testapp_effect (task_key, token, worker, created_at) VALUES ('hidden', 1, 'f', now()); "
+                               "SELECT 1 $$ LANGUAGE sql")
+    try:
+        for tenant, other in ((ON_A[0], B), (ON_B[0], A)):
+            claim = Task.objects.claim("pay", tenant=tenant).claim
+            assert claim is not None
+            for sql in hidden_writes_to(other):
+                with pytest.raises(TaskClaimError, match=f"wrote to database {other!r}"), claim.fenced():
+                    claim.complete("paid")
+                    with connections[other].cursor() as cursor:
+                        cursor.execute(sql)
+                assert not Effect.objects.using(other).exists(), sql
+            with claim.fenced():  # reading the other database still works, and its writes after the block
+                assert not Effect.objects.using(other).exists()
+                claim.complete("paid")
+            Effect.objects.using(other).create(task_key="after", token=0, worker="w")
+            assert Task.objects.for_tenant(tenant).get(key="pay").status == "succeeded"
+    finally:
+        for alias in (A, B):
+            if connections[alias].vendor == "postgresql":
+                with connections[alias].cursor() as cursor:
+                    cursor.execute("DROP FUNCTION IF EXISTS taskclaim_test_write()")
+
+
+def test_fenced_leaves_the_other_servers_open_transaction_writable() -> None:
+    """A transaction on the other database opened before the block (ATOMIC_REQUESTS on default):
+    the block's reads there run read-only, its hidden write is refused, and the transaction goes on
+    writing after the block."""
+    claim = Task.objects.claim("pay", tenant=ON_B[0]).claim
+    assert claim is not None
+    with transaction.atomic(using=A):
+        Effect.objects.using(A).create(task_key="before", token=0, worker="w")
+        with claim.fenced():
+            assert Effect.objects.using(A).filter(task_key="before").count() == 1
+        with pytest.raises(TaskClaimError, match="wrote to database 'default'"), claim.fenced(), \
+                connections[A].cursor() as cursor:
+            cursor.execute(hidden_writes_to(A)[1])
+        Effect.objects.using(A).create(task_key="after", token=0, worker="w")
+    assert sorted(Effect.objects.using(A).values_list("task_key", flat=True)) == ["after", "before"]
 
 
 def test_a_stale_claim_on_either_database_writes_nothing() -> None:
@@ -352,12 +410,42 @@ def test_a_bulk_enqueue_puts_each_task_in_its_tenants_database_all_or_nothing() 
     from django_taskclaim.tasks.compat import TaskResultStatus
     from tests.programs.routing_tasks import invoice
 
-    tenants = [ON_A[0], ON_B[0], ON_A[1], ON_B[1]]
-    results = enqueue_many(invoice, [((tenant, 1), {}) for tenant in tenants])
-    assert [r.id.split(":")[0] for r in results] == [tenant_database(t) for t in tenants]
-    assert all(invoice.get_result(r.id).status == TaskResultStatus.READY for r in results)
+    # One call per database (the tenants grouped by ClaimBackend.database_for): one transaction each.
+    for tenants in ([ON_A[0], ON_A[1]], [ON_B[0], ON_B[1]]):
+        results = enqueue_many(invoice, [((tenant, 1), {}) for tenant in tenants])
+        assert [r.id.split(":")[0] for r in results] == [tenant_database(t) for t in tenants]
+        assert all(invoice.get_result(r.id).status == TaskResultStatus.READY for r in results)
     assert len(keys_on(A)) == 2 and len(keys_on(B)) == 2
-    # A mismatch in one database keeps nothing of the call in either.
+    # A mismatch keeps nothing of the call.
     with pytest.raises(PayloadMismatch):  # the last: ON_B[0]'s identity, other arguments
-        enqueue_many(invoice, [((ON_A[2], 1), {}), ((ON_B[2], 1), {}), ((ON_B[0], "1"), {})])
-    assert len(keys_on(A)) == 2 and len(keys_on(B)) == 2
+        enqueue_many(invoice, [((ON_B[2], 1), {}), ((ON_B[0], "1"), {})])
+    assert len(keys_on(B)) == 2
+    # In the caller's transaction on the tenants' database, the tasks roll back with it.
+    with pytest.raises(RuntimeError), transaction.atomic(using=B):
+        enqueue_many(invoice, [((ON_B[2], 1), {})])
+        raise RuntimeError
+    assert len(keys_on(B)) == 2
+
+
+def test_a_bulk_enqueue_over_two_databases_is_refused_before_anything_is_written() -> None:
+    """One call cannot commit in two databases at once (no two-phase commit with the servers'
+    default settings): when one of them refused its part at COMMIT, the other's tasks stayed
+    committed and ran. A call whose tasks span databases is refused before the first insert."""
+    from django_taskclaim.tasks import enqueue_many
+    from tests.programs.routing_tasks import invoice
+
+    calls = [((tenant, n), {}) for n in range(5) for tenant in (ON_A[0], ON_B[0])]  # 5 in A, 5 in B
+    # The first database refuses its part at COMMIT: a foreign key that Django declares
+    # DEFERRABLE INITIALLY DEFERRED (PostgreSQL, SQLite), broken in the caller's transaction.
+    with pytest.raises((TaskClaimError, IntegrityError)) as failed, transaction.atomic(using=A):
+        Attempt.objects.using(A).create(task_id=2**40, token=1, owner="dangling")
+        enqueue_many(invoice, calls)
+    assert not keys_on(B), "the second database's tasks stayed committed"
+    assert not keys_on(A)
+    message = str(failed.value)
+    assert isinstance(failed.value, TaskClaimError), message
+    assert "'default'" in message and "'shard2'" in message and "one database" in message
+    # Outside any transaction too: nothing of the call in either.
+    with pytest.raises(TaskClaimError, match="spans task databases"):
+        enqueue_many(invoice, calls)
+    assert not keys_on(A) and not keys_on(B)
