@@ -131,12 +131,16 @@ def work(
     chain = tenant is not None or len(routing.databases(using)) < 2
     stats = WorkerStats()
     claims: list[Claim] = []
+    previous: Claim | None = None  # the task run last, whose ending may have started the next
     while not stop.is_set():
         if not claims:
             close_old_connections()
             try:
+                # Reserving: only the first task of a batch starts (counts an attempt) now, each
+                # next one in the commit that ends the task before it. A task that kills this
+                # worker is the only one charged for it; its batch-mates come back soon.
                 claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), queue=queues,
-                                    path=runner.path, using=using)
+                                    path=runner.path, using=using, reserve=True)
                 if not claims and until_drained and not _unfinished(tenant, queues, runner.path, using):
                     break
             except _UNREACHABLE as exc:
@@ -145,15 +149,41 @@ def work(
                 stop.wait(wait)
                 continue
         claim = claims.pop(0)
-        if _still_ours(claim, stats):
+        if _started(claim, previous, stats) and _still_ours(claim, stats):
             more = 0 if claims or stop.is_set() or not chain else _room(batch, max_tasks, stats, after=1)
+            claim.then_start(claims[0] if claims and not stop.is_set() else None)
+            previous = claim
             claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
         if max_tasks is not None and stats.handled >= max_tasks:
             break
     for left in claims:  # stopped with claims in hand: give them back untouched
+        if left.started_by(previous) is False:
+            continue  # taken over meanwhile, or its start is not known: not ours to give back
+        previous = None
         with suppress(StaleClaim, *_UNREACHABLE):
             left.release()
     return stats
+
+
+def _started(claim: Claim, previous: Claim | None, stats: WorkerStats) -> bool:
+    """Whether ``claim`` has started and may run: started by the claim that took it, by the
+    ending of the task run before it, or now (one statement). A reserved claim that another
+    worker took over meanwhile (its reservation ran out) is skipped, counted as fenced off."""
+    started = claim.started_by(previous)
+    if started is None:
+        try:
+            claim.start()
+            return True
+        except StaleClaim:
+            started = False
+        except _UNREACHABLE as exc:
+            # Whether the start committed is not known: never run it, never count it twice. The
+            # claim runs out (its reservation, or its lease if it started) and comes back.
+            logger.warning("a task could not be started: %s", exc, extra=claim._log_extra())
+            started = False
+    if not started:
+        stats.fenced_off += 1
+    return started
 
 
 def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> list[Claim]:

@@ -252,8 +252,10 @@ def test_a_batched_claim_that_waited_long_is_renewed_before_it_runs() -> None:
     stats = work(handler, owner="batcher", lease=0.5, batch=2, max_tasks=2)
     assert (stats.succeeded, stats.fenced_off) == (2, 0)
     assert Task.objects.filter(key__in=["r000", "r001"], status=Task.Status.SUCCEEDED).count() == 2
-    # r001 ran on a renewed lease: later than the one its batch's claim had set.
+    # r001 ran on a renewed lease: later than the one its batch's claim had set (r001 was reserved
+    # by that claim, and started, its attempt opened, when r000 completed).
     from datetime import timedelta
 
-    claimed_at = Attempt.objects.get(task__key="r001", token=1).started_at
+    claimed_at = Attempt.objects.get(task__key="r000", token=1).started_at
     assert leases["r001"] > claimed_at + timedelta(seconds=0.5)  # type: ignore[operator]
+    assert Attempt.objects.get(task__key="r001", token=1).started_at >= claimed_at + timedelta(seconds=0.5)
