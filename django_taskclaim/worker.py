@@ -58,6 +58,8 @@ class WorkerStats:
     fenced_off: int = 0
     #: Tasks whose end could not be written (the database out of reach): back after their lease.
     unrecorded: int = 0
+    #: Tasks given back unrun and uncharged (a Django task this worker cannot import yet).
+    given_back: int = 0
 
     @property
     def handled(self) -> int:
@@ -65,7 +67,9 @@ class WorkerStats:
 
     def count(self, executed: Executed) -> None:
         """Count a task by what committed: its end as written, by the handler or the worker."""
-        if executed.ending == Status.SUCCEEDED:
+        if executed.given_back:
+            self.given_back += 1
+        elif executed.ending == Status.SUCCEEDED:
             self.succeeded += 1
         elif executed.ending == FENCED_OFF:
             self.fenced_off += 1
@@ -199,7 +203,7 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
     stats.count(executed)
     if executed.given_back and not isinstance(executed.error, Exception):
         raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops
-    if executed.error is not None and executed.ending != FENCED_OFF:
+    if executed.error is not None and executed.ending != FENCED_OFF and not executed.given_back:
         logger.warning("task handler failed", exc_info=executed.error, extra=claim._log_extra())
     return executed.next_claims
 

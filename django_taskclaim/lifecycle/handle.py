@@ -394,14 +394,18 @@ class Claim(KeepaliveMixin):
         transitions.send(self.using, signals.task_failed, claim=self, error=text, retry=retrying)
         return status
 
-    def release(self) -> None:
+    def release(self, *, delay: float | timedelta | None = None, reason: str | None = None) -> None:
         """Give the task back untouched: PENDING again, and this attempt does not count (a reserved
-        claim, never started, counted none)."""
-        if self.reserved:
+        claim, never started, counted none). ``delay``: a queued task is not handed out again
+        before that many seconds; ``reason``: why, kept as the task's ``error`` for operators."""
+        wait = None if delay is None else _delay(delay)
+        why = None if reason is None else error_text(reason)
+        if self.reserved and wait is None and why is None:
             self._finishing_write("release", lambda holder, *_: transitions.unreserve(holder))
             self.reserved = False
         else:
-            self._finishing_write("release", transitions.release)
+            self.start()  # a reserved one: its release then gives back the attempt it counted
+            self._finishing_write("release", lambda holder, start=None: transitions.release(holder, start, wait, why))
         logger.info("task released", extra=self._log_extra())
         transitions.send(self.using, signals.task_released, claim=self, key=self.key, tenant=self.tenant)
 

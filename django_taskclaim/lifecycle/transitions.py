@@ -395,11 +395,14 @@ def fail(
         traceback=traceback, delay=delay, start=start)), _status, start)
 
 
-def release(holder: Holder, start: Start | None = None) -> str | None:
-    """RUNNING -> PENDING, the attempt not counted; ``None`` if fenced off."""
+def release(holder: Holder, start: Start | None = None, delay: float | None = None,
+            reason: str | None = None) -> str | None:
+    """RUNNING -> PENDING, the attempt not counted (not due before ``delay`` seconds, ``reason`` kept
+    as the task's error); ``None`` if fenced off."""
     store = get_store(holder.using)
     return _ending(holder, lambda: _write(holder.using, lambda cursor: store.release(
-        cursor, holder.task_id, holder.token, settings.AUDIT, start=start)), _status, start)
+        cursor, holder.task_id, holder.token, settings.AUDIT, start=start, delay=delay, reason=reason)),
+        _status, start)
 
 
 def check(holder: Holder) -> bool:

@@ -162,8 +162,10 @@ class Store(Protocol):
         when given) or FAILED; the attempt keeps the error, its class and traceback. The new
         status or ``None``."""
 
-    def release(self, cursor: Any, task_id: int, token: int, audit: bool, start: Start | None = None) -> str | None:
-        """RUNNING -> PENDING, the attempt not counted; ``"pending"`` or ``None``."""
+    def release(self, cursor: Any, task_id: int, token: int, audit: bool, start: Start | None = None,
+                delay: float | None = None, reason: str | None = None) -> str | None:
+        """RUNNING -> PENDING, the attempt not counted; ``"pending"`` or ``None``. ``delay``: not
+        claimed by a queue claim again before that many seconds; ``reason``: stored as the task's error."""
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         """Inside a transaction: lock the task row if ``token`` still owns it."""

@@ -617,8 +617,14 @@ class SQLStore:
             attempt_params=[error, error_class, traceback], start=start,
         )
 
-    def release(self, cursor: Any, task_id: int, token: int, audit: bool, start: Start | None = None) -> str | None:
-        return self.finish(cursor, task_id, token, RELEASE_SET, [], (Outcome.RELEASED, Outcome.RELEASED), audit,
+    def release(self, cursor: Any, task_id: int, token: int, audit: bool, start: Start | None = None,
+                delay: float | None = None, reason: str | None = None) -> str | None:
+        set_sql, params = RELEASE_SET, []
+        if delay is not None:  # not claimed again before then
+            set_sql, params = f"{set_sql}, run_after = {self.lease_sql()}", [self.lease_param(delay)]
+        if reason is not None:  # why, for the operator who wonders why the task waits
+            set_sql, params = f"{set_sql}, error = {self.param('text')}", [*params, reason]
+        return self.finish(cursor, task_id, token, set_sql, params, (Outcome.RELEASED, Outcome.RELEASED), audit,
                            Status.PENDING, start=start)
 
     def finish(

@@ -126,6 +126,28 @@ def test_a_task_that_kills_its_worker_charges_only_itself_not_its_batch_mates(pr
     assert Counter(Effect.objects.values_list("task_key", flat=True)) == {f"plain-{i}": 1 for i in range(3)}
 
 
+def test_a_worker_of_the_previous_release_gives_back_a_task_it_cannot_import(processes: Supervisor) -> None:
+    """Issue 30, item 3: in a rolling deploy the web tier (this process, the new release) enqueues a
+    task from a module only the new release has; a worker of the previous release claims it first.
+    It must give the task back uncharged (it ended FAILED after 1 attempt), so that a new enqueue
+    (``REUSE``) still finds it waiting, and a worker of the new release then runs it once."""
+    from tests.testapp import new_release
+
+    first = new_release.report.enqueue(7)
+    old = processes.start("django", "taskclaim_worker", "--json", env={"TASKCLAIM_TEST_OLD_RELEASE": "1"})
+    wait_until(lambda: Attempt.objects.filter(task_id=int(first.id), outcome="released").exists(), timeout=30,
+               what="the old worker to give the task back")
+    old.signal(signal.SIGTERM)
+    assert report(old) == {"succeeded": 0, "failed": 0, "fenced_off": 0, "unrecorded": 0}
+    again = new_release.report.enqueue(7)  # REUSE: the same task, still waiting to run
+    assert (again.id, again.status, again.errors) == (first.id, TaskResultStatus.READY, [])
+    assert Task.objects.get(pk=int(first.id)).attempts == 0
+    [new] = workers(processes, 1)
+    assert report(new)["succeeded"] == 1
+    first.refresh()
+    assert (first.status, first.attempts, first.return_value) == (TaskResultStatus.SUCCESSFUL, 1, {"report": 7})
+
+
 def test_tasks_claimed_by_key_are_never_taken_by_a_queue_worker(processes: Supervisor) -> None:
     """Issue 24's reproduction: an expired run_once task and an enqueue_once row were taken by
     ``taskclaim_worker some.handler``, which stored its own result. Neither kind of worker may."""
