@@ -136,37 +136,45 @@ def work(
     stats = WorkerStats()
     claims: list[Claim] = []
     previous: Claim | None = None  # the task run last, whose ending may have started the next
-    while not stop.is_set():
-        if not claims:
-            close_old_connections()
-            try:
-                # Reserving: only the first task of a batch starts (counts an attempt) now, each
-                # next one in the commit that ends the task before it. A task that kills this
-                # worker is the only one charged for it; its batch-mates come back soon.
-                claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), queue=queues,
-                                    path=runner.path, using=using, reserve=True)
-                if not claims and until_drained and not _unfinished(tenant, queues, runner.path, using):
-                    break
-            except _UNREACHABLE as exc:
-                logger.warning("cannot claim: %s; trying again in %.1fs", exc, wait)
+    try:
+        while not stop.is_set():
             if not claims:
-                stop.wait(wait)
-                continue
-        claim = claims.pop(0)
-        if _started(claim, previous, stats) and _still_ours(claim, stats):
-            more = 0 if claims or stop.is_set() or not chain else _room(batch, max_tasks, stats, after=1)
-            claim.then_start(claims[0] if claims and not stop.is_set() else None)
-            previous = claim
-            claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
-        if max_tasks is not None and stats.handled >= max_tasks:
-            break
-    for left in claims:  # stopped with claims in hand: give them back untouched
+                close_old_connections()
+                try:
+                    # Reserving: only the first task of a batch starts (counts an attempt) now, each
+                    # next one in the commit that ends the task before it. A task that kills this
+                    # worker is the only one charged for it; its batch-mates come back soon.
+                    claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), queue=queues,
+                                        path=runner.path, using=using, reserve=True)
+                    if not claims and until_drained and not _unfinished(tenant, queues, runner.path, using):
+                        break
+                except _UNREACHABLE as exc:
+                    logger.warning("cannot claim: %s; trying again in %.1fs", exc, wait)
+                if not claims:
+                    stop.wait(wait)
+                    continue
+            claim = claims.pop(0)
+            if _started(claim, previous, stats) and _still_ours(claim, stats):
+                more = 0 if claims or stop.is_set() or not chain else _room(batch, max_tasks, stats, after=1)
+                claim.then_start(claims[0] if claims and not stop.is_set() else None)
+                previous = claim
+                claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
+            if max_tasks is not None and stats.handled >= max_tasks:
+                break
+    finally:  # stopped (or interrupted) with claims in hand: give them back untouched
+        _give_back(claims, previous)
+    return stats
+
+
+def _give_back(claims: list[Claim], previous: Claim | None) -> None:
+    """Release the claims a stopping worker holds and did not run; the first may have been started
+    by the ending of ``previous`` (then its release gives back the attempt that start counted)."""
+    for left in claims:
         if left.started_by(previous) is False:
             continue  # taken over meanwhile, or its start is not known: not ours to give back
         previous = None
         with suppress(StaleClaim, *_UNREACHABLE):
             left.release()
-    return stats
 
 
 def _started(claim: Claim, previous: Claim | None, stats: WorkerStats) -> bool:

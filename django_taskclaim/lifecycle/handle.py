@@ -474,9 +474,13 @@ class Claim(KeepaliveMixin):
         """:meth:`fail`, awaitable; returns the new status."""
         return await sync_to_async(self.fail)(error, retry)
 
-    async def arelease(self) -> None:
+    async def arelease(self, *, delay: float | timedelta | None = None, reason: str | None = None) -> None:
         """:meth:`release`, awaitable."""
-        await sync_to_async(self.release)()
+        await sync_to_async(self.release)(delay=delay, reason=reason)
+
+    async def astart(self) -> None:
+        """:meth:`start`, awaitable: ``StaleClaim`` if the reserved claim was taken over."""
+        await sync_to_async(self.start)()
 
     async def acheck(self) -> None:
         """:meth:`check`, awaitable: ``StaleClaim`` unless this claim still owns the task."""
