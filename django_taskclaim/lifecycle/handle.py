@@ -220,6 +220,8 @@ class Claim(KeepaliveMixin):
 
     def _finishing_write(self, action: str, write: Any, *args: Any) -> str:
         """Run an ending transition (complete, fail, release); ``StaleClaim`` if fenced off."""
+        if self.reserved and action != "release":
+            self.start()  # a reserved claim that ran after all: its attempt counts
         finishing, self._finishing = self._finishing, True
         carried = self._start_spec()
         if carried is not None:

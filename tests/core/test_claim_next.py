@@ -231,3 +231,8 @@ def test_a_reserved_claim_starts_in_the_commit_of_the_task_before_it_or_on_its_o
     assert not Attempt.objects.filter(task__key="d").exists()
     (d,) = Task.objects.claim_next(owner="w", lease=60, limit=1, reserve=True)
     assert not d.reserved and d.attempt == 1  # a claim of one starts it
+    Task.objects.ensure("e", queue="default")
+    Task.objects.ensure("f", queue="default")
+    _, f = Task.objects.claim_next(owner="w", lease=60, limit=2, reserve=True)
+    f.complete("ran unstarted")  # never run a reserved claim; one that ran all the same is counted
+    assert (Task.objects.get(key="f").attempts, Attempt.objects.get(task__key="f").outcome) == (1, "succeeded")
