@@ -58,6 +58,8 @@ class WorkerStats:
     fenced_off: int = 0
     #: Tasks whose end could not be written (the database out of reach): back after their lease.
     unrecorded: int = 0
+    #: Tasks given back unrun and uncharged (a Django task this worker cannot import yet).
+    given_back: int = 0
 
     @property
     def handled(self) -> int:
@@ -65,7 +67,9 @@ class WorkerStats:
 
     def count(self, executed: Executed) -> None:
         """Count a task by what committed: its end as written, by the handler or the worker."""
-        if executed.ending == Status.SUCCEEDED:
+        if executed.given_back:
+            self.given_back += 1
+        elif executed.ending == Status.SUCCEEDED:
             self.succeeded += 1
         elif executed.ending == FENCED_OFF:
             self.fenced_off += 1
@@ -138,35 +142,73 @@ def work(
     # Over several task databases each claim_next() starts at the next one: a completion that
     # claimed the next tasks in its own database would keep the worker there while it has work.
     chain = tenant is not None or len(routing.databases(using)) < 2
-    _started(runner, owner, queues, tenant, using, seconds, batch)
+    _log_start(runner, owner, queues, tenant, using, seconds, batch)
     stats = WorkerStats()
     claims: list[Claim] = []
-    while not stop.is_set():
-        if not claims:
-            close_old_connections()
-            try:
-                claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), queue=queues,
-                                    path=runner.path, using=using)
-                if not claims and until_drained and not _unfinished(tenant, queues, runner.path, using):
-                    break
-            except _UNREACHABLE as exc:
-                logger.warning("cannot claim: %s; trying again in %.1fs", exc, wait)
+    previous: Claim | None = None  # the task run last, whose ending may have started the next
+    try:
+        while not stop.is_set():
             if not claims:
-                stop.wait(wait)
-                continue
-        claim = claims.pop(0)
-        if _still_ours(claim, stats):
-            more = 0 if claims or stop.is_set() or not chain else _room(batch, max_tasks, stats, after=1)
-            claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
-        if max_tasks is not None and stats.handled >= max_tasks:
-            break
-    for left in claims:  # stopped with claims in hand: give them back untouched
-        with suppress(StaleClaim, *_UNREACHABLE):
-            left.release()
+                close_old_connections()
+                try:
+                    # Reserving: only the first task of a batch starts (counts an attempt) now, each
+                    # next one in the commit that ends the task before it. A task that kills this
+                    # worker is the only one charged for it; its batch-mates come back soon.
+                    claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), queue=queues,
+                                        path=runner.path, using=using, reserve=True)
+                    if not claims and until_drained and not _unfinished(tenant, queues, runner.path, using):
+                        break
+                except _UNREACHABLE as exc:
+                    logger.warning("cannot claim: %s; trying again in %.1fs", exc, wait)
+                if not claims:
+                    stop.wait(wait)
+                    continue
+            claim = claims.pop(0)
+            if _started(claim, previous, stats) and _still_ours(claim, stats):
+                more = 0 if claims or stop.is_set() or not chain else _room(batch, max_tasks, stats, after=1)
+                claim.then_start(claims[0] if claims and not stop.is_set() else None)
+                previous = claim
+                claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
+            if max_tasks is not None and stats.handled >= max_tasks:
+                break
+    finally:  # stopped (or interrupted) with claims in hand: give them back untouched
+        _give_back(claims, previous)
     return stats
 
 
-def _started(runner: Runner, owner: str, queues: list[str], tenant: str | None, using: str | None, lease: float,
+def _give_back(claims: list[Claim], previous: Claim | None) -> None:
+    """Release the claims a stopping worker holds and did not run; the first may have been started
+    by the ending of ``previous`` (then its release gives back the attempt that start counted)."""
+    for left in claims:
+        if left.started_by(previous) is False:
+            continue  # taken over meanwhile, or its start is not known: not ours to give back
+        previous = None
+        with suppress(StaleClaim, *_UNREACHABLE):
+            left.release()
+
+
+def _started(claim: Claim, previous: Claim | None, stats: WorkerStats) -> bool:
+    """Whether ``claim`` has started and may run: started by the claim that took it, by the
+    ending of the task run before it, or now (one statement). A reserved claim that another
+    worker took over meanwhile (its reservation ran out) is skipped, counted as fenced off."""
+    started = claim.started_by(previous)
+    if started is None:
+        try:
+            claim.start()
+            return True
+        except StaleClaim:
+            started = False
+        except _UNREACHABLE as exc:
+            # Whether the start committed is not known: never run it, never count it twice. The
+            # claim runs out (its reservation, or its lease if it started) and comes back.
+            logger.warning("a task could not be started: %s", exc, extra=claim._log_extra())
+            started = False
+    if not started:
+        stats.fenced_off += 1
+    return started
+
+
+def _log_start(runner: Runner, owner: str, queues: list[str], tenant: str | None, using: str | None, lease: float,
              batch: int) -> None:
     """The worker's one start-up line: what it runs, from which queues and databases, how."""
     aliases = [routing.route(tenant, using)] if tenant is not None else list(routing.databases(using))
@@ -190,7 +232,7 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
     stats.count(executed)
     if executed.given_back and not isinstance(executed.error, Exception):
         raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops
-    if executed.error is not None and executed.ending != FENCED_OFF:
+    if executed.error is not None and executed.ending != FENCED_OFF and not executed.given_back:
         logger.warning("task handler failed: %s", claim.named(), exc_info=executed.error, extra=claim._log_extra())
     return executed.next_claims
 

@@ -262,7 +262,7 @@ def _claim(using: str, key: str, tenant: str, owner: str, seconds: float, stored
 def claim_next(
     owner: str | None = None, lease: float | timedelta | None = None, tenant: str | None = None,
     limit: int = 1, *, queue: str | Sequence[str] = DEFAULT_QUEUE, path: str = "", delivery_id: str = "",
-    using: str | None = None,
+    using: str | None = None, reserve: bool = False,
 ) -> list[Claim]:
     """Claim up to ``limit`` queued tasks of ``queue`` (a name, or several): expired leases first,
     then the due pending ones, the highest priority first, then the oldest.
@@ -270,6 +270,12 @@ def claim_next(
     Tasks claimed by key (``claim()``, ``run_once``, the Celery bridge, LangGraph nodes) are never
     handed out. ``path``: ``""`` takes work for a handler, ``"*"`` tasks that name the callable
     that runs them (Django tasks). An expired task on its last attempt ends FAILED on the way.
+
+    ``reserve=True`` (a worker's batch): only the first claim to run is started; the others are
+    reserved (``claim.reserved``) for a few seconds (``RESERVATION``) and count an attempt only when
+    started (``claim.start()``, or ``claim.then_start(next)`` in the commit of the task before).
+    A worker that dies charges only the task it had started; its reserved tasks come back soon,
+    their attempt count unchanged.
     """
     seconds = lease_seconds(lease)
     positive_int(limit, "limit")
@@ -289,7 +295,7 @@ def claim_next(
     for alias in visit:
         try:
             claimed = claim_next_in(alias, owner=owner, lease=seconds, tenant=tenant, limit=limit,
-                                    delivery_id=delivery_id, queues=queues, path=path)
+                                    delivery_id=delivery_id, queues=queues, path=path, reserve=reserve)
         except routing.UNREACHABLE as exc:
             if len(visit) == 1:
                 routing.unreachable(exc, alias, tenant)

@@ -30,7 +30,7 @@ from ..keys import (
 )
 from ..routing import UNREACHABLE, route, unreachable
 from ..status import Status
-from ..store.rows import Claimed, TaskRow
+from ..store.rows import Claimed, Start, TaskRow
 from . import transitions
 from .keepalive import KeepaliveMixin
 from .readonly import writes_only_to
@@ -44,6 +44,10 @@ MAX_RESULT_REF_LENGTH = 1024
 
 
 MAX_TRACEBACK_LENGTH = 64_000
+#: Seconds at most that a reserved claim (a batch's task claimed with the others, not started yet)
+#: holds its task before another worker may take it: a worker that dies, or that is busy with a
+#: long task, does not keep its batch-mates from the others for a whole lease.
+RESERVATION = 5.0
 _LOST_LOCK = threading.Lock()
 
 
@@ -125,15 +129,28 @@ class Claim(KeepaliveMixin):
         self._row_held = False
         # The keepalive thread beating now, whose own short transactions hold nothing after.
         self._beating: threading.Thread | None = None
+        #: Claimed for later and not started yet (a batch's task after its first): its attempt is
+        #: not counted and it holds a short reservation, until :meth:`start` (or the ending of the
+        #: task run before it, :meth:`then_start`) starts it. Never run a reserved claim.
+        self.reserved = False
+        # The reserved claim this claim's ending starts in its own commit, and how that went.
+        self._successor: Claim | None = None
+        self._carried: Start | None = None
+        self._ending_sent = 0.0  # when the ending that carried a start was sent (monotonic)
 
     @classmethod
-    def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "", *, sent: float) -> Claim:
+    def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "", *, sent: float,
+              reserve: float | None = None) -> Claim:
         """The claim for a row this worker just claimed (by a statement sent at ``sent``, this
-        process's monotonic clock), announced to logs and receivers."""
+        process's monotonic clock), announced to logs and receivers. A reserved one (held for
+        ``reserve`` seconds) counts its attempt when it starts."""
         row = claimed.row
+        reserved = claimed.reserved and reserve is not None
         new = cls(task_id=row.id, tenant=row.tenant, key=row.key, owner=row.owner, token=row.fencing_token,
-                  attempt=row.attempts, lease=lease, lease_expires_at=row.lease_expires_at, using=using,
-                  delivery_id=delivery_id, sent=sent)
+                  attempt=row.attempts + 1 if reserved else row.attempts, lease=lease,
+                  lease_expires_at=row.lease_expires_at, using=using, delivery_id=delivery_id, sent=sent)
+        if reserved:
+            new.reserved, new._deadline = True, sent + (reserve or lease)
         new.payload = row.payload
         new.queue, new.task_path, new.row = row.queue, row.task_path, row
         transitions.announce_claim(new, claimed.previous_owner)
@@ -166,9 +183,55 @@ class Claim(KeepaliveMixin):
         transitions.refuse(self, action)
         raise StaleClaim(self.key, self.tenant, self.token, action)
 
+    # -- reserved claims: started when they run, so that only what started pays for a death --
+    def start(self) -> None:
+        """Start this reserved claim (nothing to do for one that is not reserved): its attempt
+        counts from now and its lease is the full one. ``StaleClaim`` when another worker took it
+        over meanwhile (its reservation ran out): it must not run here."""
+        if not self.reserved:
+            return
+        if self._started(time.monotonic(), transitions.start(self, self.lease)) is None:
+            raise StaleClaim(self.key, self.tenant, self.token, "start")
+
+    def then_start(self, successor: Claim | None) -> None:
+        """Start reserved claim ``successor`` in the commit of this claim's ending (complete, fail,
+        release): the next task of a batch starts with no round trip of its own. Whether it did is
+        :meth:`started_by`'s answer."""
+        self._successor = successor if successor is not None and successor.reserved else None
+
+    def started_by(self, previous: Claim | None) -> bool | None:
+        """Whether ``previous``'s committed ending started this reserved claim (``True``), found it
+        taken over (``False``), or did not start it (``None``: start it with :meth:`start`)."""
+        if not self.reserved:
+            return True
+        carried = previous._carried if previous is not None else None
+        if carried is None or carried.task_id != self.task_id or not carried.tried or previous is None:
+            return None
+        if previous.ended() is None:  # the ending (and the start with it) was rolled back
+            return None
+        return self._started(previous._ending_sent, carried.expires) is not None
+
+    def _started(self, sent: float, expires: datetime | None) -> datetime | None:
+        if expires is not None:
+            self.reserved, self.lease_expires_at, self._deadline = False, expires, sent + self.lease
+        return expires
+
+    def _start_spec(self) -> Start | None:
+        """What this claim's ending carries: the start of its reserved successor, if any."""
+        successor = self._successor
+        if successor is None or not successor.reserved:
+            return None
+        return Start(successor.task_id, successor.token, successor.owner, successor.lease, successor.delivery_id)
+
     def _finishing_write(self, action: str, write: Any, *args: Any) -> str:
         """Run an ending transition (complete, fail, release); ``StaleClaim`` if fenced off."""
+        if self.reserved and action != "release":
+            self.start()  # a reserved claim that ran after all: its attempt counts
         finishing, self._finishing = self._finishing, True
+        carried = self._start_spec()
+        if carried is not None:
+            args = (*args, carried)
+        self._ending_sent = time.monotonic()
         try:
             status = write(self, *args)
         except BaseException:
@@ -177,6 +240,7 @@ class Claim(KeepaliveMixin):
         if status is None:
             self._finishing = finishing  # fenced off: this claim did not finish the task
             self._refuse(action)
+        self._carried = carried
         self._record_ending(str(status))
         return str(status)
 
@@ -188,6 +252,7 @@ class Claim(KeepaliveMixin):
     def _forget_ending(self) -> None:
         """This claim's ending was rolled back: the claim holds the task again."""
         self._ended, self._ended_committed, self._finishing = None, False, False
+        self._carried = None  # a start it carried was rolled back with it
         self._rolled_back += 1
 
     @property
@@ -268,6 +333,7 @@ class Claim(KeepaliveMixin):
     def complete_and_claim_next(
         self, result: Any = None, result_ref: str = "", *, limit: int = 1, tenant: str | None = None,
         lease: float | timedelta | None = None, queue: str | Sequence[str] | None = None, path: str | None = None,
+        reserve: bool = False,
     ) -> list[Claim]:
         """Complete this task and claim the next ones (queue style, as ``claim_next``) in one commit.
 
@@ -279,8 +345,10 @@ class Claim(KeepaliveMixin):
         ``InvalidResult`` and writes nothing, as ``complete()`` does. Without ``tenant`` the next
         tasks come from this task's database; a ``tenant`` whose tasks are in another one
         (``TASKCLAIM_ROUTER``) gets its claims there, after this completion's own commit.
+        ``reserve``: as ``claim_next(reserve=True)``, the claims after the first are reserved.
         """
         seconds = self.lease if lease is None else lease_seconds(lease)
+        held = reservation(seconds) if reserve else None
         positive_int(limit, "limit")
         if tenant is not None:
             _, tenant = resolve_identity("-", tenant)
@@ -291,7 +359,7 @@ class Claim(KeepaliveMixin):
             self.complete(result, result_ref)
             try:
                 return claim_next_in(home, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
-                                     delivery_id=self.delivery_id, queues=queues, path=path)
+                                     delivery_id=self.delivery_id, queues=queues, path=path, reserve=reserve)
             except UNREACHABLE as exc:
                 unreachable(exc, home, tenant)
         result_json = self._result_json(result, result_ref)
@@ -300,7 +368,7 @@ class Claim(KeepaliveMixin):
         try:
             status, claimed = transitions.complete_and_claim_next(
                 self, result_json, result_ref, owner=self.owner, lease=seconds, tenant=tenant, limit=limit,
-                delivery_id=self.delivery_id, queues=queues, path=path)
+                delivery_id=self.delivery_id, queues=queues, path=path, reserve=held)
         except BaseException:
             self._finishing = finishing
             raise
@@ -312,7 +380,7 @@ class Claim(KeepaliveMixin):
         if logger.isEnabledFor(logging.INFO):
             logger.info("task completed: %s", self.named(), extra=self._log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
-        return [Claim.taken(c, self.using, seconds, self.delivery_id, sent=sent) for c in claimed]
+        return [Claim.taken(c, self.using, seconds, self.delivery_id, sent=sent, reserve=held) for c in claimed]
 
     def fail(self, error: BaseException | str, retry: bool = False, delay: float | timedelta | None = None) -> str:
         """Record a failure: back to PENDING when ``retry`` and attempts remain, else FAILED.
@@ -334,9 +402,18 @@ class Claim(KeepaliveMixin):
         transitions.send(self.using, signals.task_failed, claim=self, error=text, retry=retrying)
         return status
 
-    def release(self) -> None:
-        """Give the task back untouched: PENDING again, and this attempt does not count."""
-        self._finishing_write("release", transitions.release)
+    def release(self, *, delay: float | timedelta | None = None, reason: str | None = None) -> None:
+        """Give the task back untouched: PENDING again, and this attempt does not count (a reserved
+        claim, never started, counted none). ``delay``: a queued task is not handed out again
+        before that many seconds; ``reason``: why, kept as the task's ``error`` for operators."""
+        wait = None if delay is None else _delay(delay)
+        why = None if reason is None else error_text(reason)
+        if self.reserved and wait is None and why is None:
+            self._finishing_write("release", lambda holder, *_: transitions.unreserve(holder))
+            self.reserved = False
+        else:
+            self.start()  # a reserved one: its release then gives back the attempt it counted
+            self._finishing_write("release", lambda holder, start=None: transitions.release(holder, start, wait, why))
         logger.info("task released: %s", self.named(), extra=self._log_extra())
         transitions.send(self.using, signals.task_released, claim=self, key=self.key, tenant=self.tenant)
 
@@ -405,9 +482,13 @@ class Claim(KeepaliveMixin):
         """:meth:`fail`, awaitable; returns the new status."""
         return await sync_to_async(self.fail)(error, retry)
 
-    async def arelease(self) -> None:
+    async def arelease(self, *, delay: float | timedelta | None = None, reason: str | None = None) -> None:
         """:meth:`release`, awaitable."""
-        await sync_to_async(self.release)()
+        await sync_to_async(self.release)(delay=delay, reason=reason)
+
+    async def astart(self) -> None:
+        """:meth:`start`, awaitable: ``StaleClaim`` if the reserved claim was taken over."""
+        await sync_to_async(self.start)()
 
     async def acheck(self) -> None:
         """:meth:`check`, awaitable: ``StaleClaim`` unless this claim still owns the task."""
@@ -429,13 +510,21 @@ class Claim(KeepaliveMixin):
         return await sync_to_async(run)()
 
 
+def reservation(lease: float) -> float:
+    """Seconds a reserved claim (claimed, not started) holds its task: :data:`RESERVATION`, or the
+    lease where that is shorter. A worker that dies gives its reserved tasks back after this."""
+    return min(lease, RESERVATION)
+
+
 def claim_next_in(
     using: str, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str,
-    queues: Sequence[str], path: str,
+    queues: Sequence[str], path: str, reserve: bool = False,
 ) -> list[Claim]:
     """Up to ``limit`` queued tasks claimed in database ``using`` (validated arguments): each claim
-    aged from before its statement was sent, so a slow round trip never makes a lease look longer."""
+    aged from before its statement was sent, so a slow round trip never makes a lease look longer.
+    ``reserve``: only the first to run is started, the others reserved (see ``Claim.reserved``)."""
+    held = reservation(lease) if reserve else None
     sent = time.monotonic()
     claimed = transitions.claim_next(using, owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                     delivery_id=delivery_id, queues=queues, path=path)
-    return [Claim.taken(c, using, lease, delivery_id, sent=sent) for c in claimed]
+                                     delivery_id=delivery_id, queues=queues, path=path, reserve=held)
+    return [Claim.taken(c, using, lease, delivery_id, sent=sent, reserve=held) for c in claimed]

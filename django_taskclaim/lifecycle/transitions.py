@@ -25,7 +25,7 @@ from ..exceptions import TaskClaimError
 from ..ids import task_id
 from ..status import Status
 from ..store import get_store, store_of
-from ..store.rows import Claimed, Found, Moved, NewTask, TaskRow
+from ..store.rows import Claimed, Found, Moved, NewTask, Start, TaskRow
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -156,13 +156,15 @@ def _reconnecting(using: str, operation: Callable[[], T]) -> T:
     return operation()
 
 
-def _ending(holder: Holder, operation: Callable[[], T], status_of: Callable[[T], str | None]) -> T:
+def _ending(holder: Holder, operation: Callable[[], T], status_of: Callable[[T], str | None],
+            start: Start | None = None) -> T:
     """An owner's ending write (complete, fail, release), reconnecting if its session was dropped.
 
     A write whose session dropped may have committed before the client heard of it: the one
     sent again then matches nothing. Where the task is no longer running under this token
     since, the first write took effect, and its status is the answer (``status_of`` reads the
-    status from the operation's return value).
+    status from the operation's return value). A ``start`` it carried is then unknown: it may
+    have committed with the first write, so it is reported as taken (never started twice).
     """
     calls = 0
 
@@ -172,6 +174,8 @@ def _ending(holder: Holder, operation: Callable[[], T], status_of: Callable[[T],
         return operation()
 
     done = _reconnecting(holder.using, once)
+    if calls > 1 and start is not None:
+        start.tried, start.expires = True, None  # unknown: the worker lets the reserved claim go
     if calls == 1 or status_of(done) is not None:
         return done
     with cursor_for(holder.using) as cursor:
@@ -258,7 +262,7 @@ def claim_key(
 
 def claim_next(
     using: str, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str,
-    queues: Sequence[str], path: str,
+    queues: Sequence[str], path: str, reserve: float | None = None,
 ) -> list[Claimed]:
     """Queue style: up to ``limit`` tasks of ``queues``, expired leases first, then the due
     pending ones by priority; expired tasks on their last attempt end FAILED on the way.
@@ -269,7 +273,7 @@ def claim_next(
     store = get_store(using)
     claimed, exhausted = _reconnecting(using, lambda: _write(using, lambda cursor: store.claim_next(
         cursor, owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
-        audit=settings.AUDIT, queues=queues, path=path)))
+        audit=settings.AUDIT, queues=queues, path=path, reserve=reserve)))
     _exhausted(using, exhausted)
     return claimed
 
@@ -367,23 +371,40 @@ def _status(status: str | None) -> str | None:
     return status
 
 
-def complete(holder: Holder, result: str | None, result_ref: str) -> str | None:
-    """RUNNING -> SUCCEEDED with the encoded result; ``None`` if fenced off."""
+def complete(holder: Holder, result: str | None, result_ref: str, start: Start | None = None) -> str | None:
+    """RUNNING -> SUCCEEDED with the encoded result; ``None`` if fenced off. ``start``: a reserved
+    claim started in the same commit (see :class:`~django_taskclaim.store.rows.Start`)."""
     store = get_store(holder.using)
     return _ending(holder, lambda: _write(holder.using, lambda cursor: store.complete(
-        cursor, holder.task_id, holder.token, result, result_ref, settings.AUDIT)), _status)
+        cursor, holder.task_id, holder.token, result, result_ref, settings.AUDIT, start=start)), _status, start)
+
+
+def start(holder: Holder, lease: float) -> datetime | None:
+    """Start the holder's reserved claim (its attempt counted from now, the full ``lease``): the new
+    expiry, ``None`` if it was taken over meanwhile. Not sent again on a dropped connection: a
+    start that committed unheard must not count a second attempt (the caller lets the claim go)."""
+    store = get_store(holder.using)
+    begun = Start(holder.task_id, holder.token, holder.owner, lease, getattr(holder, "delivery_id", ""))
+    return _write(holder.using, lambda cursor: store.start(cursor, begun, settings.AUDIT))
+
+
+def unreserve(holder: Holder) -> str | None:
+    """A reserved claim (never started) back to PENDING, its attempt count unchanged; ``None`` if fenced off."""
+    store = get_store(holder.using)
+    return _ending(holder, lambda: _write(holder.using, lambda cursor: store.unreserve(
+        cursor, holder.task_id, holder.token)), _status)
 
 
 def complete_and_claim_next(
     holder: Holder, result: str | None, result_ref: str, *, owner: str, lease: float, tenant: str | None,
-    limit: int, delivery_id: str, queues: Sequence[str], path: str,
+    limit: int, delivery_id: str, queues: Sequence[str], path: str, reserve: float | None = None,
 ) -> tuple[str | None, list[Claimed]]:
     """Complete the holder's task and claim the next ones in one commit; ``(None, [])`` if fenced off."""
     store = get_store(holder.using)
     def write(cursor: Any) -> tuple[str | None, list[Claimed], list[Moved]]:
         return store.complete_and_claim_next(
             cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
-            limit=limit, delivery_id=delivery_id, audit=settings.AUDIT, queues=queues, path=path)
+            limit=limit, delivery_id=delivery_id, audit=settings.AUDIT, queues=queues, path=path, reserve=reserve)
 
     status, claimed, exhausted = _ending(holder, lambda: _write(holder.using, write), lambda done: done[0])
     _exhausted(holder.using, exhausted)
@@ -392,20 +413,24 @@ def complete_and_claim_next(
 
 def fail(
     holder: Holder, error: str, retry: bool, delay: float | None = None, error_class: str = "", traceback: str = "",
+    start: Start | None = None,
 ) -> str | None:
     """RUNNING -> PENDING (retry, attempts left; not before ``delay`` seconds) or FAILED;
     ``None`` if fenced off."""
     store = get_store(holder.using)
     return _ending(holder, lambda: _write(holder.using, lambda cursor: store.fail(
         cursor, holder.task_id, holder.token, error, retry, settings.AUDIT, error_class=error_class,
-        traceback=traceback, delay=delay)), _status)
+        traceback=traceback, delay=delay, start=start)), _status, start)
 
 
-def release(holder: Holder) -> str | None:
-    """RUNNING -> PENDING, the attempt not counted; ``None`` if fenced off."""
+def release(holder: Holder, start: Start | None = None, delay: float | None = None,
+            reason: str | None = None) -> str | None:
+    """RUNNING -> PENDING, the attempt not counted (not due before ``delay`` seconds, ``reason`` kept
+    as the task's error); ``None`` if fenced off."""
     store = get_store(holder.using)
     return _ending(holder, lambda: _write(holder.using, lambda cursor: store.release(
-        cursor, holder.task_id, holder.token, settings.AUDIT)), _status)
+        cursor, holder.task_id, holder.token, settings.AUDIT, start=start, delay=delay, reason=reason)),
+        _status, start)
 
 
 def check(holder: Holder) -> bool:

@@ -20,7 +20,17 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 
 from ..checkspec import spec
 from ..status import Outcome, Status
-from .rows import ATTEMPT, ATTEMPT_COLUMNS, NO_ERROR, TASK, Claimed, Found, Moved, NewTask, TaskRow, in_claim_order
+from .rows import (
+    ATTEMPT,
+    TASK,
+    Claimed,
+    Found,
+    Moved,
+    NewTask,
+    Start,
+    TaskRow,
+    in_claim_order,
+)
 from .sql import (
     CANCELLED,
     ENSURE_CHUNK,
@@ -241,23 +251,45 @@ class MySQLStore(SQLStore):
         cursor.execute(f"SELECT 1 FROM {TASK} WHERE id = %s", [task_id])
         return cursor.fetchone() is not None
 
-    def _open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, previous: str | None) -> None:
-        """Record a claim; close the attempt it took over (``previous``: that attempt's owner)."""
+    def _open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, previous: str | None,
+                      started: bool = True) -> None:
+        """Record a claim; close the attempt it took over (``previous``: that attempt's owner). A
+        reserved claim (not ``started``) opens no attempt of its own: :meth:`start` does."""
         if previous is not None:
             cursor.execute(
                 f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {self.now} "
                 f"WHERE task_id = %s AND token = %s",
                 [row.id, row.fencing_token - 1],
             )
+        if started:
+            self.insert_attempt(cursor, row.id, row.fencing_token, row.owner, delivery_id)
+
+    def unstart(self, cursor: Any, ids: Sequence[int], reserve: float) -> dict[int, datetime | None]:
+        # No UPDATE … RETURNING: the rows are this transaction's (locked), read them back.
+        marks = placeholders(len(ids))
+        cursor.execute(f"UPDATE {TASK} SET attempts = attempts - 1, lease_expires_at = {self.lease_sql()} "
+                       f"WHERE id IN ({marks})", [self.lease_param(reserve), *ids])
+        cursor.execute(f"SELECT id, lease_expires_at FROM {TASK} WHERE id IN ({marks})", list(ids))
+        return {r[0]: self.to_datetime(r[1]) for r in cursor.fetchall()}
+
+    def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
         cursor.execute(
-            f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0, "
-            f"{NO_ERROR})",
-            [row.id, row.fencing_token, row.owner, delivery_id],
+            f"UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
+            f"updated_at = {self.now} WHERE {owned()}",
+            [self.lease_param(start.lease), start.task_id, start.token],
         )
+        if cursor.rowcount != 1:
+            return None
+        cursor.execute(f"SELECT lease_expires_at FROM {TASK} WHERE id = %s", [start.task_id])
+        expires = self.to_datetime(cursor.fetchone()[0])
+        if audit:
+            self.insert_attempt(cursor, start.task_id, start.token, start.owner, start.delivery_id)
+        return expires
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
         delivery_id: str, audit: bool, queues: Sequence[str], path: str, exclude: int | None = None,
+        reserve: float | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
         now, t = self.now, TASK
         where = self.queue_filter(queues, path, tenant)
@@ -289,12 +321,14 @@ class MySQLStore(SQLStore):
             f"UPDATE {t} SET {self.claim_set(t)} WHERE id IN ({placeholders(len(ids))}) AND {claimable(t, now)}",
             [owner, self.lease_param(lease), *ids],
         )
-        claimed = [Claimed(row, previous) for row, previous in
-                   self._claimed_rows(cursor, f"t.id IN ({placeholders(len(ids))})", ids, audit)
-                   if row.status == Status.RUNNING and row.owner == owner]
+        found = [(row, previous) for row, previous in
+                 self._claimed_rows(cursor, f"t.id IN ({placeholders(len(ids))})", ids, audit)
+                 if row.status == Status.RUNNING and row.owner == owner]
+        rows, reserved = self.reserve_rest(cursor, [row for row, _ in found], reserve)
+        claimed = [Claimed(row, previous, row.id in reserved) for row, (_, previous) in zip(rows, found, strict=True)]
         if audit:
-            for row, previous in claimed:
-                self._open_attempt(cursor, row, delivery_id, previous)
+            for row, previous, is_reserved in claimed:
+                self._open_attempt(cursor, row, delivery_id, previous, not is_reserved)
         return in_claim_order(claimed), exhausted
 
     def _fail_exhausted(self, cursor: Any, ids: Sequence[int], audit: bool) -> list[Moved]:
@@ -314,14 +348,14 @@ class MySQLStore(SQLStore):
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
         lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
-        path: str,
+        path: str, reserve: float | None = None,
     ) -> tuple[str | None, list[Claimed], list[Moved]]:
         status = self.complete(cursor, task_id, token, result, result_ref, audit)
         if status is None:
             return None, [], []
         claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
                                              delivery_id=delivery_id, audit=audit, queues=queues, path=path,
-                                             exclude=task_id)
+                                             exclude=task_id, reserve=reserve)
         return status, claimed, exhausted
 
     def ensure(
@@ -373,7 +407,7 @@ class MySQLStore(SQLStore):
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
         outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
-        attempt_set: str = "", attempt_params: Sequence[Any] = (),
+        attempt_set: str = "", attempt_params: Sequence[Any] = (), start: Start | None = None,
     ) -> str | None:
         """As the portable ``finish``; ``known``: the status the update sets, when it sets one
         status whatever the row held (a completion, a release), which spares reading it back."""
@@ -392,6 +426,7 @@ class MySQLStore(SQLStore):
         if audit:
             self.close_attempt(cursor, task_id, token, outcomes[0] if status == Status.PENDING else outcomes[1],
                                attempt_set, attempt_params)
+        self.carry_start(cursor, start, audit)
         return status
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:

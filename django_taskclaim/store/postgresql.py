@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.core.checks import CheckMessage
@@ -27,6 +28,7 @@ from .rows import (
     Found,
     Moved,
     NewTask,
+    Start,
     TaskRow,
     in_claim_order,
 )
@@ -49,8 +51,14 @@ from .sql import (
     word,
 )
 
+#: The first task a reserving queue claim starts: the first to run of those it picked (``in_claim_order``).
+_FIRST = f"first AS (SELECT t.id FROM picked p JOIN {TASK} t ON t.id = p.id ORDER BY t.priority DESC, t.id LIMIT 1), "
+#: The attempt row of a reserved claim started by ``s`` (parameters: owner, delivery id).
+_START_ATTEMPT = (f", sa AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT s.id, s.fencing_token, %s, %s, "
+                  f"statement_timestamp(), NULL, {RUNNING}, 0, {NO_ERROR} FROM s)")
 
-def _open_attempts(single: bool, takes_over: bool = True) -> str:
+
+def _open_attempts(single: bool, takes_over: bool = True, only_first: bool = False) -> str:
     """CTEs that close the attempt a claim took over (token - 1 still running) and open the new
     one, both at ``claimed_at``: the clock read once the row was claimed (see ``_CLAIMED_AT``).
     Without ``takes_over`` (a claim that only inserts new tasks), only the new one.
@@ -73,7 +81,8 @@ def _open_attempts(single: bool, takes_over: bool = True) -> str:
     return (
         f"{closed if takes_over else ''}, "
         f"opened AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT c.id, c.fencing_token, c.owner, %s, "
-        f"c.claimed_at, NULL, {RUNNING}, 0, {NO_ERROR} FROM claimed c) "
+        f"c.claimed_at, NULL, {RUNNING}, 0, {NO_ERROR} FROM claimed c"
+        f"{' WHERE c.id = (SELECT id FROM first)' if only_first else ''}) "
     )
 
 
@@ -335,11 +344,13 @@ class PostgreSQLStore(SQLStore):
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
-        delivery_id: str, audit: bool, queues: Sequence[str], path: str,
+        delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
+        reserving = reserve is not None and limit > 1
         sql, params = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                        delivery_id=delivery_id, audit=audit, queues=queues, path=path)
-        sql = self.statement(("claim_next", sql), lambda: sql + _queue_results(audit))
+                                        delivery_id=delivery_id, audit=audit, queues=queues, path=path,
+                                        reserve=reserve if reserving else None)
+        sql = self.statement(("claim_next", sql), lambda: sql + _queue_results(audit, reserving=reserving))
         self.execute(cursor, sql, params)
         return _claimed_and_exhausted(self, cursor.fetchall())
 
@@ -355,12 +366,15 @@ class PostgreSQLStore(SQLStore):
     def _queue_claim(
         self, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
         queues: Sequence[str], path: str, prefix: str = "", only_if: str = "", exclude: int | None = None,
+        reserve: float | None = None,
     ) -> tuple[str, list[Any]]:
         """CTEs ending in ``claimed`` (and the audit's ``closed``/``opened``) for a queue claim,
         with ``exhausted``: the expired tasks on their last attempt, made FAILED.
 
         ``prefix`` CTEs come first; ``only_if`` (SQL without parameters) must hold for any task
-        to be picked; task ``exclude`` is never picked.
+        to be picked; task ``exclude`` is never picked. With ``reserve`` (seconds), only the first
+        task to run (``first``: the highest priority, then the oldest) is started; the others are
+        reserved (their attempt not counted, no attempt row, a lease of ``reserve`` seconds).
         """
         where = self.queue_filter(queues, path, tenant, "t")
         several = len(queues) > 1
@@ -368,15 +382,18 @@ class PostgreSQLStore(SQLStore):
         eparams = [*fparams, exclude] if exclude else fparams
         # Several queues: the same parameters, and one more limit (each queue's, then all of them).
         params: list[Any] = [*eparams, limit, *fparams, *([limit] if several else []), limit, limit, owner, lease]
+        if reserve is not None:
+            params.append(reserve)
         if audit:
             params.append(delivery_id)
-        key = ("queue_claim", where, bool(exclude), audit, prefix, only_if)
+        key = ("queue_claim", where, bool(exclude), audit, prefix, only_if, reserve is not None)
         return self.statement(key, lambda: self._queue_claim_sql(
             where=where, exclude=bool(exclude), audit=audit, prefix=prefix, only_if=only_if,
+            reserve=reserve is not None,
             each_queue=self.queue_filter(queues[:1], path, tenant, "t", queue="n.queue") if several else None)), params
 
     def _queue_claim_sql(self, *, where: str, exclude: bool, audit: bool, prefix: str, only_if: str,
-                         each_queue: str | None) -> str:
+                         each_queue: str | None, reserve: bool = False) -> str:
         now = self.now
         also = f" AND {only_if}" if only_if else ""
         expired_also = f"{also} AND t.id <> %s" if exclude else also
@@ -406,19 +423,41 @@ class PostgreSQLStore(SQLStore):
             f"pending AS MATERIALIZED ({pending}), "
             f"picked AS (SELECT id FROM (SELECT id FROM expired WHERE again UNION ALL SELECT id FROM pending) u "
             f"LIMIT %s), "
-            f"claimed AS (UPDATE {TASK} q SET {self.claim_set('q')} FROM picked p "
-            f"WHERE q.id = p.id AND {claimable('q', now)} RETURNING {self.returning('q')})"
+            f"{_FIRST if reserve else ''}"
+            f"claimed AS (UPDATE {TASK} q SET {self.reserving_set('q') if reserve else self.claim_set('q')} "
+            f"FROM picked p WHERE q.id = p.id AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         if audit:
             sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "
                     f"FROM exhausted x WHERE a.task_id = x.id AND a.token = x.fencing_token AND a.outcome = {RUNNING})"
-                    + _open_attempts(single=False))
+                    + _open_attempts(single=False, only_first=reserve))
         return sql
+
+    def reserving_set(self, table: str) -> str:
+        """:meth:`claim_set` of a reserving queue claim: only the ``first`` task started (its attempt
+        counted, the full lease), the others reserved (parameters: owner, lease, reservation)."""
+        first = f"{table}.id = (SELECT id FROM first)"
+        return (f"status = {RUNNING}, owner = %s, fencing_token = {table}.fencing_token + 1, "
+                f"attempts = {table}.attempts + ({first})::int, lease_expires_at = CASE WHEN {first} "
+                f"THEN {self.lease_sql()} ELSE {self.lease_sql()} END, updated_at = {self.now}")
+
+    def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
+        # One statement: the start and its attempt row commit together (no transaction here).
+        sql = self.statement(("start", audit), lambda: (
+            f"WITH s AS (UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
+            f"updated_at = {self.now} WHERE {owned()} RETURNING id, fencing_token, lease_expires_at)"
+            + (_START_ATTEMPT if audit else "") + " SELECT lease_expires_at FROM s"))
+        params: list[Any] = [start.lease, start.task_id, start.token]
+        if audit:
+            params += [start.owner, start.delivery_id]
+        self.execute(cursor, sql, params)
+        row = cursor.fetchone()
+        return None if row is None else self.to_datetime(row[0])
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
         lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
-        path: str,
+        path: str, reserve: float | None = None,
     ) -> tuple[str | None, list[Claimed], list[Moved]]:
         # One statement, one commit: the completion (fenced by its token), then the next claims,
         # made only if the completion matched (EXISTS done). The expired candidates exclude the
@@ -434,10 +473,13 @@ class PostgreSQLStore(SQLStore):
                 f"ended_at = {self.now} WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM done)), "
             )
             params += [task_id, token]
+        reserving = reserve is not None and limit > 1
         sql, more = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
                                       audit=audit, queues=queues, path=path, prefix=done,
-                                      only_if="EXISTS (SELECT 1 FROM done)", exclude=task_id)
-        sql = self.statement(("complete_and_claim_next", sql), lambda: sql + _queue_results(audit, done=True))
+                                      only_if="EXISTS (SELECT 1 FROM done)", exclude=task_id,
+                                      reserve=reserve if reserving else None)
+        sql = self.statement(("complete_and_claim_next", sql),
+                             lambda: sql + _queue_results(audit, done=True, reserving=reserving))
         self.execute(cursor, sql, params + more)
         found = cursor.fetchall()
         if not found or not found[0][-1]:
@@ -515,21 +557,38 @@ class PostgreSQLStore(SQLStore):
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
         outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
-        attempt_set: str = "", attempt_params: Sequence[Any] = (),
+        attempt_set: str = "", attempt_params: Sequence[Any] = (), start: Start | None = None,
     ) -> str | None:
-        if not audit:
+        if not audit and start is None:
             return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
         # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
         # against t can be planned as a sequential scan of the attempt table, see _open_attempts).
-        sql = self.statement(("finish audited", set_sql, attempt_set), lambda: (
+        # A reserved claim to start rides on the same statement (and commit), if the ending matched.
+        sql = self.statement(("finish", audit, set_sql, attempt_set, start is not None), lambda: (
             f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
-            f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status), "
-            f"a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN (SELECT status FROM t) = {PENDING} THEN %s ELSE %s END, "
-            f"ended_at = statement_timestamp(){attempt_set} WHERE task_id = %s AND token = %s "
-            f"AND EXISTS (SELECT 1 FROM t)) SELECT status FROM t"))
-        self.execute(cursor, sql, [*set_params, task_id, token, *outcomes, *attempt_params, task_id, token])
+            f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status)"
+            + (f", a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN (SELECT status FROM t) = {PENDING} THEN %s "
+               f"ELSE %s END, ended_at = statement_timestamp(){attempt_set} WHERE task_id = %s AND token = %s "
+               f"AND EXISTS (SELECT 1 FROM t))" if audit else "")
+            + (f", s AS (UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
+               f"updated_at = statement_timestamp() WHERE {owned()} AND EXISTS (SELECT 1 FROM t) "
+               f"RETURNING id, fencing_token, lease_expires_at)"
+               + (_START_ATTEMPT if audit else "") if start is not None else "")
+            + " SELECT status" + (", (SELECT lease_expires_at FROM s)" if start is not None else "") + " FROM t"))
+        params: list[Any] = [*set_params, task_id, token]
+        if audit:
+            params += [*outcomes, *attempt_params, task_id, token]
+        if start is not None:
+            params += [start.lease, start.task_id, start.token]
+            if audit:
+                params += [start.owner, start.delivery_id]
+        self.execute(cursor, sql, params)
         row = cursor.fetchone()
-        return None if row is None else str(row[0])
+        if row is None:
+            return None
+        if start is not None:
+            start.tried, start.expires = True, self.to_datetime(row[1])
+        return str(row[0])
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         # A row lock, not a write: NO KEY UPDATE does not block the attempt table's FK checks.
@@ -632,17 +691,19 @@ def _close_moved(outcome: str, token: bool = True) -> str:
     )
 
 
-def _queue_results(audit: bool, done: bool = False) -> str:
+def _queue_results(audit: bool, done: bool = False, reserving: bool = False) -> str:
     """The final SELECT of a queue claim: the claimed tasks (with the owner each was taken over
-    from), then the exhausted ones, a flag telling which; with ``done``, the completion's
-    count in every row (one row, of NULLs, when nothing was claimed)."""
+    from), then the exhausted ones, a flag telling which (0 exhausted, 1 claimed, 2 claimed and
+    reserved); with ``done``, the completion's count in every row (one row, of NULLs, when
+    nothing was claimed)."""
     previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL::text"
+    flag = "CASE WHEN c.id = (SELECT id FROM first) THEN 1 ELSE 2 END" if reserving else "1"
     if not done:
-        return (f" SELECT c.*, {previous}, true FROM claimed c "
-                f"UNION ALL SELECT x.*, NULL::text, false FROM exhausted x")
+        return (f" SELECT c.*, {previous}, {flag} FROM claimed c "
+                f"UNION ALL SELECT x.*, NULL::text, 0 FROM exhausted x")
     count = "(SELECT count(*) FROM done)"
-    return (f" SELECT c.*, {previous}, true, {count} FROM (SELECT 1) one LEFT JOIN claimed c ON true "
-            f"UNION ALL SELECT x.*, NULL::text, false, {count} FROM exhausted x")
+    return (f" SELECT c.*, {previous}, {flag}, {count} FROM (SELECT 1) one LEFT JOIN claimed c ON true "
+            f"UNION ALL SELECT x.*, NULL::text, 0, {count} FROM exhausted x")
 
 
 def _claimed_and_exhausted(store: PostgreSQLStore, found: Sequence[Sequence[Any]]) -> tuple[list[Claimed], list[Moved]]:
@@ -650,7 +711,7 @@ def _claimed_and_exhausted(store: PostgreSQLStore, found: Sequence[Sequence[Any]
     for values in found:
         row = store.decode(values)
         if values[-1]:
-            claimed.append(Claimed(row, values[-2]))
+            claimed.append(Claimed(row, values[-2], values[-1] == 2))
         else:
             exhausted.append(Moved(row.id, row.key, row.tenant, row.fencing_token, row.status))
     exhausted.sort(key=lambda m: m.id)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from django.core.checks import CheckMessage
 
-from .rows import Claimed, Found, Moved, NewTask, TaskRow
+from .rows import Claimed, Found, Moved, NewTask, Start, TaskRow
 
 
 class Store(Protocol):
@@ -108,13 +108,15 @@ class Store(Protocol):
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
-        delivery_id: str, audit: bool, queues: Sequence[str], path: str,
+        delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
         """Queue style: up to ``limit`` tasks of ``queues`` (and of ``path``: ``""`` work for a
         handler, ``"*"`` tasks naming their callable), expired leases first, then the due
         pending ones, the highest priority first, then the oldest. Never a task claimed by key.
         Expired tasks on their last attempt end FAILED in the same unit of work (as reclaim
-        would): ``(claimed, exhausted)``."""
+        would): ``(claimed, exhausted)``. With ``reserve`` (seconds) and more than one task, only
+        the first to run (``in_claim_order``) is started; the others are reserved (``Claimed.reserved``:
+        attempt count unchanged, no attempt row, a lease of ``reserve`` seconds)."""
 
     def ensure(
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
@@ -141,29 +143,41 @@ class Store(Protocol):
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
         """Extend the lease from the database clock; the new expiry, or ``None`` if fenced off."""
 
+    def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
+        """A reserved claim starts: attempt count + 1, its attempt row opened, the full lease from
+        now, in one unit of work; the new expiry, or ``None`` if the token no longer owns the task."""
+
+    def unreserve(self, cursor: Any, task_id: int, token: int) -> str | None:
+        """A reserved claim (never started) back to PENDING, its attempt count unchanged; ``None`` if fenced off."""
+
     def complete(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, audit: bool,
+        start: Start | None = None,
     ) -> str | None:
-        """RUNNING -> SUCCEEDED with the (JSON-encoded) result; the new status or ``None``."""
+        """RUNNING -> SUCCEEDED with the (JSON-encoded) result; the new status or ``None``.
+        ``start`` (also of ``fail`` and ``release``): a reserved claim started in the same commit
+        when the ending matched (its ``tried`` and ``expires`` set), the next task of a batch."""
 
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
         lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
-        path: str,
+        path: str, reserve: float | None = None,
     ) -> tuple[str | None, list[Claimed], list[Moved]]:
         """:meth:`complete`, then (only if it matched) :meth:`claim_next`, in one commit: a queue
         worker's loop costs one commit per task. ``(None, [], [])`` if fenced off."""
 
     def fail(
         self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool, *,
-        error_class: str = "", traceback: str = "", delay: float | None = None,
+        error_class: str = "", traceback: str = "", delay: float | None = None, start: Start | None = None,
     ) -> str | None:
         """RUNNING -> PENDING (``retry`` and attempts left, not before ``delay`` seconds from now
         when given) or FAILED; the attempt keeps the error, its class and traceback. The new
         status or ``None``."""
 
-    def release(self, cursor: Any, task_id: int, token: int, audit: bool) -> str | None:
-        """RUNNING -> PENDING, the attempt not counted; ``"pending"`` or ``None``."""
+    def release(self, cursor: Any, task_id: int, token: int, audit: bool, start: Start | None = None,
+                delay: float | None = None, reason: str | None = None) -> str | None:
+        """RUNNING -> PENDING, the attempt not counted; ``"pending"`` or ``None``. ``delay``: not
+        claimed by a queue claim again before that many seconds; ``reason``: stored as the task's error."""
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         """Inside a transaction: lock the task row if ``token`` still owns it."""

@@ -7,6 +7,7 @@ with ``Task.from_db``. Values arrive decoded: JSON parsed, datetimes timezone-aw
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -67,15 +68,45 @@ DATETIME_COLUMNS = frozenset({"lease_expires_at", "created_at", "updated_at", "r
 
 
 class Claimed(NamedTuple):
-    """A task this call claimed, and the owner it was taken over from (``None``: it was free)."""
+    """A task this call claimed, and the owner it was taken over from (``None``: it was free).
+
+    ``reserved``: claimed for later and not started (a batch's tasks after its first): its attempt
+    is not counted and no attempt row is open until it starts (``Store.start``), and its lease is
+    a short reservation, so that a worker that dies before starting it gives it back soon, its
+    attempt count unchanged."""
 
     row: TaskRow
     previous_owner: str | None
+    reserved: bool = False
+
+
+@dataclass
+class Start:
+    """The start of a reserved claim, carried by the statement that ends the task before it
+    (``Store.finish(..., start=...)``): the worker's next task starts in its predecessor's commit,
+    with no round trip of its own. The store sets ``expires`` (the started lease's expiry) when the
+    ending matched and the start did; ``None`` when the reserved claim was taken over meanwhile."""
+
+    task_id: int
+    token: int
+    owner: str
+    lease: float
+    delivery_id: str
+    #: Whether the ending matched, so that the start was tried (and ``expires`` says how it went).
+    tried: bool = False
+    expires: datetime | None = None
 
 
 def in_claim_order(claimed: list[Claimed]) -> list[Claimed]:
-    """The claims of one queue claim in the order to run them: the highest priority, then the oldest."""
-    return sorted(claimed, key=lambda c: (-c.row.priority, c.row.id))
+    """The claims of one queue claim in the order to run them: the started one first (a reserving
+    claim starts one), then the highest priority, then the oldest."""
+    return sorted(claimed, key=lambda c: (c.reserved, -c.row.priority, c.row.id))
+
+
+def first_to_run(rows: list[TaskRow]) -> TaskRow | None:
+    """Of the rows one queue claim took, the one a reserving claim starts: the highest priority,
+    then the oldest (the order of :func:`in_claim_order`)."""
+    return min(rows, key=lambda r: (-r.priority, r.id), default=None)
 
 
 class Found(NamedTuple):

@@ -34,7 +34,9 @@ from .rows import (
     Found,
     Moved,
     NewTask,
+    Start,
     TaskRow,
+    first_to_run,
     in_claim_order,
 )
 
@@ -333,20 +335,48 @@ class SQLStore:
         previous = self.open_attempt(cursor, row, delivery_id) if audit else None
         return Claimed(row, previous)
 
-    def open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str) -> str | None:
-        """Record a claim; close the attempt it took over, returning that attempt's owner."""
+    def open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, started: bool = True) -> str | None:
+        """Record a claim; close the attempt it took over, returning that attempt's owner. A
+        reserved claim (not ``started``) opens no attempt of its own: :meth:`start` does."""
         cursor.execute(
             f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {self.now} "
             f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING} RETURNING owner",
             [row.id, row.fencing_token - 1],
         )
         previous = cursor.fetchone()
+        if started:
+            self.insert_attempt(cursor, row.id, row.fencing_token, row.owner, delivery_id)
+        return previous[0] if previous else None
+
+    def insert_attempt(self, cursor: Any, task_id: int, token: int, owner: str, delivery_id: str) -> None:
+        """The attempt row of a claim that starts now."""
         cursor.execute(
             f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0, "
             f"{NO_ERROR})",
-            [row.id, row.fencing_token, row.owner, delivery_id],
+            [task_id, token, owner, delivery_id],
         )
-        return previous[0] if previous else None
+
+    def reserve_rest(self, cursor: Any, rows: list[TaskRow], reserve: float | None) -> tuple[list[TaskRow], set[int]]:
+        """Of the rows one queue claim just took (inside its transaction), all but the first to run
+        made reserved: their attempt not counted, their lease ``reserve`` seconds. The rows as they
+        are now, and the ids reserved."""
+        first = first_to_run(rows)
+        if reserve is None or first is None or len(rows) < 2:
+            return rows, set()
+        rest = [r.id for r in rows if r.id != first.id]
+        expires = self.unstart(cursor, rest, reserve)
+        return [r if r.id == first.id else r._replace(attempts=r.attempts - 1, lease_expires_at=expires[r.id])
+                for r in rows], set(rest)
+
+    def unstart(self, cursor: Any, ids: Sequence[int], reserve: float) -> dict[int, datetime | None]:
+        """Claims this transaction just made, not started after all: the attempt given back, the
+        lease a reservation of ``reserve`` seconds; each one's new expiry."""
+        cursor.execute(
+            f"UPDATE {TASK} SET attempts = attempts - 1, lease_expires_at = {self.lease_sql()} "
+            f"WHERE id IN ({placeholders(len(ids))}) RETURNING id, lease_expires_at",
+            [self.lease_param(reserve), *ids],
+        )
+        return {r[0]: self.to_datetime(r[1]) for r in cursor.fetchall()}
 
     def read_state(
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
@@ -384,7 +414,7 @@ class SQLStore:
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
-        delivery_id: str, audit: bool, queues: Sequence[str], path: str,
+        delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
         now, t = self.now, TASK
         where, params = self.queue_filter(queues, path, tenant), [*queues, *([tenant] if tenant is not None else [])]
@@ -399,7 +429,9 @@ class SQLStore:
             [owner, self.lease_param(lease), *params, limit],
         )
         rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)  # attempts in id order
-        claimed = [Claimed(row, self.open_attempt(cursor, row, delivery_id) if audit else None) for row in rows]
+        rows, reserved = self.reserve_rest(cursor, rows, reserve)
+        claimed = [Claimed(row, self.open_attempt(cursor, row, delivery_id, row.id not in reserved) if audit else None,
+                           row.id in reserved) for row in rows]
         return in_claim_order(claimed), exhausted
 
     def fail_exhausted_queued(self, cursor: Any, where: str, params: list[Any], audit: bool) -> list[Moved]:
@@ -422,14 +454,15 @@ class SQLStore:
     def complete_and_claim_next(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
         lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
-        path: str,
+        path: str, reserve: float | None = None,
     ) -> tuple[str | None, list[Claimed], list[Moved]]:
         # Inside the lifecycle's one transaction: one commit for both.
         status = self.complete(cursor, task_id, token, result, result_ref, audit)
         if status is None:
             return None, [], []
         claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                             delivery_id=delivery_id, audit=audit, queues=queues, path=path)
+                                             delivery_id=delivery_id, audit=audit, queues=queues, path=path,
+                                             reserve=reserve)
         return status, claimed, exhausted
 
     def ensure(
@@ -533,18 +566,40 @@ class SQLStore:
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
+    def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
+        """Start a reserved claim: its attempt counted, its attempt row opened, its lease the full
+        one from now; the lease's expiry, or ``None`` when the claim no longer holds the task."""
+        self.execute(
+            cursor,
+            f"UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
+            f"updated_at = {self.now} WHERE {owned()} RETURNING lease_expires_at",
+            [self.lease_param(start.lease), start.task_id, start.token],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        if audit:
+            self.insert_attempt(cursor, start.task_id, start.token, start.owner, start.delivery_id)
+        return self.to_datetime(row[0])
+
+    def unreserve(self, cursor: Any, task_id: int, token: int) -> str | None:
+        """Give back a reserved claim (never started): PENDING, its attempt count unchanged."""
+        return self.finish(cursor, task_id, token, f"status = {PENDING}, owner = ''", [],
+                           (Outcome.RELEASED, Outcome.RELEASED), False, Status.PENDING)
+
     def complete(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, audit: bool,
+        start: Start | None = None,
     ) -> str | None:
         return self.finish(
             cursor, task_id, token,
             f"status = {SUCCEEDED}, result = {self.json_param}, result_ref = %s, error = ''",
-            [result, result_ref], (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit, Status.SUCCEEDED,
+            [result, result_ref], (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit, Status.SUCCEEDED, start=start,
         )
 
     def fail(
         self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool, *,
-        error_class: str = "", traceback: str = "", delay: float | None = None,
+        error_class: str = "", traceback: str = "", delay: float | None = None, start: Start | None = None,
     ) -> str | None:
         again = f"{self.param('boolean')} AND attempts < max_attempts"
         params: list[Any] = [bool(retry), bool(retry), error]
@@ -559,23 +614,30 @@ class SQLStore:
             params, (Outcome.RETRY, Outcome.FAILED), audit,
             attempt_set=f", error = {self.param('text')}, error_class = {self.param('text')}, "
                         f"traceback = {self.param('text')}",
-            attempt_params=[error, error_class, traceback],
+            attempt_params=[error, error_class, traceback], start=start,
         )
 
-    def release(self, cursor: Any, task_id: int, token: int, audit: bool) -> str | None:
-        return self.finish(cursor, task_id, token, RELEASE_SET, [], (Outcome.RELEASED, Outcome.RELEASED), audit,
-                           Status.PENDING)
+    def release(self, cursor: Any, task_id: int, token: int, audit: bool, start: Start | None = None,
+                delay: float | None = None, reason: str | None = None) -> str | None:
+        set_sql, params = RELEASE_SET, []
+        if delay is not None:  # not claimed again before then
+            set_sql, params = f"{set_sql}, run_after = {self.lease_sql()}", [self.lease_param(delay)]
+        if reason is not None:  # why, for the operator who wonders why the task waits
+            set_sql, params = f"{set_sql}, error = {self.param('text')}", [*params, reason]
+        return self.finish(cursor, task_id, token, set_sql, params, (Outcome.RELEASED, Outcome.RELEASED), audit,
+                           Status.PENDING, start=start)
 
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
         outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
-        attempt_set: str = "", attempt_params: Sequence[Any] = (),
+        attempt_set: str = "", attempt_params: Sequence[Any] = (), start: Start | None = None,
     ) -> str | None:
         """Move a running task on, guarded by its token; the new status, or ``None`` if fenced off.
 
         ``outcomes``: the attempt's outcome when the task went back to pending, and otherwise.
         ``known``: the status the SET clause always sets (for databases that cannot return it).
         ``attempt_set``/``attempt_params``: more of the attempt row to set (a failure's error).
+        ``start``: a reserved claim to start in the same transaction, if the ending matched.
         """
         sql = self.statement(("finish", set_sql), lambda: (
             f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} "
@@ -587,7 +649,14 @@ class SQLStore:
         if audit:
             self.close_attempt(cursor, task_id, token, outcomes[0] if row[0] == Status.PENDING else outcomes[1],
                                attempt_set, attempt_params)
+        self.carry_start(cursor, start, audit)
         return str(row[0])
+
+    def carry_start(self, cursor: Any, start: Start | None, audit: bool) -> None:
+        """Start ``start``'s claim in the transaction of an ending that matched (see :class:`Start`)."""
+        if start is not None:
+            start.tried = True
+            start.expires = self.start(cursor, start, audit)
 
     def close_attempt(
         self, cursor: Any, task_id: int, token: int, outcome: str, attempt_set: str = "",

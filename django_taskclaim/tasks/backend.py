@@ -26,7 +26,7 @@ from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE, RESULT_STATUS, UNFINISHED
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
-from .identity import RUN_AGAIN, identity_of, options_of
+from .identity import RUN_AGAIN, identity_of, import_grace, options_of
 from .results import new_result, parse_result_id, result_of
 
 
@@ -70,6 +70,12 @@ class ClaimBackend(BaseTaskBackend):
             return own
         value = self.options.get("BACKOFF")
         return settings.RETRY_BACKOFF if value is None else Backoff.of(value, "OPTIONS['BACKOFF']")
+
+    @property
+    def import_grace(self) -> float:
+        """Seconds after a task's enqueue during which a worker that cannot import it gives it back
+        uncharged (``OPTIONS["IMPORT_GRACE"]``, default 600); past them it ends FAILED."""
+        return import_grace(self.options.get("IMPORT_GRACE"))
 
     # -- enqueue ----------------------------------------------------------------------------
     def enqueue(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

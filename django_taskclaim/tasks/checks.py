@@ -14,16 +14,19 @@ from ..exceptions import InvalidArgument, TaskClaimError
 from ..keys import lease_seconds, positive_int
 from ..retries import Backoff
 from .compat import FRAMEWORK
+from .identity import import_grace
 
 #: What ``OPTIONS`` may hold, and what each is.
 KNOWN_OPTIONS = {
     "LEASE": "seconds a worker's claim lasts between heartbeats (default TASKCLAIM_DEFAULT_LEASE)",
     "MAX_ATTEMPTS": "claims a task may get before it ends FAILED (default TASKCLAIM_MAX_ATTEMPTS)",
     "BACKOFF": "retry backoff: a dict of Backoff's fields (default TASKCLAIM_RETRY_BACKOFF)",
+    "IMPORT_GRACE": "seconds after its enqueue during which a task a worker cannot import is given back "
+                    "uncharged, not failed (default 600: a rolling deploy's old workers)",
 }
 
 E201 = spec("django_taskclaim.E201", "Task backend {alias!r}: {problem}.",
-        "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS and BACKOFF.")
+        "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS, BACKOFF and IMPORT_GRACE.")
 W201 = spec("django_taskclaim.W201", "Task backend {alias!r} stores tasks in database {using!r}, not in {default!r}.",
         "enqueue() inside transaction.atomic() on {default!r} does not commit or roll back with the "
         "task: a task can outlive a rolled-back caller (or the caller's rows be missing when it runs). "
@@ -57,7 +60,8 @@ def options_problems(backend: Any) -> list[str]:
                 for name in backend.options if name not in KNOWN_OPTIONS]
     for name, read in (("LEASE", lambda v: lease_seconds(v)),
                        ("MAX_ATTEMPTS", lambda v: positive_int(v, "OPTIONS['MAX_ATTEMPTS']")),
-                       ("BACKOFF", lambda v: Backoff.of(v, "OPTIONS['BACKOFF']"))):
+                       ("BACKOFF", lambda v: Backoff.of(v, "OPTIONS['BACKOFF']")),
+                       ("IMPORT_GRACE", lambda v: import_grace(v))):
         if backend.options.get(name) is not None:
             try:
                 read(backend.options[name])

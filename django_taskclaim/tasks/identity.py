@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from ..exceptions import InvalidArgument
 from ..keys import TaskKey, lease_seconds, positive_int
 from ..retries import Backoff
 
@@ -22,6 +23,22 @@ REUSE = "reuse"
 #: same id, with its attempts counted afresh (Temporal's "allow duplicate failed only").
 RUN_AGAIN = "run_again"
 AFTER_FAILURE = (REUSE, RUN_AGAIN)
+
+#: Seconds after its enqueue (or its ``run_after``) during which a task that a worker cannot import
+#: is given back uncharged rather than failed: ``OPTIONS["IMPORT_GRACE"]``'s default. A rolling
+#: deploy's workers of the previous release meet the new release's tasks for about that long.
+IMPORT_GRACE = 600.0
+
+
+def import_grace(value: object) -> float:
+    """``OPTIONS["IMPORT_GRACE"]`` as seconds (``None``: :data:`IMPORT_GRACE`); ``InvalidArgument`` for
+    anything but a number from 0 to 30 days."""
+    if value is None:
+        return IMPORT_GRACE
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 30 * 86400:
+        raise InvalidArgument(f"OPTIONS['IMPORT_GRACE'] must be a number of seconds from 0 to 2592000, not {value!r}")
+    return float(value)
+
 
 _IDENTITY = "__taskclaim_identity__"
 _OPTIONS = "__taskclaim_options__"

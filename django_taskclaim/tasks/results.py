@@ -38,13 +38,35 @@ def load_task(path: str) -> Any:
 
 def task_as_enqueued(row: TaskRow, backend: str) -> Any:
     """The ``Task`` a result carries: the function at the row's path, with the routing the
-    row was enqueued with (a retry's later "not before" is not the task's)."""
+    row was enqueued with (a retry's later "not before" is not the task's). A function that
+    cannot be imported here (gone, or of a newer release) is stood in for by one of the same
+    path that raises the import error when called: the result is still read."""
     dispatch = row.dispatch or {}
     run_after = dispatch.get("run_after")
-    return load_task(row.task_path).using(
-        priority=row.priority, queue_name=row.queue, backend=backend,
-        run_after=parse_datetime(run_after) if run_after else None,
-    )
+    routing_ = {"priority": row.priority, "queue_name": row.queue, "backend": backend,
+                "run_after": parse_datetime(run_after) if run_after else None}
+    try:
+        return load_task(row.task_path).using(**routing_)
+    except ImportError as exc:
+        return _missing_task(row.task_path, exc, routing_)
+
+
+def _missing_task(path: str, error: ImportError, routing_: dict[str, Any]) -> Any:
+    """A ``Task`` for ``path`` whose function cannot be imported: calling it raises ``error`` again."""
+    module, _, name = path.rpartition(".")
+    message = f"task {path!r} cannot be imported here: {error}"
+
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError(message)
+
+    missing.__module__, missing.__qualname__, missing.__name__ = module, name, name
+    try:
+        return Task(func=missing, **routing_)
+    except InvalidTask:  # the routing it was enqueued with is not valid any more: the result is still read
+        stand_in = object.__new__(Task)
+        for field, value in {"func": missing, "takes_context": False, **routing_}.items():
+            object.__setattr__(stand_in, field, value)
+        return stand_in
 
 
 def result_id(row: TaskRow) -> str:

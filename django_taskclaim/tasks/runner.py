@@ -11,16 +11,26 @@ its traceback kept on the attempt row), a dead worker's task taken over after it
 from __future__ import annotations
 
 import functools
+import logging
+from datetime import datetime
 from typing import Any
 
-from ..exceptions import InvalidResult
+from django.utils.dateparse import parse_datetime
+
+from ..exceptions import InvalidResult, StaleClaim
 from ..lifecycle import Claim
 from ..lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute, record_failure
+from ..lifecycle.handle import error_text
 from ..status import Status
 from ..worker import Runner
 from .compat import TaskContext, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
 from .identity import options_of
 from .results import STATUS, load_task, new_result, result_of
+
+logger = logging.getLogger("django_taskclaim")
+
+#: Seconds at most before a task this worker could not import may be handed out again.
+IMPORT_RETRY_CAP = 60.0
 
 
 class TaskRunner(Runner):
@@ -70,9 +80,8 @@ class TaskRunner(Runner):
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         try:
             task = self._task(claim.task_path)
-        except Exception as exc:  # not importable any more: the task can never run here
-            status = record_failure(claim, exc, retry=False)
-            return Executed(claim, status, error=exc)
+        except Exception as exc:  # not importable here: a newer release's task, or one that is gone
+            return self._not_importable(claim, exc)
         if (lease := self._own_lease(claim.task_path)) is not None and lease != claim.lease:
             claim.heartbeat(lease)  # the task's own lease, from now on
         payload = claim.payload or {}
@@ -93,6 +102,31 @@ class TaskRunner(Runner):
         if executed.ending != FENCED_OFF:
             self._finished(sender, result, executed)
         return executed
+
+    def _not_importable(self, claim: Claim, error: Exception) -> Executed:
+        """A task whose function this worker cannot import. During a rolling deploy a worker of the
+        previous release meets the new release's tasks: within ``OPTIONS["IMPORT_GRACE"]`` of the
+        task's enqueue it gives the task back, its attempt not counted and not due again for a
+        while (a quarter of the time it has waited, 1 s to 60 s: a backoff with no state of its
+        own), so that a worker that has the function runs it. Past the grace the function is gone
+        (a typo, a task removed): the task ends FAILED with the import error."""
+        row: Any = claim.row
+        if row is None:
+            from ..models import Task
+
+            row = Task.objects.using(claim.using).get(pk=claim.task_id)
+        # Both by the database clock: the claim's time, and the enqueue's (or its run_after).
+        waited = (row.updated_at - _enqueued(row)).total_seconds()
+        try:
+            if waited >= self.backend.import_grace:
+                return Executed(claim, record_failure(claim, error, retry=False), error=error)
+            delay = min(IMPORT_RETRY_CAP, max(1.0, waited / 4))
+            logger.warning("task %s cannot be imported here (%s): given back, not before %.0f s", claim.task_path,
+                           error, delay, extra=claim._log_extra())
+            claim.release(delay=delay, reason=f"cannot be imported by worker {claim.owner}: {error_text(error)}")
+        except StaleClaim as exc:
+            return Executed(claim, FENCED_OFF, error=exc)
+        return Executed(claim, Status.PENDING, error=error, given_back=True)
 
     def _running(self, claim: Claim, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """The task's result as it starts; on a first attempt built from the claimed row alone."""
@@ -118,6 +152,13 @@ class TaskRunner(Runner):
             raise executed.error
         except BaseException:
             task_finished.send(sender, task_result=result)
+
+
+def _enqueued(row: Any) -> datetime:
+    """When a task was enqueued to run: its creation, or the ``run_after`` it was enqueued with."""
+    run_after = (row.dispatch or {}).get("run_after")
+    due = parse_datetime(run_after) if run_after else None
+    return max(row.created_at, due) if due is not None else row.created_at
 
 
 def _what_failed(error: BaseException) -> BaseException:

@@ -95,6 +95,23 @@ def test_afail_arelease_aclaim_next_and_areclaim_expired() -> None:
     run(scenario())
 
 
+def test_astart_and_arelease_with_a_delay() -> None:
+    """The awaitable twins of a reserved claim's start and of a release with a "not before" time."""
+    async def scenario() -> None:
+        for key in ("a", "b"):
+            await Task.objects.aensure(key, queue="default")
+        first, second = await Task.objects.aclaim_next(owner="w", lease=5, limit=2, reserve=True)
+        assert second.reserved and (await Task.objects.aget(key="b")).attempts == 0
+        await second.astart()
+        assert not second.reserved and (await Task.objects.aget(key="b")).attempts == 1
+        await first.arelease(delay=60, reason="not yet")
+        task = await Task.objects.aget(key="a")
+        assert (task.status, task.attempts, task.error) == ("pending", 0, "not yet")
+        assert await Task.objects.aclaim_next(owner="w", lease=5) == []  # a not due yet, b running
+
+    run(scenario())
+
+
 def test_a_taken_over_claim_is_fenced_off_in_async_code() -> None:
     async def scenario() -> None:
         old = (await Task.objects.aclaim("job", owner="slow", lease=5)).claim

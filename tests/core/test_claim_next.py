@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
 from tests.conftest import expire
 
@@ -167,3 +168,71 @@ def test_a_locked_row_is_skipped_not_waited_for() -> None:
     thread.join(30)
     assert not waited, "claim_next waited for a row lock instead of skipping the row"
     assert out["keys"] == ["free"]
+
+
+@pytest.mark.django_db(transaction=True)  # the starts commit, as a worker's do
+def test_a_reserving_claim_starts_only_its_first_task_and_a_death_charges_only_that_one() -> None:
+    """Issue 30, item 1 (in one process): a worker's batch (``reserve=True``) starts the first task
+    to run and reserves the others, for a few seconds, their attempt not counted and no attempt
+    open. A worker that dies then charges the started task only (taken over: WorkerLost); the
+    reserved ones come back with their attempt count unchanged."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_taskclaim.lifecycle.handle import RESERVATION
+
+    for i in range(3):
+        Task.objects.ensure(f"plain{i}", queue="default", max_attempts=3)
+    Task.objects.ensure("urgent", queue="default", priority=10, max_attempts=3)
+    sent = timezone.now()
+    claims = Task.objects.claim_next(owner="dies", lease=60, limit=4, reserve=True)
+    assert [(c.key, c.reserved) for c in claims] == [
+        ("urgent", False), ("plain0", True), ("plain1", True), ("plain2", True)]
+    assert [c.attempt for c in claims] == [1, 1, 1, 1]  # what each counts once started
+    rows = {t.key: t for t in Task.objects.all()}
+    assert {k: t.attempts for k, t in rows.items()} == {"urgent": 1, "plain0": 0, "plain1": 0, "plain2": 0}
+    assert [(a.task.key, a.token) for a in Attempt.objects.select_related("task")] == [("urgent", 1)]
+    # Reserved: held for RESERVATION seconds, not the 60 s lease (a dead worker's come back soon).
+    assert all(rows[f"plain{i}"].lease_expires_at <= sent + timedelta(seconds=RESERVATION + 2) for i in range(3))
+    assert rows["urgent"].lease_expires_at >= sent + timedelta(seconds=50)
+    # The worker dies running "urgent": every lease runs out, another worker takes all four over.
+    for claim in claims:
+        expire(claim)
+    again = Task.objects.claim_next(owner="next", lease=60, limit=4)
+    assert sorted(c.key for c in again) == ["plain0", "plain1", "plain2", "urgent"]
+    assert {t.key: t.attempts for t in Task.objects.all()} == {"urgent": 2, "plain0": 1, "plain1": 1, "plain2": 1}
+    assert list(Attempt.objects.filter(outcome="taken_over").values_list("task__key", flat=True)) == ["urgent"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reserved_claim_starts_in_the_commit_of_the_task_before_it_or_on_its_own() -> None:
+    """The next task of a batch starts in the ending of the one before (``then_start``: no round trip
+    of its own); one whose reservation another worker took over is not started, nor run; one given
+    back unstarted keeps its attempt count."""
+    for name in ("a", "b", "c", "d"):
+        Task.objects.ensure(name, queue="default")
+    a, b, c, d = Task.objects.claim_next(owner="w", lease=60, limit=4, reserve=True)
+    a.then_start(b)
+    a.complete("done")
+    assert b.started_by(a) is True and not b.reserved
+    assert Task.objects.get(key="b").attempts == 1
+    assert Attempt.objects.get(task__key="b").outcome == "running"
+    expire(c)  # c's reservation ran out, and a rival took it over meanwhile
+    assert Task.objects.claim_next(owner="rival", lease=60)[0].key == "c"
+    b.then_start(c)
+    b.fail("boom", retry=True)
+    assert c.started_by(b) is False and c.reserved
+    with pytest.raises(StaleClaim):
+        c.start()
+    assert Task.objects.get(key="c").attempts == 1  # the rival's attempt only
+    d.release()  # given back unstarted: its attempt count unchanged, no attempt row
+    assert (Task.objects.get(key="d").status, Task.objects.get(key="d").attempts) == ("pending", 0)
+    assert not Attempt.objects.filter(task__key="d").exists()
+    (d,) = Task.objects.claim_next(owner="w", lease=60, limit=1, reserve=True)
+    assert not d.reserved and d.attempt == 1  # a claim of one starts it
+    Task.objects.ensure("e", queue="default")
+    Task.objects.ensure("f", queue="default")
+    _, f = Task.objects.claim_next(owner="w", lease=60, limit=2, reserve=True)
+    f.complete("ran unstarted")  # never run a reserved claim; one that ran all the same is counted
+    assert (Task.objects.get(key="f").attempts, Attempt.objects.get(task__key="f").outcome) == (1, "succeeded")

@@ -278,7 +278,17 @@ def test_every_hot_statement_fits_psycopgs_statement_cache(audit: bool) -> None:
         for tenant in (None, ""):
             first = Task.objects.claim_next(owner="w", tenant=tenant, queue=["q0", "q1"])[0]
             first.complete_and_claim_next(tenant=tenant, queue=["q0", "q1"])[0].release()
-    assert len(sent) >= 14
+        for i in range(6):  # a worker's batch: reserving claims, starts carried by the ending before, or alone
+            Task.objects.ensure(f"r{i}", queue="default")
+        a, b, c = Task.objects.claim_next(owner="w", limit=3, reserve=True)
+        a.then_start(b)
+        a.complete("done")
+        c.start()
+        b.then_start(None)
+        nxt = b.complete_and_claim_next(limit=2, reserve=True)
+        nxt[0].then_start(nxt[1])
+        nxt[0].fail(ValueError("boom"), retry=True)
+    assert len(sent) >= 20
     too_long = [(len(sql.encode()), n, sql[:60]) for sql, n in sent if len(sql.encode()) > longest or n > most]
     assert not too_long, too_long
 

@@ -299,6 +299,11 @@ def test_check_reports_options_it_cannot_honour_and_a_task_database_elsewhere() 
     ids = sorted(message.id for message in backend.check())
     assert ids == ["django_taskclaim.E201"] * 3
     assert ClaimBackend("y", {"OPTIONS": {"LEASE": 60}}).check() == []
+    # IMPORT_GRACE (issue 30, item 3): seconds, from 0 to 30 days.
+    assert ClaimBackend("y", {"OPTIONS": {"IMPORT_GRACE": 0}}).check() == []
+    for bad in (-1, "600", True, 10**9):
+        [message] = ClaimBackend("g", {"OPTIONS": {"IMPORT_GRACE": bad}}).check()
+        assert message.id == "django_taskclaim.E201" and "IMPORT_GRACE" in message.msg
     with override_settings(TASKCLAIM_DATABASE="other"):
         assert [m.id for m in ClaimBackend("z", {}).check()] == ["django_taskclaim.W201"]
     with override_settings(TASKCLAIM_AUDIT=False):
@@ -315,3 +320,71 @@ def test_w203_the_backport_outside_installed_apps() -> None:
     apps = [app for app in settings.INSTALLED_APPS if app != "django_tasks"]
     with override_settings(INSTALLED_APPS=apps):
         assert [m.id for m in ClaimBackend("z", {}).check()] == ["django_taskclaim.W203"]
+
+
+def _written_by_a_newer_release(key: str, path: str = "tests.testapp.gone.report") -> Task:
+    """A task row as ``ClaimBackend.enqueue`` writes it, for a function this process cannot import."""
+    return Task.objects.ensure(key, payload={"args": [7], "kwargs": {}}, queue="default", task_path=path,
+                               dispatch={"backend": "default"}, max_attempts=3)
+
+
+def test_a_task_the_worker_cannot_import_is_given_back_uncharged_and_not_taken_again_at_once() -> None:
+    """Issue 30, item 3: in a rolling deploy a worker of the previous release claims a task from a
+    module only the new release has. It gives the task back, its attempt not counted, with a "not
+    before" time a little later (so that it does not take it again at once), the reason on the task."""
+    row = _written_by_a_newer_release("rolling")
+    stats = work(TaskRunner("default"), owner="old", until_drained=False, max_tasks=1, poll=0.01,
+                 stop=_stop_after_polls(3))
+    row.refresh_from_db()
+    assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+    assert row.run_after is not None and row.run_after > timezone.now()
+    assert "ModuleNotFoundError" in row.error and "tests.testapp.gone" in row.error
+    assert stats.failed == 0
+    assert list(Attempt.objects.filter(task=row).values_list("outcome", flat=True)) == ["released"]
+    assert Task.objects.claim_next(path="*") == []  # not due again yet
+    result = task_backends["default"].get_result(str(row.pk))
+    assert (result.status, result.errors) == (TaskResultStatus.READY, [])
+
+
+def test_a_task_nobody_can_import_fails_after_the_grace_and_get_result_reads_it() -> None:
+    """Past ``OPTIONS["IMPORT_GRACE"]`` (counted from the task's enqueue) the task fails for good,
+    charged one attempt; ``get_result`` of a task whose function is gone returns its FAILED result
+    instead of raising ``ImportError``."""
+    row = _written_by_a_newer_release("gone-for-good")
+    Task.objects.filter(pk=row.pk).update(created_at=timezone.now() - dt.timedelta(hours=1))
+    stats = work(TaskRunner("default"), owner="w", until_drained=False, max_tasks=1, poll=0.01)
+    row.refresh_from_db()
+    assert (row.status, row.attempts, stats.failed) == (Task.Status.FAILED, 1, 1)
+    backend = task_backends["default"]
+    result = backend.get_result(str(row.pk))
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ModuleNotFoundError"]
+    assert result.task.module_path == "tests.testapp.gone.report" and result.args == [7]
+    from asgiref.sync import async_to_sync
+
+    assert async_to_sync(backend.aget_result)(str(row.pk)).status == TaskResultStatus.FAILED
+
+
+@override_settings(TASKS={"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend",
+                                      "QUEUES": ["default", "emails"], "OPTIONS": {"IMPORT_GRACE": 0}}})
+def test_an_import_grace_of_zero_fails_at_once() -> None:
+    row = _written_by_a_newer_release("no-grace")
+    work(TaskRunner("default"), owner="w", until_drained=False, max_tasks=1, poll=0.01)
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == (Task.Status.FAILED, 1)
+
+
+def _stop_after_polls(n: int) -> object:
+    """A stop event set once a worker has waited ``n`` times for work (nothing due is left)."""
+    import threading
+
+    class Stop(threading.Event):
+        polls = 0
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.polls += 1
+            if self.polls >= n:
+                self.set()
+            return self.is_set()
+
+    return Stop()

@@ -4,6 +4,7 @@ SIGKILLed and SIGSTOPped mid-task, a task whose last attempt dies, and rows of o
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -97,6 +98,54 @@ def test_a_task_whose_last_attempt_dies_ends_failed_and_strands_nothing(processe
     assert [e.exception_class_path for e in result.errors] == ["django_taskclaim.exceptions.WorkerLost"]
     assert summary == {"succeeded": 0, "failed": 0, "fenced_off": 0, "unrecorded": 0}
     assert Task.objects.get(pk=int(result.id)).error == "lease expired with no attempts left"
+
+
+def test_a_task_that_kills_its_worker_charges_only_itself_not_its_batch_mates(processes: Supervisor) -> None:
+    """Issue 30, item 1: a task that SIGKILLs its own worker (priority 10, so it runs first), three
+    plain tasks, MAX_ATTEMPTS 3, ``--batch 4 --lease 1``, the worker restarted after each death.
+    Only a task that started may be charged for a death: the batch-mates claimed with it and not
+    started go back with their attempt count unchanged (they ended FAILED, never run, with
+    ``WorkerLost`` × 3, when every claim of a batch counted an attempt)."""
+    killer = tasks.kills_its_worker.enqueue()
+    plain = [tasks.counted.enqueue(f"plain-{i}") for i in range(3)]
+    codes = []
+    for _ in range(5):  # restarted after each death, as a process supervisor would
+        worker = processes.start("django", "taskclaim_worker", "--batch", "4", "--lease", "1", "--until-drained",
+                                 "--json")
+        codes.append(worker.wait(timeout=60))
+        if codes[-1] == 0:
+            break
+    assert codes == [-signal.SIGKILL] * 3 + [0]
+    killer.refresh()
+    assert killer.status == TaskResultStatus.FAILED and killer.attempts == 3
+    assert [e.exception_class_path for e in killer.errors] == ["django_taskclaim.exceptions.WorkerLost"] * 3
+    for result in plain:
+        result.refresh()
+        assert (result.status, result.attempts, result.errors) == (TaskResultStatus.SUCCESSFUL, 1, [])
+        assert Task.objects.get(pk=int(result.id)).attempts == 1
+    assert Counter(Effect.objects.values_list("task_key", flat=True)) == {f"plain-{i}": 1 for i in range(3)}
+
+
+def test_a_worker_of_the_previous_release_gives_back_a_task_it_cannot_import(processes: Supervisor) -> None:
+    """Issue 30, item 3: in a rolling deploy the web tier (this process, the new release) enqueues a
+    task from a module only the new release has; a worker of the previous release claims it first.
+    It must give the task back uncharged (it ended FAILED after 1 attempt), so that a new enqueue
+    (``REUSE``) still finds it waiting, and a worker of the new release then runs it once."""
+    from tests.testapp import new_release
+
+    first = new_release.report.enqueue(7)
+    old = processes.start("django", "taskclaim_worker", "--json", env={"TASKCLAIM_TEST_OLD_RELEASE": "1"})
+    wait_until(lambda: Attempt.objects.filter(task_id=int(first.id), outcome="released").exists(), timeout=30,
+               what="the old worker to give the task back")
+    old.signal(signal.SIGTERM)
+    assert report(old) == {"succeeded": 0, "failed": 0, "fenced_off": 0, "unrecorded": 0}
+    again = new_release.report.enqueue(7)  # REUSE: the same task, still waiting to run
+    assert (again.id, again.status, again.errors) == (first.id, TaskResultStatus.READY, [])
+    assert Task.objects.get(pk=int(first.id)).attempts == 0
+    [new] = workers(processes, 1)
+    assert report(new)["succeeded"] == 1
+    first.refresh()
+    assert (first.status, first.attempts, first.return_value) == (TaskResultStatus.SUCCESSFUL, 1, {"report": 7})
 
 
 def test_tasks_claimed_by_key_are_never_taken_by_a_queue_worker(processes: Supervisor) -> None:

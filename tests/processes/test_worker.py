@@ -252,8 +252,47 @@ def test_a_batched_claim_that_waited_long_is_renewed_before_it_runs() -> None:
     stats = work(handler, owner="batcher", lease=0.5, batch=2, max_tasks=2)
     assert (stats.succeeded, stats.fenced_off) == (2, 0)
     assert Task.objects.filter(key__in=["r000", "r001"], status=Task.Status.SUCCEEDED).count() == 2
-    # r001 ran on a renewed lease: later than the one its batch's claim had set.
+    # r001 ran on a renewed lease: later than the one its batch's claim had set (r001 was reserved
+    # by that claim, and started, its attempt opened, when r000 completed).
     from datetime import timedelta
 
-    claimed_at = Attempt.objects.get(task__key="r001", token=1).started_at
+    claimed_at = Attempt.objects.get(task__key="r000", token=1).started_at
     assert leases["r001"] > claimed_at + timedelta(seconds=0.5)  # type: ignore[operator]
+    assert Attempt.objects.get(task__key="r001", token=1).started_at >= claimed_at + timedelta(seconds=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_that_kills_its_worker_charges_only_its_own_task(processes) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30, item 1, for a handler worker (``taskclaim_worker HANDLER --batch 4 --lease 1``,
+    restarted after each death): only the task that started is charged for the death."""
+    Task.objects.ensure("killer", queue="default", priority=10, max_attempts=3)
+    plain = queue(3, prefix="plain")
+    Task.objects.filter(key__in=plain).update(max_attempts=3)
+    codes = []
+    for _ in range(5):
+        worker = processes.start("django", "taskclaim_worker", "tests.programs.worker_handlers.kills_itself_or_counts",
+                                 "--batch", "4", "--lease", "1", "--until-drained", "--json")
+        codes.append(worker.wait(timeout=60))
+        if codes[-1] == 0:
+            break
+    assert codes == [-signal.SIGKILL] * 3 + [0]
+    killer = Task.objects.get(key="killer")
+    assert (killer.status, killer.attempts) == (Task.Status.FAILED, 3)
+    assert {t.key: (t.status, t.attempts) for t in Task.objects.filter(key__in=plain)} == dict.fromkeys(
+        plain, (Task.Status.SUCCEEDED, 1))
+    assert not Attempt.objects.filter(task__key__in=plain).exclude(outcome="succeeded").exists()
+    assert Counter(Effect.objects.values_list("task_key", flat=True)) == dict.fromkeys(plain, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_next_task_of_a_batch_starts_in_the_completion_before_it(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    """Starting a reserved task costs no round trip of its own: on PostgreSQL the completion of the
+    task before it and its start are one statement (one commit)."""
+    queue(2, prefix="s")
+    first, second = Task.objects.claim_next(owner="w", limit=2, reserve=True)
+    first.then_start(second)
+    with django_assert_num_queries({"postgresql": 1, "sqlite": 6}.get(connection.vendor, 7)):
+        first.complete("done")
+    assert second.started_by(first) is True
+    assert Task.objects.get(key="s001").attempts == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -35,3 +36,12 @@ def fenced_effect(claim: Claim) -> None:
     with claim.fenced():
         Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
         claim.complete({"by": os.getpid()})
+
+
+def kills_itself_or_counts(claim: Claim) -> Any:
+    """A key named ``killer…`` SIGKILLs its own worker (an OOM kill, a crash in a C extension);
+    any other records one effect row a run."""
+    if claim.key.startswith("killer"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+    return claim.key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,21 @@ def last_chance(name: str) -> str:
     """One attempt only: a worker that dies in it leaves nothing to retry."""
     _mark(name)
     return "survived"
+
+
+@task(priority=10)
+@claim_options(max_attempts=3)
+def kills_its_worker() -> None:
+    """Dies with its worker, as an OOM kill or a crash in a C extension would: SIGKILL to itself."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@task()
+@claim_options(max_attempts=3)
+def counted(name: str) -> str:
+    """One effect row a run (not fenced: a second run would show as a second row)."""
+    Effect.objects.create(task_key=name, token=current_claim().token, worker=str(os.getpid()))
+    return name
 
 
 __all__ = ["Task"]
