@@ -6,6 +6,7 @@ from typing import Any
 
 from django.apps import apps
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
 
 from ..checkspec import spec
@@ -34,8 +35,8 @@ W202 = spec("django_taskclaim.W202", "Task backend {alias!r}: TASKCLAIM_AUDIT is
         "TASKCLAIM_AUDIT = False does not write: get_result() reports none of them. Set it True.")
 W203 = spec("django_taskclaim.W203", "Task backend {alias!r} runs on the django_tasks backport, which is not in "
         "INSTALLED_APPS.",
-        "Add 'django_tasks' to INSTALLED_APPS: without it the backport registers neither its checks "
-        "nor its log receivers.")
+        "Add 'django_tasks' to INSTALLED_APPS, as the backport asks: without it its AppConfig does not "
+        "run (django_taskclaim registers the task backends' checks for it).")
 
 
 def backend_messages(backend: Any) -> list[checks.CheckMessage]:
@@ -49,6 +50,15 @@ def backend_messages(backend: Any) -> list[checks.CheckMessage]:
     if FRAMEWORK == "django_tasks" and not apps.is_installed("django_tasks"):
         messages.append(W203.warning(alias=backend.alias))
     return messages
+
+
+def refuse_unusable(backend: Any) -> None:
+    """``ImproperlyConfigured`` with the messages of ``backend``'s check errors, if it has any: a
+    worker refuses to claim with a configuration it cannot use (each claim would fail its task,
+    spending an attempt per restart) rather than find out on the first task."""
+    errors = [message for message in backend.check() if message.is_serious()]
+    if errors:
+        raise ImproperlyConfigured("; ".join(f"{m.msg} ({m.id}) {m.hint}" for m in errors))
 
 
 def options_problems(backend: Any) -> list[str]:
