@@ -221,6 +221,7 @@ def _claim(using: str, key: str, tenant: str, owner: str, seconds: float, stored
             claim_ = Claim.taken(result, using, seconds, delivery_id, sent=sent)
             return ClaimOutcome(True, claim_, row=result.row, using=using)
         row, expired = result.row, result.expired
+        transitions.refuse_other_work(row, queue=None)  # a queued task: never claimed by key
         if fp and row.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
         running = row.status == Status.RUNNING

@@ -20,7 +20,6 @@ from django.db import transaction
 
 from .. import routing
 from ..conf import settings
-from ..exceptions import InvalidTaskKey
 from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE
@@ -145,11 +144,8 @@ class ClaimBackend(BaseTaskBackend):
 
     def _met_again(self, task: Any, row: Any) -> Any:
         """The result of an identity met again: the task as it was stored (run again first, under
-        ``RUN_AGAIN``, if it FAILED or was CANCELLED)."""
-        if row.task_path != task.module_path:
-            raise InvalidTaskKey(
-                f"key {row.key!r} (tenant {row.tenant!r}) already names other work: "
-                f"{row.task_path or 'a task claimed by key'}, not {task.module_path}")
+        ``RUN_AGAIN``, if it FAILED or was CANCELLED). A key of other work (claimed by key, another
+        task) was refused by ``ensure_task``/``ensure_many`` (``transitions.refuse_other_work``)."""
         identity = identity_of(task.func)
         if identity is not None and identity.after_failure == RUN_AGAIN and row.status in RESETTABLE:
             type(row).objects.using(row._state.db).filter(pk=row.pk).reset()

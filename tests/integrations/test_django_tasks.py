@@ -15,7 +15,7 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_taskclaim.exceptions import PayloadMismatch
+from django_taskclaim.exceptions import InvalidTaskKey, PayloadMismatch
 from django_taskclaim.models import Attempt, Task
 from django_taskclaim.tasks import ClaimBackend
 from django_taskclaim.tasks.compat import (
@@ -196,6 +196,26 @@ def test_after_a_failure_a_keyed_task_is_reused_or_run_again_as_it_declares() ->
     assert (rerun.status, rerun.return_value) == (TaskResultStatus.SUCCESSFUL, 1)
     assert (rerun.attempts, rerun.errors) == (1, [])
     assert Attempt.objects.filter(task_id=int(rerun.id)).count() == 2  # the audit trail keeps both runs'
+
+
+def test_a_queued_keyed_task_is_never_claimed_by_key() -> None:
+    """run_once (and claim()) of a queued Django task's key is refused, as enqueue() of a key claimed
+    by key is: the task's own function runs, and its result is the function's."""
+    from django_taskclaim import TaskKey, run_once
+
+    result = tasks.charge.enqueue(5, amount=3)
+    key = TaskKey("charge", run="order-5", tenant="acme")
+    with pytest.raises(InvalidTaskKey, match="already names other work: tests.testapp.tasks.charge"):
+        run_once(key, lambda: "not the task's function")
+    with pytest.raises(InvalidTaskKey, match="already names other work"):
+        Task.objects.claim(key)
+    Task.objects.ensure("order-6:charge", tenant="acme")  # the reverse, refused as before
+    with pytest.raises(InvalidTaskKey, match="already names other work: a task claimed by key"):
+        tasks.charge.enqueue(6, amount=3)
+    drain()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "charged 3")
+    assert Effect.objects.filter(task_key="charge:5").count() == 1
 
 
 def test_an_identity_met_again_reports_the_task_as_stored_not_as_asked() -> None:
