@@ -161,7 +161,9 @@ class ClaimBackend(BaseTaskBackend):
         try:
             using, pk = parse_result_id(result_id)
             row = Task.objects.using(using).exclude(task_path="").get(pk=pk)
-        except (ValueError, OverflowError, Task.DoesNotExist):
+        except ValueError as exc:  # an id of no task database (a bare pk among several): it says why
+            raise TaskResultDoesNotExist(str(exc)) from None
+        except (OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
         return result_of(row, self._attempts(pk, using), self.alias)
 

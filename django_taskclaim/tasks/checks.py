@@ -25,7 +25,7 @@ KNOWN_OPTIONS = {
 
 E201 = spec("django_taskclaim.E201", "Task backend {alias!r}: {problem}.",
         "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS and BACKOFF.")
-W201 = spec("django_taskclaim.W201", "Task backend {alias!r} stores tasks in database {using!r}, not in {default!r}.",
+W201 = spec("django_taskclaim.W201", "Task backend {alias!r} stores {where}.",
         "enqueue() inside transaction.atomic() on {default!r} does not commit or roll back with the "
         "task: a task can outlive a rolled-back caller (or the caller's rows be missing when it runs). "
         "Enqueue inside transaction.atomic(using={using!r}), or keep the task table in the database of "
@@ -44,7 +44,8 @@ def backend_messages(backend: Any) -> list[checks.CheckMessage]:
                 for problem in options_problems(backend)]
     for using in settings.DATABASES:  # each database a tenant's tasks may be enqueued in
         if differs_from_callers(using):
-            messages.append(W201.warning(alias=backend.alias, using=using, default=DEFAULT_DB_ALIAS))
+            messages.append(W201.warning(alias=backend.alias, using=using, default=DEFAULT_DB_ALIAS,
+                                         where=stored_where(using)))
     if not settings.AUDIT:
         messages.append(W202.warning(alias=backend.alias))
     if FRAMEWORK == "django_tasks" and not apps.is_installed("django_tasks"):
@@ -74,6 +75,16 @@ def options_problems(backend: Any) -> list[str]:
             except (TaskClaimError, InvalidArgument, TypeError, ValueError) as exc:
                 problems.append(f"OPTIONS[{name!r}] = {backend.options[name]!r}: {exc}")
     return problems
+
+
+def stored_where(using: str) -> str:
+    """Which tasks task database ``using`` holds, and where the others are, in words (W201)."""
+    task_databases = settings.DATABASES
+    if len(task_databases) == 1:
+        return f"tasks in database {using!r}, not in {DEFAULT_DB_ALIAS!r}"
+    others = " and ".join(repr(alias) for alias in task_databases if alias != using)
+    where = f"the tasks of the tenants routed to {using!r} in that database, the other tenants' in {others}"
+    return where if DEFAULT_DB_ALIAS in task_databases else f"{where}, none in {DEFAULT_DB_ALIAS!r}"
 
 
 def differs_from_callers(using: str) -> bool:

@@ -63,15 +63,23 @@ def format_result_id(using: str, pk: int) -> str:
 
 def parse_result_id(value: object) -> tuple[str, int]:
     """The database and primary key a result id names; ``ValueError`` for an id that names none
-    (not of :func:`result_id`'s form, or a database that is not a task database)."""
+    (not of :func:`result_id`'s form, or a database that is not a task database).
+
+    ``alias:pk`` names task ``pk`` of task database ``alias``. A bare ``pk`` names one only where
+    the tasks are in one database: among several, each has its own task number ``pk``, and
+    guessing TASKCLAIM_DATABASE's would hand back another task's result."""
     text = str(value)
-    alias, _, pk = text.rpartition(":")
-    if not alias:
-        alias = settings.DATABASE
-    elif alias not in settings.DATABASES:
-        raise ValueError(f"{text!r} names no task database")
+    alias, colon, pk = text.rpartition(":")
     if not pk.isdigit() or not pk.isascii():
         raise ValueError(f"{text!r} is not a result id")
+    if colon and alias not in settings.DATABASES:
+        raise ValueError(f"{text!r} names no task database (the result ids of several task databases are "
+                         f"'alias:pk', the alias one of {', '.join(map(repr, settings.DATABASES))})")
+    if not colon:
+        if routing.several():
+            raise ValueError(f"{text!r} names no task database: with several task databases a result id is "
+                             f"'alias:pk' (the alias one of {', '.join(map(repr, settings.DATABASES))})")
+        alias = settings.DATABASE
     return alias, int(pk)
 
 
