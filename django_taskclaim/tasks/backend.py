@@ -24,7 +24,7 @@ from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
-from .identity import RUN_AGAIN, identity_of, options_of
+from .identity import RUN_AGAIN, identity_of, options_of, same_call
 from .results import new_result, parse_result_id, result_of
 
 
@@ -79,7 +79,7 @@ class ClaimBackend(BaseTaskBackend):
         row, created = ensure_task(
             key, tenant, payload, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
             run_after=task.run_after, task_path=task.module_path, dispatch=self._dispatch(task),
-            using=self.database_for(tenant))
+            using=self.database_for(tenant), same_payload=same_call(task.func, task.takes_context))
         # A new row is the task as enqueued; an identity met again is the task as it was stored.
         if not created:
             return self._met_again(task, row)
@@ -113,7 +113,7 @@ class ClaimBackend(BaseTaskBackend):
         with transaction.atomic(using=self.using):
             rows = ensure_many(new, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
                                run_after=task.run_after, task_path=task.module_path,
-                               dispatch=self._dispatch(task))
+                               dispatch=self._dispatch(task), same_payload=same_call(task.func, task.takes_context))
             made = [created for _, created, _ in rows]
             results = [new_result(task, row, self.alias, using=alias) if created
                        else self._met_again(task, to_task(row, alias))
