@@ -49,7 +49,7 @@ def test_the_worker_refuses_a_backend_it_cannot_use_and_claims_nothing(worker_en
     assert done.returncode == 2, done.stdout + done.stderr
     assert "django_taskclaim.E201" in done.stderr and "'bse'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    row = Task.objects.get(pk=int(result.id))
+    row = Task.objects.get(pk=int(result.id.rpartition(":")[2]))
     assert (row.status, row.attempts) == (Task.Status.PENDING, 0)
 
 
@@ -59,7 +59,7 @@ def test_the_worker_refuses_it_from_call_command_too() -> None:
     with override_settings(TASKS=BAD_TASKS), pytest.raises(CommandError) as info:
         call_command("taskclaim_worker", "--until-drained", stdout=io.StringIO())
     assert info.value.returncode == 2 and "E201" in str(info.value) and "'bse'" in str(info.value)
-    assert Task.objects.get(pk=int(result.id)).attempts == 0
+    assert Task.objects.get(pk=int(result.id.rpartition(":")[2])).attempts == 0
 
 
 def test_a_warning_does_not_stop_the_worker() -> None:
