@@ -10,6 +10,8 @@ them all.
 
 from __future__ import annotations
 
+from importlib import import_module
+from importlib.util import find_spec
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -171,8 +173,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return errors
 
 
+#: Where Django's Tasks framework registers its check of every task backend (``check_tasks``, which
+#: runs each backend's ``check()``), in the order ``tasks/compat.py`` picks the framework.
+FRAMEWORK_CHECKS = (("django.tasks", "django.tasks.checks"), ("django_tasks", "django_tasks.checks"))
+
+
+def register_framework_checks() -> None:
+    """Register the Tasks framework's own check of the task backends, before any check list is built.
+
+    The framework registers it when its module is first imported: Django 6 when ``django.tasks`` is,
+    which may happen only while ``manage.py check`` runs (an URLconf importing a task module), after
+    the list of checks to run was taken; the backport in its ``AppConfig.ready()``, never when it is
+    not in ``INSTALLED_APPS``. Either way ``ClaimBackend.check()`` (E201, W201–W203) went unrun.
+    Importing the module here registers that one function (a set: never twice)."""
+    for framework, module in FRAMEWORK_CHECKS:
+        if find_spec(framework) is not None:
+            import_module(module)
+            return
+
+
 def register() -> None:
     checks.register(check_database)
     checks.register(check_database_server, checks.Tags.database)
     checks.register(check_settings)
     checks.register(check_routing)
+    register_framework_checks()

@@ -19,7 +19,7 @@ def parse_task_id(text: str, using: str | None = None) -> tuple[str, int]:
     names one in ``using``, or in the only task database. ``ValueError`` saying why for any other."""
     alias, sep, pk = str(text).rpartition(":")
     if not pk.isdigit() or not pk.isascii():
-        raise ValueError(f"{text!r} is not a task id: its primary key, or alias:pk")
+        raise ValueError(f"{text!r} is not a task id (nor a result id): its primary key, or alias:pk")
     if sep:
         if alias not in settings.DATABASES:
             raise ValueError(f"{text!r} names no task database; TASKCLAIM_DATABASES lists "
@@ -28,6 +28,6 @@ def parse_task_id(text: str, using: str | None = None) -> tuple[str, int]:
     if using is not None:
         return using, int(pk)
     if several():
-        raise ValueError(f"{text!r} names no database: with several task databases a task id is "
-                         f"alias:pk ({', '.join(f'{a}:{pk}' for a in settings.DATABASES)})")
+        raise ValueError(f"{text!r} names no task database: with several task databases a task id is "
+                         f"alias:pk ({', '.join(f'{a}:{pk}' for a in settings.DATABASES)}): 'alias:pk'")
     return settings.DATABASE, int(pk)

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -90,6 +91,11 @@ def _max_attempts(value: int | None) -> int:
     return settings.MAX_ATTEMPTS if value is None else positive_int(value, "max_attempts")
 
 
+#: ``same_payload(stored, given)``: whether a stored payload is the same input as the one given,
+#: though their JSON differs (a Django task's arguments, bound to its signature: ``tasks.identity``).
+SamePayload = Callable[[Any, Any], bool]
+
+
 def ensure(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
     dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str | None = None,
@@ -110,9 +116,10 @@ def ensure(
 def ensure_task(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
     dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str | None = None,
-    priority: int = 0, run_after: datetime | None = None, task_path: str = "",
+    priority: int = 0, run_after: datetime | None = None, task_path: str = "", same_payload: SamePayload | None = None,
 ) -> tuple[Any, bool]:
-    """:func:`ensure`, also telling whether this call created the task."""
+    """:func:`ensure`, also telling whether this call created the task. ``same_payload`` decides whether
+    a stored payload whose fingerprint differs is the same input after all (else ``PayloadMismatch``)."""
     key, tenant = resolve_identity(key, tenant)
     using = routing.route(tenant, using)
     stored = payload_json(payload)
@@ -136,7 +143,7 @@ def ensure_task(
             break
     else:
         raise TaskClaimError(f"task {key!r} (tenant {tenant!r}) kept vanishing under ensure(); try again")
-    if fp and row.payload_fingerprint != fp:
+    if fp and row.payload_fingerprint != fp and not (same_payload and same_payload(row.payload, payload)):
         raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
     return to_task(row, using), created
 
@@ -144,7 +151,7 @@ def ensure_task(
 def ensure_many(
     tasks: Iterable[tuple[str | TaskKey, str, Any]], max_attempts: int | None = None, *, queue: str,
     priority: int = 0, run_after: datetime | None = None, task_path: str = "", dispatch: dict[str, Any] | None = None,
-    using: str | None = None,
+    using: str | None = None, same_payload: SamePayload | None = None,
 ) -> list[tuple[TaskRow, bool, str]]:
     """:func:`ensure_task` for many queued tasks of one kind: for each ``(key, tenant, payload)`` of
     ``tasks``, in order, its row, whether this call created it, and the database alias it is in
@@ -152,9 +159,10 @@ def ensure_many(
 
     One multi-row insert per chunk of rows, all in one transaction (a savepoint inside the
     caller's): every task is created, or none. A key that exists (or came earlier in ``tasks``)
-    is that task; a payload that differs from its stored one raises ``PayloadMismatch`` and
-    nothing of the call is kept. Tasks of tenants routed to different databases raise
-    ``TaskClaimError`` before anything is written (:func:`_one_database`).
+    is that task; a payload that differs from its stored one (and is not the same input by
+    ``same_payload``, see :func:`ensure_task`) raises ``PayloadMismatch`` and nothing of the call
+    is kept. Tasks of tenants routed to different databases raise ``TaskClaimError`` before
+    anything is written (:func:`_one_database`).
     """
     limit = _max_attempts(max_attempts)
     queue, priority, run_after = queue_name(queue), valid_priority(priority), valid_run_after(run_after)
@@ -178,7 +186,8 @@ def ensure_many(
         except routing.UNREACHABLE as exc:
             routing.unreachable(exc, alias)
         for task, (row, created) in zip(batch, rows, strict=True):
-            if task.payload_fingerprint and row.payload_fingerprint != task.payload_fingerprint:
+            if (task.payload_fingerprint and row.payload_fingerprint != task.payload_fingerprint
+                    and not (same_payload and same_payload(row.payload, json.loads(task.payload or "null")))):
                 raise PayloadMismatch(task.key, task.tenant, row.payload_fingerprint, task.payload_fingerprint)
             found.append((row, created, alias))
     return found
@@ -245,6 +254,7 @@ def _claim(using: str, key: str, tenant: str, owner: str, seconds: float, stored
             claim_ = Claim.taken(result, using, seconds, delivery_id, sent=sent)
             return ClaimOutcome(True, claim_, row=result.row, using=using)
         row, expired = result.row, result.expired
+        transitions.refuse_other_work(row, queue=None)  # a queued task: never claimed by key
         if fp and row.payload_fingerprint not in ("", fp):
             raise PayloadMismatch(key, tenant, row.payload_fingerprint, fp)
         running = row.status == Status.RUNNING

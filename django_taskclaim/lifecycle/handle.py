@@ -478,9 +478,10 @@ class Claim(KeepaliveMixin):
         """:meth:`complete`, awaitable."""
         await sync_to_async(self.complete)(result, result_ref)
 
-    async def afail(self, error: BaseException | str, retry: bool = False) -> str:
-        """:meth:`fail`, awaitable; returns the new status."""
-        return await sync_to_async(self.fail)(error, retry)
+    async def afail(self, error: BaseException | str, retry: bool = False,
+                    delay: float | timedelta | None = None) -> str:
+        """:meth:`fail`, awaitable (``delay`` too); returns the new status."""
+        return await sync_to_async(self.fail)(error, retry, delay)
 
     async def arelease(self, *, delay: float | timedelta | None = None, reason: str | None = None) -> None:
         """:meth:`release`, awaitable."""

@@ -21,7 +21,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import signals
 from ..conf import settings
-from ..exceptions import TaskClaimError
+from ..exceptions import InvalidTaskKey, TaskClaimError
 from ..ids import task_id
 from ..status import Status
 from ..store import get_store, store_of
@@ -218,6 +218,30 @@ class Named:
                 f"tenant={self.tenant!r} token={self.token} owner={self.owner!r}")
 
 
+# -- one key, one kind of work -------------------------------------------------------------
+def work_of(queue: str | None, task_path: str) -> str:
+    """The kind of work a task is, in words: claimed by key, or queued and what runs it."""
+    if queue is None:
+        return "a task claimed by key"
+    return f"{task_path} (queue {queue!r})" if task_path else f"work for a handler (queue {queue!r})"
+
+
+def refuse_other_work(row: TaskRow, *, queue: str | None, task_path: str = "") -> None:
+    """``InvalidTaskKey`` unless the task found under a key is the kind of work the caller means.
+
+    A key names one piece of work: a task claimed by key (``queue`` ``None``: ``claim()``,
+    ``run_once``, the Celery bridge, LangGraph nodes), or a queued task with what runs it (its
+    ``task_path``: a Django task, or ``""`` for a handler's work; the queue's name may differ).
+    Whoever meets the other kind would run another body under its identity (and store that
+    body's result as the task's), so it is refused, in both directions. The claim statements
+    hold the same rule (``store.sql.claimable_by_key``): a claim by key never takes a queued task.
+    """
+    same = (row.queue is None) if queue is None else (row.queue is not None and row.task_path == task_path)
+    if not same:
+        raise InvalidTaskKey(f"key {row.key!r} (tenant {row.tenant!r}) already names other work: "
+                             f"{work_of(row.queue, row.task_path)}, not {work_of(queue, task_path)}")
+
+
 # -- claims --------------------------------------------------------------------------------
 def claim_key(
     using: str, *, tenant: str, key: str, owner: str, lease: float, payload: str | None, fingerprint: str,
@@ -317,6 +341,8 @@ def ensure(
         return row, True
     with cursor_for(using) as cursor:
         row = store.read_task(cursor, tenant=tenant, key=key)
+        if row is not None:
+            refuse_other_work(row, queue=queue, task_path=task_path)  # before its payload is stored
         if row is not None and fingerprint and not row.payload_fingerprint:
             # The encoded form (what the encoder made of Decimal, datetime...), as a claim stores it.
             store.adopt_payload(cursor, row.id, payload, fingerprint)
@@ -342,6 +368,8 @@ def ensure_many(using: str, tasks: Sequence[NewTask]) -> list[tuple[TaskRow, boo
                 out.append((row, True))
                 continue
             existing = found.get((task.tenant, task.key))
+            if existing is not None:
+                refuse_other_work(existing, queue=task.queue, task_path=task.task_path)
             if existing is None or (task.payload_fingerprint and not existing.payload_fingerprint):
                 # Purged since the insert met it, or made without a payload: as ensure() does it.
                 again, created = ensure(using, tenant=task.tenant, key=task.key, payload=task.payload,

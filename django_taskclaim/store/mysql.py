@@ -42,6 +42,7 @@ from .sql import (
     SQLStore,
     chunks,
     claimable,
+    claimable_by_key,
     owned,
     placeholders,
     word,
@@ -204,7 +205,7 @@ class MySQLStore(SQLStore):
         if exists is not False:
             cursor.execute(
                 f"UPDATE {t} SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
-                f"WHERE tenant = %s AND {k} = %s AND {claimable(t, now)} AND {self.same_payload(t)}",
+                f"WHERE tenant = %s AND {k} = %s AND {claimable_by_key(t, now)} AND {self.same_payload(t)}",
                 [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
             )
             matched = cursor.rowcount == 1

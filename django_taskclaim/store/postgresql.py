@@ -45,6 +45,7 @@ from .sql import (
     SQLStore,
     chunks,
     claimable,
+    claimable_by_key,
     is_duplicate,
     owned,
     runs,
@@ -318,7 +319,7 @@ class PostgreSQLStore(SQLStore):
             f", dup AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT t.id, NULL, %s, %s, {now}, {now}, "
             f"{word(Outcome.DUPLICATE)}, 0, {NO_ERROR} "
             f"FROM cur JOIN {TASK} t ON t.id = cur.id "
-            f"WHERE (cur.status = {SUCCEEDED} OR (cur.status = {RUNNING} AND NOT cur.expired)) "
+            f"WHERE (cur.status = {SUCCEEDED} OR (cur.status = {RUNNING} AND NOT cur.expired)) AND cur.queue IS NULL "
             f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
         )
 
@@ -336,7 +337,7 @@ class PostgreSQLStore(SQLStore):
         t = "t"  # the task table's alias: shorter texts (see _name)
         return (
             f"upd AS (UPDATE {TASK} t SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
-            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable(t, self.now)} '
+            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable_by_key(t, self.now)} '
             f"AND {self.same_payload(t)} RETURNING {self.returning(t)}), "
             f"ins AS ({self._insert_sql('WHERE NOT EXISTS (SELECT 1 FROM upd) ')}), "
             f"claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)"

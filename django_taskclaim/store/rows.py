@@ -119,10 +119,11 @@ class Found(NamedTuple):
     duplicate: bool
 
     def claimable(self, fingerprint: str) -> bool:
-        """Whether a claim whose payload has ``fingerprint`` may take the task as found: pending, or
-        running under an expired lease with attempts left, and a payload that fits."""
+        """Whether a claim whose payload has ``fingerprint`` may take the task as found: not queued
+        (work for the queue workers), pending, or running under an expired lease with attempts
+        left, and a payload that fits."""
         row = self.row
-        free = row.status == Status.PENDING or (
+        free = row.queue is None and row.status == Status.PENDING or (
             row.status == Status.RUNNING and self.expired and row.attempts < row.max_attempts)
         return free and (not fingerprint or row.payload_fingerprint in ("", fingerprint))
 

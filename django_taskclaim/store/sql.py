@@ -82,6 +82,12 @@ def claimable(table: str, now: str) -> str:
     )
 
 
+def claimable_by_key(table: str, now: str) -> str:
+    """What a claim by key may take: :func:`claimable`, and not queued (a queued task belongs to
+    the queue workers: a claim by key of its key is refused, ``lifecycle.transitions.refuse_other_work``)."""
+    return f"({claimable(table, now)} AND {table}.queue IS NULL)"
+
+
 def due_or_expired(table: str, now: str) -> str:
     """A queued task can be claimed when pending and due (its "not before" time has come), or
     running with an expired lease and attempts left: :func:`claimable`, and due."""
@@ -113,7 +119,8 @@ def is_duplicate(row: TaskRow, expired: bool, fingerprint: str) -> bool:
     (A different payload is a ``PayloadMismatch``, never a duplicate.)
     """
     live_or_done = row.status == Status.SUCCEEDED or (row.status == Status.RUNNING and not expired)
-    return live_or_done and (not fingerprint or row.payload_fingerprint in ("", fingerprint))
+    # A queued task is other work than a claim by key, never a duplicate of one (it is refused).
+    return row.queue is None and live_or_done and (not fingerprint or row.payload_fingerprint in ("", fingerprint))
 
 
 def placeholders(n: int) -> str:
@@ -325,7 +332,7 @@ class SQLStore:
             f"ON CONFLICT (tenant, {self.quote('key')}) DO UPDATE SET "
             f"{self.claim_set(TASK, 'excluded.owner', 'excluded.lease_expires_at')}, "
             f"{self.adopt_payload_set(TASK, 'excluded.payload', 'excluded.payload_fingerprint')} "
-            f"WHERE {claimable(TASK, self.now)} AND (excluded.payload_fingerprint = '' "
+            f"WHERE {claimable_by_key(TASK, self.now)} AND (excluded.payload_fingerprint = '' "
             f"OR {TASK}.payload_fingerprint IN ('', excluded.payload_fingerprint)) RETURNING {self.returning()}"))
         cursor.execute(sql, [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
         found = cursor.fetchone()

@@ -21,12 +21,12 @@ from django.db import transaction
 
 from .. import routing
 from ..conf import settings
-from ..exceptions import InvalidTaskKey, InvalidTransition
+from ..exceptions import InvalidTransition
 from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE, RESULT_STATUS, UNFINISHED
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
-from .identity import RUN_AGAIN, identity_of, import_grace, options_of
+from .identity import RUN_AGAIN, identity_of, import_grace, options_of, same_call
 from .results import new_result, parse_result_id, result_of
 
 
@@ -87,7 +87,7 @@ class ClaimBackend(BaseTaskBackend):
         row, created = ensure_task(
             key, tenant, payload, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
             run_after=task.run_after, task_path=task.module_path, dispatch=self._dispatch(task),
-            using=self.database_for(tenant))
+            using=self.database_for(tenant), same_payload=same_call(task.func, task.takes_context))
         # A new row is the task as enqueued; an identity met again is the task as it was stored.
         if not created:
             return self._met_again(task, row)
@@ -121,7 +121,7 @@ class ClaimBackend(BaseTaskBackend):
         with transaction.atomic(using=self.using):
             rows = ensure_many(new, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
                                run_after=task.run_after, task_path=task.module_path,
-                               dispatch=self._dispatch(task))
+                               dispatch=self._dispatch(task), same_payload=same_call(task.func, task.takes_context))
             made = [created for _, created, _ in rows]
             results = [new_result(task, row, self.alias, using=alias) if created
                        else self._met_again(task, to_task(row, alias))
@@ -152,11 +152,8 @@ class ClaimBackend(BaseTaskBackend):
 
     def _met_again(self, task: Any, row: Any) -> Any:
         """The result of an identity met again: the task as it was stored (run again first, under
-        ``RUN_AGAIN``, if it FAILED or was CANCELLED)."""
-        if row.task_path != task.module_path:
-            raise InvalidTaskKey(
-                f"key {row.key!r} (tenant {row.tenant!r}) already names other work: "
-                f"{row.task_path or 'a task claimed by key'}, not {task.module_path}")
+        ``RUN_AGAIN``, if it FAILED or was CANCELLED). A key of other work (claimed by key, another
+        task) was refused by ``ensure_task``/``ensure_many`` (``transitions.refuse_other_work``)."""
         identity = identity_of(task.func)
         if identity is not None and identity.after_failure == RUN_AGAIN and row.status in RESETTABLE:
             type(row).objects.using(row._state.db).filter(pk=row.pk).reset()
@@ -177,7 +174,9 @@ class ClaimBackend(BaseTaskBackend):
         try:
             using, pk = parse_result_id(result_id)
             return Task.objects.using(using).exclude(task_path="").get(pk=pk)
-        except (ValueError, OverflowError, Task.DoesNotExist):
+        except ValueError as exc:  # an id of no task database (a bare pk among several): it says why
+            raise TaskResultDoesNotExist(str(exc)) from None
+        except (OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
 
     # -- an operator's cancel and retry: the lifecycle's guarded transitions ------------------

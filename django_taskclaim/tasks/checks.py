@@ -6,6 +6,7 @@ from typing import Any
 
 from django.apps import apps
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
 
 from ..checkspec import spec
@@ -27,7 +28,7 @@ KNOWN_OPTIONS = {
 
 E201 = spec("django_taskclaim.E201", "Task backend {alias!r}: {problem}.",
         "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS, BACKOFF and IMPORT_GRACE.")
-W201 = spec("django_taskclaim.W201", "Task backend {alias!r} stores tasks in database {using!r}, not in {default!r}.",
+W201 = spec("django_taskclaim.W201", "Task backend {alias!r} stores {where}.",
         "enqueue() inside transaction.atomic() on {default!r} does not commit or roll back with the "
         "task: a task can outlive a rolled-back caller (or the caller's rows be missing when it runs). "
         "Enqueue inside transaction.atomic(using={using!r}), or keep the task table in the database of "
@@ -37,8 +38,8 @@ W202 = spec("django_taskclaim.W202", "Task backend {alias!r}: TASKCLAIM_AUDIT is
         "TASKCLAIM_AUDIT = False does not write: get_result() reports none of them. Set it True.")
 W203 = spec("django_taskclaim.W203", "Task backend {alias!r} runs on the django_tasks backport, which is not in "
         "INSTALLED_APPS.",
-        "Add 'django_tasks' to INSTALLED_APPS: without it the backport registers neither its checks "
-        "nor its log receivers.")
+        "Add 'django_tasks' to INSTALLED_APPS, as the backport asks: without it its AppConfig does not "
+        "run (django_taskclaim registers the task backends' checks for it).")
 
 
 def backend_messages(backend: Any) -> list[checks.CheckMessage]:
@@ -46,12 +47,22 @@ def backend_messages(backend: Any) -> list[checks.CheckMessage]:
                 for problem in options_problems(backend)]
     for using in settings.DATABASES:  # each database a tenant's tasks may be enqueued in
         if differs_from_callers(using):
-            messages.append(W201.warning(alias=backend.alias, using=using, default=DEFAULT_DB_ALIAS))
+            messages.append(W201.warning(alias=backend.alias, using=using, default=DEFAULT_DB_ALIAS,
+                                         where=stored_where(using)))
     if not settings.AUDIT:
         messages.append(W202.warning(alias=backend.alias))
     if FRAMEWORK == "django_tasks" and not apps.is_installed("django_tasks"):
         messages.append(W203.warning(alias=backend.alias))
     return messages
+
+
+def refuse_unusable(backend: Any) -> None:
+    """``ImproperlyConfigured`` with the messages of ``backend``'s check errors, if it has any: a
+    worker refuses to claim with a configuration it cannot use (each claim would fail its task,
+    spending an attempt per restart) rather than find out on the first task."""
+    errors = [message for message in backend.check() if message.is_serious()]
+    if errors:
+        raise ImproperlyConfigured("; ".join(f"{m.msg} ({m.id}) {m.hint}" for m in errors))
 
 
 def options_problems(backend: Any) -> list[str]:
@@ -68,6 +79,16 @@ def options_problems(backend: Any) -> list[str]:
             except (TaskClaimError, InvalidArgument, TypeError, ValueError) as exc:
                 problems.append(f"OPTIONS[{name!r}] = {backend.options[name]!r}: {exc}")
     return problems
+
+
+def stored_where(using: str) -> str:
+    """Which tasks task database ``using`` holds, and where the others are, in words (W201)."""
+    task_databases = settings.DATABASES
+    if len(task_databases) == 1:
+        return f"tasks in database {using!r}, not in {DEFAULT_DB_ALIAS!r}"
+    others = " and ".join(repr(alias) for alias in task_databases if alias != using)
+    where = f"the tasks of the tenants routed to {using!r} in that database, the other tenants' in {others}"
+    return where if DEFAULT_DB_ALIAS in task_databases else f"{where}, none in {DEFAULT_DB_ALIAS!r}"
 
 
 def differs_from_callers(using: str) -> bool:

@@ -5,14 +5,17 @@ function it checks, calls and compares."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from ..exceptions import InvalidArgument
-from ..keys import TaskKey, lease_seconds, positive_int
+from ..keys import TaskKey, canonical_json, lease_seconds, positive_int
 from ..retries import Backoff
+from .compat import normalize_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,7 +70,10 @@ def keyed(identity: Callable[..., str | TaskKey], *, after_failure: str = REUSE)
     ``TaskKey`` (or key string) that names it.
 
     A keyed task is enqueued once per identity: a second ``enqueue`` with the same identity gets
-    the first one's result (and the same id), with different arguments ``PayloadMismatch``.
+    the first one's result (and the same id), with different arguments ``PayloadMismatch``. The
+    arguments are compared as bound to the function's signature, defaults counted
+    (:func:`bound_call`): ``charge(7, 10)`` and ``charge(order_id=7, amount=10)`` are one call.
+    ``identity`` gets them as ``enqueue`` got them: give it the task's parameters.
     Never derive an identity from the arguments alone when two calls with the same arguments
     can be different work (two charges of the same amount): name the work (an order id, a
     run). ``after_failure`` (``REUSE`` or ``RUN_AGAIN``) says what a later enqueue gets once the
@@ -116,6 +122,56 @@ def identity_of(func: Callable[..., Any]) -> Identity | None:
 
 def options_of(func: Callable[..., Any]) -> ClaimOptions:
     return getattr(func, _OPTIONS, None) or ClaimOptions()
+
+
+def bound_call(func: Callable[..., Any], takes_context: bool, payload: Any) -> str | None:
+    """The arguments of a stored call (``{"args": [...], "kwargs": {...}}``) as bound to ``func``'s
+    signature, as canonical JSON: one text for every spelling of one call (by position or by
+    keyword, in any order, a default left out or given). ``None`` where they do not bind.
+
+    Defaults count: a parameter left out takes its default, where that default is a JSON value
+    (a sentinel default, ``object()`` say, is left out, for every spelling alike). The context
+    parameter of a task that ``takes_context`` is not an argument.
+    """
+    signature = _signature(func, takes_context)
+    if signature is None or not isinstance(payload, dict):
+        return None
+    try:
+        bound = signature.bind(*payload.get("args", ()), **payload.get("kwargs", {}))
+    except TypeError:  # arguments the function cannot take (or a stored payload of another shape)
+        return None
+    arguments = dict(bound.arguments)
+    for name, parameter in signature.parameters.items():
+        if name not in arguments and parameter.default is not parameter.empty:
+            try:
+                arguments[name] = normalize_json(parameter.default)  # as an argument given would be stored
+            except (TypeError, ValueError):
+                continue
+    try:
+        return canonical_json(arguments, "arguments")
+    except ValueError:
+        return None
+
+
+def same_call(func: Callable[..., Any], takes_context: bool) -> Callable[[Any, Any], bool]:
+    """Whether two stored calls of ``func`` are one call, their arguments bound to its signature
+    (:func:`bound_call`): how a keyed task's identity met again compares its arguments."""
+    def same(stored: Any, given: Any) -> bool:
+        mine = bound_call(func, takes_context, given)
+        return mine is not None and mine == bound_call(func, takes_context, stored)
+
+    return same
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
+    """``func``'s signature, without the context parameter of a task that takes one."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return None
+    parameters = list(signature.parameters.values())
+    return signature.replace(parameters=parameters[1:]) if takes_context else signature
 
 
 def _check_function(func: Any, name: str) -> None:

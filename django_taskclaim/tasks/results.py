@@ -10,7 +10,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from ..conf import settings
-from ..ids import task_id
+from ..ids import parse_task_id, task_id
 from ..status import RESULT_STATUS, Outcome, Status
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
@@ -82,16 +82,13 @@ def format_result_id(using: str, pk: int) -> str:
 
 def parse_result_id(value: object) -> tuple[str, int]:
     """The database and primary key a result id names; ``ValueError`` for an id that names none
-    (not of :func:`result_id`'s form, or a database that is not a task database)."""
-    text = str(value)
-    alias, _, pk = text.rpartition(":")
-    if not alias:
-        alias = settings.DATABASE
-    elif alias not in settings.DATABASES:
-        raise ValueError(f"{text!r} names no task database")
-    if not pk.isdigit() or not pk.isascii():
-        raise ValueError(f"{text!r} is not a result id")
-    return alias, int(pk)
+    (not of :func:`result_id`'s form, or a database that is not a task database).
+
+    A result id is a task id (:func:`django_taskclaim.ids.parse_task_id`): ``alias:pk`` names task
+    ``pk`` of task database ``alias``, and a bare ``pk`` names one only where the tasks are in one
+    database: among several, each has its own task number ``pk``, and guessing
+    TASKCLAIM_DATABASE's would hand back another task's result."""
+    return parse_task_id(str(value))
 
 
 def new_result(task: Any, row: StoreRow, backend: str, owner: str | None = None, *, using: str) -> Any:

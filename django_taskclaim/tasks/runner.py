@@ -41,10 +41,12 @@ class TaskRunner(Runner):
 
     def __init__(self, alias: str = "default") -> None:
         from .backend import ClaimBackend
+        from .checks import refuse_unusable
 
         backend = task_backends[alias]
         if not isinstance(backend, ClaimBackend):
             raise TypeError(f"task backend {alias!r} is {type(backend).__name__}, not ClaimBackend")
+        refuse_unusable(backend)  # its check's errors (E201…): never claim with what cannot run
         self.backend = backend
         self.lease = backend.lease_for(None)  # OPTIONS["LEASE"], else TASKCLAIM_DEFAULT_LEASE
 

@@ -80,9 +80,11 @@ def test_reclaim_follows_the_database_clock(skew) -> None:  # type: ignore[no-un
 
 
 def test_takeover_by_claim_and_claim_next_follows_the_database_clock(skew) -> None:  # type: ignore[no-untyped-def]
-    for key in ("a-live", "b-gone", "c-live", "d-gone"):
-        Task.objects.ensure(key, queue="default")  # queued work, also claimed by key here
+    for key in ("a-live", "b-gone"):  # claimed by key
         Task.objects.claim(key, owner="first", lease=600)
+    for key in ("c-live", "d-gone"):  # queued work (never claimed by key)
+        Task.objects.ensure(key, queue="default")
+    assert len(Task.objects.claim_next(owner="first", lease=600, limit=2)) == 2
     set_lease("b-gone", -600)
     set_lease("d-gone", -600)
     # By key: a live lease is not taken over, an expired one is.
@@ -145,11 +147,12 @@ def faked_worker(spawn, offset: str):  # type: ignore[no-untyped-def]
 
 
 def prepare_worker_tasks() -> None:
-    """What the ``clock`` worker finds: a live lease, an expired one, each claimable by key and by queue."""
-    for key in ("key-live", "key-gone", "queue-live", "queue-gone"):
-        if key.startswith("queue"):
-            Task.objects.ensure(key, queue="default")
+    """What the ``clock`` worker finds: a live lease and an expired one, of tasks claimed by key and of queued ones."""
+    for key in ("key-live", "key-gone"):
         Task.objects.claim(key, owner="first", lease=600)
+    for key in ("queue-live", "queue-gone"):  # queued work is claimed from its queue, never by key
+        Task.objects.ensure(key, queue="default")
+    assert len(Task.objects.claim_next(owner="first", lease=600, limit=2)) == 2
     # On its last attempt: claim_next leaves it alone, reclaim fails it.
     Task.objects.claim("reclaim-gone", owner="first", lease=600, max_attempts=1)
     for key in ("key-gone", "queue-gone", "reclaim-gone"):

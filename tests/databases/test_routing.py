@@ -136,15 +136,20 @@ def test_e009_a_router_that_sends_tenants_to_an_unlisted_database() -> None:
 
 # ---- what identifies a task among databases ------------------------------------------------
 
-@pytest.mark.parametrize("text", ["", "abc", "-1", " 42", "4_2", "+7", "x:1", "default:", "default:a", "٣"])
+@pytest.mark.parametrize("text", ["", "abc", "-1", " 42", "4_2", "+7", "x:1", "default:", "default:a", "٣", ":42",
+                                  "::42", ":default:42"])
 def test_a_result_id_that_names_no_task_database_row_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="result id|names no task database"):
         parse_result_id(text)
 
 
 def test_a_result_id_names_its_database() -> None:
-    assert parse_result_id("42") == (tc_settings.DATABASE, 42)
     assert parse_result_id(f"{tc_settings.DATABASE}:42") == (tc_settings.DATABASE, 42)
+    if routing.several():  # a bare pk is a task of each database: none is guessed
+        with pytest.raises(ValueError, match="'alias:pk'"):
+            parse_result_id("42")
+    else:
+        assert parse_result_id("42") == (tc_settings.DATABASE, 42)
 
 
 @pytest.mark.parametrize(("sql", "write"), [

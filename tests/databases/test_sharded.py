@@ -404,6 +404,30 @@ def test_django_tasks_are_enqueued_and_run_in_their_tenants_database() -> None:
             backend.get_result(unknown)
 
 
+def test_with_several_databases_only_alias_colon_pk_names_a_result() -> None:
+    """A bare primary key (or one after an empty alias) names no database among several: it is not
+    read from TASKCLAIM_DATABASE's, where another task has that number."""
+    from django_taskclaim.tasks.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+    from tests.programs.routing_tasks import invoice
+
+    on_a = invoice.enqueue(ON_A[0], 1)
+    pk = on_a.id.split(":")[1]
+    backend = task_backends["default"]
+    assert backend.get_result(f"{A}:{pk}").status == TaskResultStatus.READY
+    for ambiguous in (pk, f":{pk}"):
+        with pytest.raises(TaskResultDoesNotExist, match="'alias:pk'"):
+            backend.get_result(ambiguous)
+
+
+def test_w201_says_which_tasks_are_stored_where() -> None:
+    from django_taskclaim.tasks import ClaimBackend
+
+    (warning,) = ClaimBackend("z", {}).check()
+    assert warning.id == "django_taskclaim.W201"
+    assert warning.msg == (f"Task backend 'z' stores the tasks of the tenants routed to {B!r} in that database, "
+                           f"the other tenants' in {A!r}.")
+
+
 def test_a_bulk_enqueue_puts_each_task_in_its_tenants_database_all_or_nothing() -> None:
     from django_taskclaim.exceptions import PayloadMismatch
     from django_taskclaim.tasks import enqueue_many

@@ -207,6 +207,17 @@ def test_enqueue_once_refuses_other_tasks_and_wrong_keys() -> None:
     assert not Task.objects.exists()
 
 
+def test_a_queued_task_under_the_key_is_refused_by_the_body_and_by_enqueue_once() -> None:
+    Task.objects.ensure("self-q", queue="default")  # queued work (a Django task, a handler's)
+    with pytest.raises(InvalidTaskKey, match="already names other work"):
+        completes_itself("q")
+    with pytest.raises(InvalidTaskKey, match="already names other work"), transaction.atomic():
+        enqueue_once(completes_itself, key="self-q", args=("q",))
+    task = Task.objects.get(key="self-q")
+    assert (task.status, task.attempts, task.dispatch) == (Task.Status.PENDING, 0, None)
+    assert not Effect.objects.exists()
+
+
 def test_enqueue_once_records_what_to_send_again() -> None:
     class Abort(Exception):
         pass

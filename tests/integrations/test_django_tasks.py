@@ -15,9 +15,9 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_taskclaim.exceptions import PayloadMismatch
+from django_taskclaim.exceptions import InvalidTaskKey, PayloadMismatch
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.tasks import ClaimBackend
+from django_taskclaim.tasks import ClaimBackend, enqueue_many
 from django_taskclaim.tasks.compat import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -196,6 +196,75 @@ def test_after_a_failure_a_keyed_task_is_reused_or_run_again_as_it_declares() ->
     assert (rerun.status, rerun.return_value) == (TaskResultStatus.SUCCESSFUL, 1)
     assert (rerun.attempts, rerun.errors) == (1, [])
     assert Attempt.objects.filter(task_id=int(rerun.id)).count() == 2  # the audit trail keeps both runs'
+
+
+def test_a_queued_keyed_task_is_never_claimed_by_key() -> None:
+    """run_once (and claim()) of a queued Django task's key is refused, as enqueue() of a key claimed
+    by key is: the task's own function runs, and its result is the function's."""
+    from django_taskclaim import TaskKey, run_once
+
+    result = tasks.charge.enqueue(5, amount=3)
+    key = TaskKey("charge", run="order-5", tenant="acme")
+    with pytest.raises(InvalidTaskKey, match="already names other work: tests.testapp.tasks.charge"):
+        run_once(key, lambda: "not the task's function")
+    with pytest.raises(InvalidTaskKey, match="already names other work"):
+        Task.objects.claim(key)
+    Task.objects.ensure("order-6:charge", tenant="acme")  # the reverse, refused as before
+    with pytest.raises(InvalidTaskKey, match="already names other work: a task claimed by key"):
+        tasks.charge.enqueue(6, amount=3)
+    drain()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "charged 3")
+    assert Effect.objects.filter(task_key="charge:5").count() == 1
+
+
+def test_a_keyed_call_is_one_identity_and_payload_however_its_arguments_are_spelled() -> None:
+    """The arguments are compared as bound to the task's signature: by keyword or by position, in
+    any order, a default left out or spelled out, they are one call (and one task)."""
+    first = tasks.charge.enqueue(order_id=7, amount=10)
+    for again in (tasks.charge.enqueue(7, 10), tasks.charge.enqueue(7, amount=10),
+                  tasks.charge.enqueue(amount=10, order_id=7)):
+        assert again.id == first.id
+    defaulted = tasks.charge.enqueue(8)  # amount=0, its default
+    assert tasks.charge.enqueue(8, 0).id == tasks.charge.enqueue(order_id=8, amount=0).id == defaulted.id
+    assert Task.objects.count() == 2
+    for other in ((7, 11), (7, 10.0), (8, 1)):  # other values (10.0 is not 10 in JSON): other work
+        with pytest.raises(PayloadMismatch):
+            tasks.charge.enqueue(*other)
+    results = enqueue_many(tasks.charge, [((7, 10), {}), ((), {"amount": 0, "order_id": 8}), ((9,), {}),
+                                          ((), {"order_id": 9, "amount": 0})])
+    assert [r.id for r in results[:2]] == [first.id, defaulted.id] and results[2].id == results[3].id
+    assert first.kwargs == {"order_id": 7, "amount": 10} and first.args == []  # as first enqueued
+    drain()
+    assert tasks.charge.enqueue(7, 10).return_value == "charged 10"
+    assert Effect.objects.filter(task_key="charge:7").count() == 1
+
+
+def test_a_row_of_the_previous_release_is_compared_as_bound_too() -> None:
+    """Rows keep the fingerprint of their arguments as first spelled (the previous release's rule
+    too): a later spelling of the same call is compared by binding both to the signature."""
+    stored = {"args": [], "kwargs": {"order_id": 4, "amount": 2}}
+    row = Task.objects.ensure("order-4:charge", tenant="acme", payload=stored, queue="default",
+                              task_path="tests.testapp.tasks.charge")
+    assert tasks.charge.enqueue(4, 2).id.rpartition(":")[2] == str(row.pk)
+    assert Task.objects.get(pk=row.pk).payload == stored  # untouched
+    with pytest.raises(PayloadMismatch):
+        tasks.charge.enqueue(4, 3)
+
+
+def test_the_bound_form_of_a_call() -> None:
+    from django_taskclaim.tasks.identity import bound_call
+
+    def f(context: object, a: int, b: int = 2, *rest: int, c: object = object(), **more: int) -> None: ...
+
+    same = [bound_call(f, True, {"args": args, "kwargs": kwargs})
+            for args, kwargs in (([1], {}), ([1, 2], {}), ([], {"a": 1, "b": 2}), ([1], {"b": 2}))]
+    assert len(set(same)) == 1 and same[0] is not None
+    assert bound_call(f, True, {"args": [1, 2, 3], "kwargs": {}}) != same[0]  # *rest
+    assert bound_call(f, True, {"args": [1], "kwargs": {"d": 4}}) != same[0]  # **more
+    assert bound_call(f, True, {"args": [1], "kwargs": {"c": 4}}) != same[0]  # c's default is no JSON: left out
+    assert bound_call(f, True, {"args": [], "kwargs": {}}) is None  # no binding: compared as spelled
+    assert bound_call(f, False, {"args": [1], "kwargs": {}}) != same[0]  # without a context, it is an argument
 
 
 def test_an_identity_met_again_reports_the_task_as_stored_not_as_asked() -> None:

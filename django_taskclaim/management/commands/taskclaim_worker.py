@@ -10,7 +10,7 @@ import signal
 import threading
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser, SystemCheckError
 from django.utils.module_loading import import_string
 
 from django_taskclaim import routing
@@ -34,6 +34,14 @@ class Command(TaskClaimCommand):
         "named queues and run each: HANDLER(claim), or with no handler the Django task it names "
         "(the tasks of a ClaimBackend); one commit per task. Stops on SIGTERM/SIGINT after the task in hand."
     )
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """The system checks every command runs first; an error among them refuses to start the
+        worker as a usage error (exit 2), before it claims anything with what it cannot use."""
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            raise SystemCheckError(str(exc), returncode=USAGE_ERROR) from exc
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("handler", nargs="?", default=None,
