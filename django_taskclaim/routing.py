@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from django.db import InterfaceError, OperationalError, connections
 
+from . import outages
 from .conf import settings
 from .exceptions import TaskClaimError
 
@@ -85,7 +86,8 @@ def named(error: BaseException, alias: str, tenant: str | None = None) -> BaseEx
     if not several() or connections[alias].connection is not None:
         return None
     whose = f" (tenant {tenant!r})" if tenant is not None else ""
-    found = type(error)(f"task database {alias!r}{whose} cannot be reached: {error}")
+    found = type(error)(f"task database {alias!r}{whose} cannot be reached: {outages.one_line(error)}")
+    found.taskclaim_alias = alias  # type: ignore[attr-defined]  # names its database (outages.describe)
     found.__cause__ = error
     return found
 
