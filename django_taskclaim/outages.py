@@ -3,9 +3,9 @@
 A worker that polls a database that is down would log the driver's multi-line error on every
 poll; a command would print it with the database named twice. Every place that meets a task
 database out of reach (or answering again) says so here: :func:`describe` is the one-line message
-that names the database once, :func:`down` and :func:`up` log a change of state once, and at most
-one line per database every :data:`MIN_GAP` seconds (the changes of a flapping database in between
-are folded into the next line, which says the state it is in then).
+that names the database once, :func:`down` and :func:`up` log a change of state once: a database
+down at most once every :data:`MIN_GAP` seconds (a flapping database's changes in between are not
+said), and its answering again once after each line that said it was down.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class _Seen:
     down: bool = False  # as last met
     reason: str = ""
     logged_down: bool = False  # as the last line said
-    logged_at: float = float("-inf")
+    down_logged_at: float = float("-inf")  # when a line last said it was down
 
 
 _lock = threading.Lock()
@@ -74,15 +74,17 @@ def is_down(alias: str) -> bool:
 
 
 def _log(alias: str, seen: _Seen) -> None:
-    now = time.monotonic()
-    if seen.down == seen.logged_down or now - seen.logged_at < MIN_GAP:
+    if seen.down == seen.logged_down:
         return
-    if seen.down:
+    if not seen.down:
+        logger.warning("task database %r answers again", alias, extra={"database": alias})
+    elif (now := time.monotonic()) - seen.down_logged_at >= MIN_GAP:
         logger.warning("%s; its tenants wait, the other task databases go on", seen.reason,
                        extra={"database": alias})
+        seen.down_logged_at = now
     else:
-        logger.warning("task database %r answers again", alias, extra={"database": alias})
-    seen.logged_down, seen.logged_at = seen.down, now
+        return  # down again within MIN_GAP of the last line that said so: not said
+    seen.logged_down = seen.down
 
 
 def forget() -> None:

@@ -18,9 +18,9 @@ from typing import Any
 from django.core import checks
 from django.db import transaction
 
-from .. import routing
+from .. import outages, routing
 from ..conf import settings
-from ..exceptions import InvalidTaskKey
+from ..exceptions import DatabaseUnreachable, InvalidTaskKey
 from ..keys import lease_seconds, positive_int, resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE
@@ -164,10 +164,16 @@ class ClaimBackend(BaseTaskBackend):
 
         try:
             using, pk = parse_result_id(result_id)
+        except (ValueError, OverflowError):
+            raise TaskResultDoesNotExist(result_id) from None
+        try:
             row = Task.objects.using(using).exclude(task_path="").get(pk=pk)
+            attempts = self._attempts(pk, using)
         except (ValueError, OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
-        return result_of(row, self._attempts(pk, using), self.alias)
+        except routing.UNREACHABLE as exc:  # the driver's error, as the cause of one that names the database
+            raise DatabaseUnreachable(using, f"cannot be reached: {outages.one_line(exc)}") from exc
+        return result_of(row, attempts, self.alias)
 
     def _attempts(self, pk: int, using: str | None = None) -> list[Any]:
         from ..models import Attempt

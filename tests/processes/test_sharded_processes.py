@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -146,30 +145,6 @@ def test_a_takeover_in_each_database_fences_off_the_paused_owner(procs: Supervis
 
 
 # ---- one server stopped --------------------------------------------------------------------
-
-@pytest.fixture
-def shard_server() -> Iterator[PostgresServer]:
-    """The second task database's server (started by the test runner), started again if a test
-    left it stopped."""
-    described = os.environ.get("TASKCLAIM_TEST_SHARD_SERVER")
-    if not described:
-        pytest.skip("the runner did not start the second server (python3 -m tests --config sharded)")
-    server = PostgresServer.attached(described)
-    yield server
-    connections[B].close()
-    if not _answers():
-        server.resume()
-    connections[B].close()
-
-
-def _answers() -> bool:
-    try:
-        connections[B].close()
-        connections[B].ensure_connection()
-    except OperationalError:
-        return False
-    return True
-
 
 def done_events(procs: Supervisor, database: str, count: int, timeout: float) -> list[dict[str, Any]]:
     """Wait until the workers reported ``count`` tasks of ``database`` done (since the start)."""

@@ -12,7 +12,6 @@ import threading
 
 from devtools.events import emit
 
-
 #: The advisory lock a ``wait-*`` task of ``serve`` waits for (the test holds it).
 WAIT_LOCK = 73021
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_taskclaim import routing
+from django_taskclaim import outages, routing
 from django_taskclaim.management.arguments import task_database, task_key, tenant_name
-from django_taskclaim.management.base import TaskClaimCommand
+from django_taskclaim.management.base import UNREACHABLE, TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Attempt, Task, held_ids
 from django_taskclaim.store import DbNow
 
@@ -50,16 +50,22 @@ class Command(TaskClaimCommand):
     def handle(self, *args: Any, key: str | None, tenant: str, as_json: bool, database: str | None = None,
                **options: Any) -> None:
         if key is None:
-            stats = [{**q, "database": alias} for alias in routing.databases(database)
-                     for q in Task.objects.db_manager(alias).queue_stats()]
+            stats = [{**q, "database": alias} for alias, found in self.each_database(
+                routing.databases(database), lambda alias: (alias, Task.objects.db_manager(alias).queue_stats()))
+                for q in found]
             self.write_queues(stats, as_json)
+            self.fail_if_unreachable("the others' queues are listed")
             return
         using = database or routing.route(tenant)
-        task = Task.objects.db_manager(using).annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
+        try:
+            task = Task.objects.db_manager(using).annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
+        except routing.UNREACHABLE as exc:  # the task is there or nowhere: nothing else to show
+            raise CommandError(outages.describe(using, exc), returncode=UNREACHABLE) from exc
         if task is None:
-            others = [(alias, found) for alias in routing.databases(database)
-                      for found in Task.objects.db_manager(alias).filter(key=key).order_by("tenant")
-                      .values_list("tenant", flat=True)[:10]]
+            others = [(alias, found) for alias, tenants in self.each_database(
+                routing.databases(database), lambda alias: (alias, list(
+                    Task.objects.db_manager(alias).filter(key=key).order_by("tenant")
+                    .values_list("tenant", flat=True)[:10]))) for found in tenants]
             named = [f"{found!r} (in {alias})" if routing.several() else repr(found) for alias, found in others]
             hint = f"; it exists for tenant(s) {', '.join(named[:10])}" if others else ""
             where = f" in database {using!r}" if routing.several() else ""
@@ -127,7 +133,7 @@ class Command(TaskClaimCommand):
 
     def write_queues(self, stats: list[dict[str, Any]], as_json: bool) -> None:
         if as_json:
-            self.write_json({"queues": stats})
+            self.write_json({"queues": stats, **({"unreachable": self.unreachable} if self.unreachable else {})})
             return
         out = self.stdout.write
         if not stats:
