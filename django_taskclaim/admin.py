@@ -318,7 +318,8 @@ class TaskAdmin(admin.ModelAdmin):
             request, lambda: super(TaskAdmin, self).change_view(request, object_id, form_url, extra_context))
 
     def _unless_unreachable(self, request: HttpRequest, view: Callable[[], HttpResponse]) -> HttpResponse:
-        """The page, or, when its task database cannot be reached, a page that names it (503), never a 500."""
+        """The page, or, when its task database (one of several) cannot be reached, a page that names
+        it (503), not a 500."""
         alias = database_of(request)
         try:
             response = view()
@@ -326,7 +327,8 @@ class TaskAdmin(admin.ModelAdmin):
                 response.render()  # the page's queries run here, where a database down is caught
             return response
         except routing.UNREACHABLE as exc:
-            connections[alias].close_if_unusable_or_obsolete()
+            if not routing.cannot_reach(alias):
+                raise
             url = reverse(f"{self.admin_site.name}:django_taskclaim_task_changelist")
             others = format_html_join(", ", '<a href="{}?{}">{}</a>', (
                 (url, urlencode({DATABASE_PARAM: other}), other) for other in settings.DATABASES if other != alias))

@@ -78,12 +78,19 @@ def several() -> bool:
     return len(settings.DATABASES) > 1
 
 
+def cannot_reach(alias: str) -> bool:
+    """Whether an error just met on task database ``alias`` means it could not be connected to, one
+    of several task databases (the others can go on); ``False`` with one database, or once connected
+    (the statement's own error, to be raised as it is)."""
+    return several() and connections[alias].connection is None
+
+
 def named(error: BaseException, alias: str, tenant: str | None = None) -> BaseException | None:
     """``error`` of task database ``alias`` again, its message naming which of several task
     databases could not be connected to (and for which tenant), of the same class (an
     ``OperationalError`` stays one, so workers wait and try again). ``None`` with one database,
     or once connected (the statement's own error, to be raised as it is)."""
-    if not several() or connections[alias].connection is not None:
+    if not cannot_reach(alias):
         return None
     whose = f" (tenant {tenant!r})" if tenant is not None else ""
     found = type(error)(f"task database {alias!r}{whose} cannot be reached: {outages.one_line(error)}")
@@ -154,5 +161,5 @@ def _refusal(alias: str, other: str, key: str, tenant: str) -> Callable[..., Any
     return refuse
 
 
-__all__ = ["UNREACHABLE", "databases", "fenced_database", "is_write", "named", "rotation", "route", "several",
-           "unreachable", "writes_only_to"]
+__all__ = ["UNREACHABLE", "cannot_reach", "databases", "fenced_database", "is_write", "named", "rotation", "route",
+           "several", "unreachable", "writes_only_to"]

@@ -84,14 +84,17 @@ class TaskClaimCommand(BaseCommand):
         return parser
 
     def each_database(self, aliases: Iterable[str], visit: Callable[[str], T]) -> list[T]:
-        """``visit(alias)`` for each alias, in order: what each returned. A database that cannot be
-        reached is said on stderr (one line, naming it once) and noted in ``unreachable``, and the
-        others go on; :meth:`fail_if_unreachable` ends the command with exit code 3 afterwards."""
+        """``visit(alias)`` for each alias, in order: what each returned. One of several task
+        databases that cannot be connected to is said on stderr (one line, naming it once) and noted
+        in ``unreachable``, and the others go on; :meth:`fail_if_unreachable` ends the command with
+        exit code 3 afterwards. Any other database error is raised as it is."""
         found = []
         for alias in aliases:
             try:
                 found.append(visit(alias))
             except routing.UNREACHABLE as exc:
+                if not routing.cannot_reach(alias):
+                    raise  # one database, or a statement's own error: never swallowed
                 self.unreachable[alias] = outages.describe(alias, exc)
                 self.stderr.write(f"{self.command_name}: {self.unreachable[alias]}")
                 connections[alias].close_if_unusable_or_obsolete()

@@ -171,7 +171,10 @@ class ClaimBackend(BaseTaskBackend):
             attempts = self._attempts(pk, using)
         except (ValueError, OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
-        except routing.UNREACHABLE as exc:  # the driver's error, as the cause of one that names the database
+        except routing.UNREACHABLE as exc:
+            if not routing.cannot_reach(using):
+                raise
+            # One of several task databases: an error that names it, the driver's as its cause.
             raise DatabaseUnreachable(using, f"cannot be reached: {outages.one_line(exc)}") from exc
         return result_of(row, attempts, self.alias)
 

@@ -60,6 +60,8 @@ class Command(TaskClaimCommand):
         try:
             task = Task.objects.db_manager(using).annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
         except routing.UNREACHABLE as exc:  # the task is there or nowhere: nothing else to show
+            if not routing.cannot_reach(using):
+                raise
             raise CommandError(outages.describe(using, exc), returncode=UNREACHABLE) from exc
         if task is None:
             others = [(alias, found) for alias, tenants in self.each_database(
