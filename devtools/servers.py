@@ -6,6 +6,7 @@ PostgreSQL runs as the ``postgres`` system user (or ``nobody``), because it refu
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -196,10 +197,8 @@ class PostgresServer(ManagedServer):
     def thaw(pids: list[int]) -> None:
         """SIGCONT what :meth:`freeze` stopped."""
         for pid in reversed(pids):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
     def description(self) -> str:
         """What another process needs to halt and resume this server (:meth:`attached`), as JSON."""
