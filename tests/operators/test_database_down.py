@@ -148,26 +148,3 @@ def test_a_worker_logs_a_database_down_once_and_once_when_it_is_back(
         thread.join(30)
     lines = [r.getMessage() for r in caplog.records if "shard2" in r.getMessage()]
     assert lines[1:] == ["task database 'shard2' answers again"], lines
-
-
-def test_outages_log_a_change_once_and_a_flapping_database_at_a_bounded_rate(
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(outages.time, "monotonic", lambda: clock[0])
-    outages.forget()
-    caplog.set_level(logging.INFO, logger="django_taskclaim")
-    error = OperationalError("connection failed: refused\n\tIs the server running?")
-    said = "task database 'x' cannot be reached: connection failed: refused Is the server running?"
-    for _ in range(5):
-        assert outages.down("x", error) == said
-    outages.up("x")
-    outages.up("x")
-    outages.down("x", error)  # down again within MIN_GAP of the last line saying so: not said
-    outages.up("x")  # nor its recovery
-    clock[0] += outages.MIN_GAP
-    outages.down("x", error)
-    outages.up("x")
-    back = "task database 'x' answers again"
-    down_line = f"{said}; its tenants wait, the other task databases go on"
-    assert [r.getMessage() for r in caplog.records] == [down_line, back, down_line, back]
-    outages.forget()
