@@ -6,6 +6,7 @@ PostgreSQL runs as the ``postgres`` system user (or ``nobody``), because it refu
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -85,6 +86,16 @@ class ManagedServer:
         self.stop()
 
 
+def _parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (``None`` once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, then the parent
+
+
 class PostgresServer(ManagedServer):
     """A private PostgreSQL cluster in a temporary folder."""
 
@@ -162,6 +173,32 @@ class PostgresServer(ManagedServer):
     def resume(self) -> None:
         """Start a server :meth:`halt` stopped."""
         self._start()
+
+    def processes(self) -> list[int]:
+        """The server's process ids: its postmaster first, then every process it started."""
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            main = int(f.readline())
+        children = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and _parent_pid(int(name)) == main:
+                children.append(int(name))
+        return [main, *children]
+
+    def freeze(self, *, postmaster_only: bool = False) -> list[int]:
+        """SIGSTOP the server (every process, or its postmaster alone) and return the ids stopped,
+        for :meth:`thaw`. A stopped server's kernel still accepts connections and acknowledges what
+        is sent: a client waits for its answer, no socket timeout fires."""
+        pids = self.processes()[:1] if postmaster_only else self.processes()
+        for pid in pids:  # the postmaster first: it starts no new process meanwhile
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    @staticmethod
+    def thaw(pids: list[int]) -> None:
+        """SIGCONT what :meth:`freeze` stopped."""
+        for pid in reversed(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def description(self) -> str:
         """What another process needs to halt and resume this server (:meth:`attached`), as JSON."""

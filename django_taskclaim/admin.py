@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from django.apps import apps
@@ -19,14 +19,16 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.db import connections, router
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
-from django.http import HttpRequest, QueryDict
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.functional import cached_property
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from . import outages, routing
 from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
 from .lifecycle import reclaim_expired_rows
@@ -310,6 +312,35 @@ class TaskAdmin(QueuedWorkAdminMixin, admin.ModelAdmin):
         # Evaluated here (the template reuses the same instances): which expired rows are held.
         mark_held(changelist.result_list, changelist.result_list.db)
         return changelist
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return self._unless_unreachable(request, lambda: super(TaskAdmin, self).changelist_view(request, extra_context))
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return self._unless_unreachable(
+            request, lambda: super(TaskAdmin, self).change_view(request, object_id, form_url, extra_context))
+
+    def _unless_unreachable(self, request: HttpRequest, view: Callable[[], HttpResponse]) -> HttpResponse:
+        """The page, or, when its task database (one of several) cannot be reached, a page that names
+        it (503), not a 500."""
+        alias = database_of(request)
+        try:
+            response = view()
+            if isinstance(response, TemplateResponse):
+                response.render()  # the page's queries run here, where a database down is caught
+            return response
+        except routing.UNREACHABLE as exc:
+            if not routing.cannot_reach(alias):
+                raise
+            url = reverse(f"{self.admin_site.name}:django_taskclaim_task_changelist")
+            others = format_html_join(", ", '<a href="{}?{}">{}</a>', (
+                (url, urlencode({DATABASE_PARAM: other}), other) for other in settings.DATABASES if other != alias))
+            content = format_html("<p>{}</p>{}", outages.describe(alias, exc),
+                                  format_html("<p>{} {}</p>", _("The other task databases:"), others) if others else "")
+            context = {**self.admin_site.each_context(request), "title": _("Task database unavailable"),
+                       "content": content}
+            return TemplateResponse(request, "admin/base_site.html", context, status=503)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         task = super().get_object(request, object_id, from_field)

@@ -139,6 +139,7 @@ _NUMERIC = {
     "TASKCLAIM_MAX_ATTEMPTS": (int,),
     "TASKCLAIM_MAX_RESULT_BYTES": (int,),
     "TASKCLAIM_POLL_INTERVAL": (int, float),
+    "TASKCLAIM_DATABASE_TIMEOUT": (int, float),
     "TASKCLAIM_MAX_PAYLOAD_BYTES": (int,),
     "TASKCLAIM_MAX_LEASE": (int, float),
 }

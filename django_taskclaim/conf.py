@@ -31,6 +31,9 @@ Setting                              Type       Default       Meaning
                                                               that returns the alias (one of
                                                               ``TASKCLAIM_DATABASES``) holding the tenant's
                                                               tasks; ``None``: every task in one database.
+``TASKCLAIM_DATABASE_TIMEOUT``       float      ``10.0``      Seconds ``claim_next()`` without a tenant waits
+                                                              for one of several task databases before it
+                                                              goes on without it (a hung server).
 ``TASKCLAIM_AUDIT``                  bool       ``True``      Record an ``Attempt`` row for every claim.
 ``TASKCLAIM_POLL_INTERVAL``          float      ``0.5``       Seconds between polls of ``on_busy="wait"``.
 ``TASKCLAIM_RETRY_BACKOFF``          dict       ``{}``        A failed queued task's wait before its retry:
@@ -144,6 +147,11 @@ class TaskClaimSettings:
     @property
     def AUDIT(self) -> bool:
         return bool(self._get("AUDIT", True))
+
+    @property
+    def DATABASE_TIMEOUT(self) -> float:
+        """How long ``claim_next()`` over several task databases waits for one of them."""
+        return float(self._get("DATABASE_TIMEOUT", 10.0))  # type: ignore[arg-type]
 
     @property
     def POLL_INTERVAL(self) -> float:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import OperationalError
+
 
 class TaskClaimError(Exception):
     """Base class of every error raised by django-taskclaim."""
@@ -35,6 +37,20 @@ class InvalidResult(TaskClaimError, ValueError):
 class InvalidArgument(TaskClaimError, ValueError):
     """Another argument the database could not store: an owner or delivery id that is too long or
     holds a NUL, an integer out of its column's range."""
+
+
+class DatabaseUnreachable(TaskClaimError, OperationalError):
+    """A task database could not be reached, or did not answer in time (a server stopped, hung or
+    failing over). The message names its alias once; the driver's error, if any, is the cause.
+    An ``OperationalError`` too, so that code waiting out a database that is down treats it alike."""
+
+    def __init__(self, alias: str, reason: str) -> None:
+        super().__init__(f"task database {alias!r} {reason}")
+        self.alias, self.reason = alias, reason
+        self.taskclaim_alias = alias  # names its database already (outages.describe)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.alias, self.reason)
 
 
 class WorkerLost(TaskClaimError):

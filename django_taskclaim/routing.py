@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from django.db import InterfaceError, OperationalError, connections
 
+from . import outages
 from .conf import settings
 from .exceptions import TaskClaimError
 
@@ -77,15 +78,23 @@ def several() -> bool:
     return len(settings.DATABASES) > 1
 
 
+def cannot_reach(alias: str) -> bool:
+    """Whether an error just met on task database ``alias`` means it could not be connected to, one
+    of several task databases (the others can go on); ``False`` with one database, or once connected
+    (the statement's own error, to be raised as it is)."""
+    return several() and connections[alias].connection is None
+
+
 def named(error: BaseException, alias: str, tenant: str | None = None) -> BaseException | None:
     """``error`` of task database ``alias`` again, its message naming which of several task
     databases could not be connected to (and for which tenant), of the same class (an
     ``OperationalError`` stays one, so workers wait and try again). ``None`` with one database,
     or once connected (the statement's own error, to be raised as it is)."""
-    if not several() or connections[alias].connection is not None:
+    if not cannot_reach(alias):
         return None
     whose = f" (tenant {tenant!r})" if tenant is not None else ""
-    found = type(error)(f"task database {alias!r}{whose} cannot be reached: {error}")
+    found = type(error)(f"task database {alias!r}{whose} cannot be reached: {outages.one_line(error)}")
+    found.taskclaim_alias = alias  # type: ignore[attr-defined]  # names its database (outages.describe)
     found.__cause__ = error
     return found
 
@@ -127,5 +136,5 @@ def fencing(alias: str) -> Iterator[None]:
         _fenced.reset(token)
 
 
-__all__ = ["UNREACHABLE", "databases", "fenced_database", "fencing", "is_write", "named", "rotation", "route",
-           "several", "unreachable"]
+__all__ = ["UNREACHABLE", "cannot_reach", "databases", "fenced_database", "fencing", "is_write", "named", "rotation",
+           "route", "several", "unreachable"]

@@ -27,13 +27,13 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
-from . import routing
+from . import outages, routing
 from .conf import settings
 from .exceptions import StaleClaim
 from .keys import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
@@ -47,6 +47,7 @@ logger = logging.getLogger("django_taskclaim")
 Handler = Callable[[Claim], Any]
 #: The database cannot be reached (a restart, a failover): the worker waits and tries again.
 _UNREACHABLE = (OperationalError, InterfaceError)
+_counting = threading.Lock()
 
 
 @dataclass
@@ -68,13 +69,18 @@ class WorkerStats:
     def count(self, executed: Executed) -> None:
         """Count a task by what committed: its end as written, by the handler or the worker."""
         if executed.given_back:
-            self.given_back += 1
+            self.add("given_back")
         elif executed.ending == Status.SUCCEEDED:
-            self.succeeded += 1
+            self.add("succeeded")
         elif executed.ending == FENCED_OFF:
-            self.fenced_off += 1
+            self.add("fenced_off")
         else:
-            self.failed += 1
+            self.add("failed")
+
+    def add(self, outcome: str) -> None:
+        """One more task of ``outcome`` (the lanes of one worker count together)."""
+        with _counting:
+            setattr(self, outcome, getattr(self, outcome) + 1)
 
 
 class Runner:
@@ -129,51 +135,142 @@ def work(
     With no task to claim the worker waits ``poll`` seconds (``TASKCLAIM_POLL_INTERVAL``).
     ``atomic=True`` runs each handler inside ``claim.fenced()`` and completes it there: its
     database writes commit with the completion, once, or not at all.
+
+    Over several task databases (no ``tenant``, no ``using``) each database is served by a thread
+    of its own (a *lane*: its own connection, its claims, handlers and completions, one task at a
+    time), so that a database that is down or hung (a server stopped with SIGSTOP answers nothing,
+    and no socket timeout fires) holds up only its own tenants' tasks.
     """
     runner = handler if isinstance(handler, Runner) else HandlerRunner(handler, atomic=atomic)
     seconds = lease_seconds(runner.lease if lease is None else lease)
     positive_int(batch, "batch")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
-    queues = queue_names(queue)
-    owner = owner or default_owner()
-    stop = stop or threading.Event()
-    wait = settings.POLL_INTERVAL if poll is None else poll
-    # Over several task databases each claim_next() starts at the next one: a completion that
-    # claimed the next tasks in its own database would keep the worker there while it has work.
-    chain = tenant is not None or len(routing.databases(using)) < 2
-    _log_start(runner, owner, queues, tenant, using, seconds, batch)
-    stats = WorkerStats()
+    job = _Job(runner=runner, owner=owner or default_owner(), lease=seconds, tenant=tenant, queues=queue_names(queue),
+               batch=batch, wait=settings.POLL_INTERVAL if poll is None else poll, until_drained=until_drained,
+               stop=stop or threading.Event(), budget=_Budget(max_tasks))
+    lanes = routing.databases(using) if tenant is None else ()
+    if len(lanes) < 2:
+        _serve(job, using, routing.route(tenant, using) if tenant is not None else routing.databases(using)[0])
+    else:
+        _serve_lanes(job, lanes)
+    return job.stats
+
+
+@dataclass
+class _Budget:
+    """What is left of ``max_tasks`` (``None``: no limit), shared by the lanes: each claim is paid
+    for before it is asked for, and what was not claimed is given back."""
+
+    left: int | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, wanted: int) -> int:
+        with self.lock:
+            if self.left is None:
+                return wanted
+            granted = min(wanted, self.left)
+            self.left -= granted
+            return granted
+
+    def give_back(self, unused: int) -> None:
+        with self.lock:
+            if self.left is not None:
+                self.left += unused
+
+    def spent(self) -> bool:
+        return self.left == 0
+
+
+@dataclass
+class _Job:
+    """One :func:`work` call: what its lanes share."""
+
+    runner: Runner
+    owner: str
+    lease: float
+    tenant: str | None
+    queues: list[str]
+    batch: int
+    wait: float
+    until_drained: bool
+    stop: threading.Event
+    budget: _Budget
+    stats: WorkerStats = field(default_factory=lambda: WorkerStats())
+
+
+def _serve_lanes(job: _Job, aliases: Sequence[str]) -> None:
+    """One lane per task database, until each ends; the first error of a lane stops them all and is
+    raised once they ended (a shutdown given back, an unexpected error)."""
+    errors: list[BaseException] = []
+
+    def lane(alias: str) -> None:
+        try:
+            _serve(job, alias, alias)
+        except BaseException as exc:
+            errors.append(exc)
+            job.stop.set()
+        finally:
+            connections.close_all()  # this lane's connections
+
+    threads = [threading.Thread(target=lane, args=(alias,), name=f"taskclaim-lane-{alias}") for alias in aliases]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:  # interrupted (KeyboardInterrupt): each lane ends after its task in hand
+        job.stop.set()
+        for thread in threads:
+            thread.join()
+        raise
+    if errors:
+        raise errors[0]
+
+
+def _serve(job: _Job, using: str | None, alias: str) -> None:
+    """The worker's loop on database ``using`` (``alias``, for what is said about it being down);
+    ``using=None`` with a tenant: the tenant's database."""
+    runner, stats, stop = job.runner, job.stats, job.stop
     claims: list[Claim] = []
     previous: Claim | None = None  # the task run last, whose ending may have started the next
     try:
         while not stop.is_set():
             if not claims:
                 close_old_connections()
+                room = job.budget.take(job.batch)
+                if not room:
+                    break  # max_tasks claimed, by this lane or others
                 try:
                     # Reserving: only the first task of a batch starts (counts an attempt) now, each
                     # next one in the commit that ends the task before it. A task that kills this
                     # worker is the only one charged for it; its batch-mates come back soon.
-                    claims = claim_next(owner, seconds, tenant, _room(batch, max_tasks, stats), queue=queues,
+                    claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues,
                                         path=runner.path, using=using, reserve=True)
-                    if not claims and until_drained and not _unfinished(tenant, queues, runner.path, using):
-                        break
+                    outages.up(alias)
+                    drained = (not claims and job.until_drained
+                               and not _unfinished(job.tenant, job.queues, runner.path, using))
                 except _UNREACHABLE as exc:
-                    logger.warning("cannot claim: %s; trying again in %.1fs", exc, wait)
+                    outages.down(alias, exc)  # said once per change, not on every poll
+                    drained = False
+                job.budget.give_back(room - len(claims))
+                if drained:
+                    break
                 if not claims:
-                    stop.wait(wait)
+                    stop.wait(job.wait)
                     continue
             claim = claims.pop(0)
             if _started(claim, previous, stats) and _still_ours(claim, stats):
-                more = 0 if claims or stop.is_set() or not chain else _room(batch, max_tasks, stats, after=1)
+                more = 0 if claims or stop.is_set() else job.budget.take(job.batch)
                 claim.then_start(claims[0] if claims and not stop.is_set() else None)
                 previous = claim
-                claims += _run(runner, claim, stats, _finisher(more, tenant, queues, runner.path))
-            if max_tasks is not None and stats.handled >= max_tasks:
+                done = _run(runner, claim, stats, _finisher(more, job.tenant, job.queues, runner.path))
+                job.budget.give_back(more - len(done))
+                claims += done
+            if job.budget.spent() and not claims:
                 break
     finally:  # stopped (or interrupted) with claims in hand: give them back untouched
         _give_back(claims, previous)
-    return stats
 
 
 def _give_back(claims: list[Claim], previous: Claim | None) -> None:
@@ -204,12 +301,12 @@ def _started(claim: Claim, previous: Claim | None, stats: WorkerStats) -> bool:
             logger.warning("a task could not be started: %s", exc, extra=claim._log_extra())
             started = False
     if not started:
-        stats.fenced_off += 1
+        stats.add("fenced_off")
     return started
 
 
 def _log_start(runner: Runner, owner: str, queues: list[str], tenant: str | None, using: str | None, lease: float,
-             batch: int) -> None:
+               batch: int) -> None:
     """The worker's one start-up line: what it runs, from which queues and databases, how."""
     aliases = [routing.route(tenant, using)] if tenant is not None else list(routing.databases(using))
     whose = "" if tenant is None else f"; tenant {tenant!r}"
@@ -227,7 +324,7 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
         # Not even a new connection could record the end: the claim runs out and the task
         # comes back after its lease, by the rules.
         logger.warning("the end of a task could not be recorded: %s: %s", claim.named(), exc, extra=claim._log_extra())
-        stats.unrecorded += 1
+        stats.add("unrecorded")
         return []
     stats.count(executed)
     if executed.given_back and not isinstance(executed.error, Exception):
@@ -254,7 +351,7 @@ def _still_ours(claim: Claim, stats: WorkerStats) -> bool:
     try:
         claim.heartbeat()
     except StaleClaim:
-        stats.fenced_off += 1
+        stats.add("fenced_off")
         return False
     return True
 
@@ -269,10 +366,3 @@ def _unfinished(tenant: str | None, queues: list[str], path: str, using: str | N
         if (tasks.filter(tenant=tenant) if tenant is not None else tasks).exists():
             return True
     return False
-
-
-def _room(batch: int, max_tasks: int | None, stats: WorkerStats, after: int = 0) -> int:
-    """How many tasks to claim next: a batch, or what is left of ``max_tasks``."""
-    if max_tasks is None:
-        return batch
-    return max(0, min(batch, max_tasks - stats.handled - after))

@@ -31,5 +31,6 @@ SHARD_SERVER = ("sharded", "sharded_mixed")
 CORE = ["tests/processes/test_concurrency.py", "tests/databases/test_configurations.py"]
 # And in some configurations, tests of their own.
 OWN: dict[str, list[str]] = {
-    config: ["tests/databases/test_sharded.py", "tests/processes/test_sharded_processes.py"] for config in SHARD_SERVER
+    config: ["tests/databases/test_sharded.py", "tests/processes/test_sharded_processes.py",
+             "tests/operators/test_database_down.py"] for config in SHARD_SERVER
 }

@@ -9,9 +9,10 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, connections
 
 from devtools.processes import Child, Supervisor
+from devtools.servers import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,6 +75,29 @@ def processes(worker_env: dict[str, str]) -> Iterator[Supervisor]:
 def spawn(processes: Supervisor) -> Callable[..., Child]:
     """Start ``python -m tests.programs.claimer ARGS`` children of ``processes`` (``env=`` adds to theirs)."""
     return partial(processes.start, "tests.programs.claimer")
+
+
+@pytest.fixture
+def shard_server() -> Iterator[PostgresServer]:
+    """The second task database's server of the sharded configurations (started by the test
+    runner), to stop and start; started again if a test left it stopped."""
+    described = os.environ.get("TASKCLAIM_TEST_SHARD_SERVER")
+    if not described:
+        pytest.skip("the runner did not start the second server (python3 -m tests --config sharded)")
+    server = PostgresServer.attached(described)
+    yield server
+    if not _shard_answers():
+        server.resume()
+    connections["shard2"].close()
+
+
+def _shard_answers() -> bool:
+    try:
+        connections["shard2"].close()
+        connections["shard2"].ensure_connection()
+    except OperationalError:
+        return False
+    return True
 
 
 def db_now() -> dt.datetime:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import socket
@@ -15,9 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
-from .. import routing
+from .. import outages, routing
 from ..conf import settings
 from ..exceptions import InvalidArgument, PayloadMismatch, TaskClaimError
 from ..keys import (
@@ -39,11 +38,9 @@ from ..keys import (
 )
 from ..status import Status
 from ..store.rows import Claimed, Moved, NewTask, TaskRow
-from . import transitions
+from . import transitions, visits
 from .handle import Claim, claim_next_in
 from .transitions import to_task
-
-logger = logging.getLogger("django_taskclaim")
 
 
 def default_owner() -> str:
@@ -303,22 +300,38 @@ def claim_next(
         visit = routing.rotation(using)
     failed: BaseException | None = None
     for alias in visit:
+        def call(alias: str = alias) -> list[Claim]:
+            return claim_next_in(alias, owner=owner, lease=seconds, tenant=tenant, limit=limit,
+                                 delivery_id=delivery_id, queues=queues, path=path, reserve=reserve)
+
         try:
-            claimed = claim_next_in(alias, owner=owner, lease=seconds, tenant=tenant, limit=limit,
-                                    delivery_id=delivery_id, queues=queues, path=path, reserve=reserve)
+            # One database, or the caller's own transaction (its claims are its own): on this thread.
+            if len(visit) == 1 or _in_transaction(alias):
+                claimed = call()
+            else:  # one database hung must not hold up the others (lifecycle/visits.py)
+                claimed = visits.visit(alias, call, settings.DATABASE_TIMEOUT)
         except routing.UNREACHABLE as exc:
             if len(visit) == 1:
                 routing.unreachable(exc, alias, tenant)
             # One database out of reach must not stop the work of the others: the next one is
             # visited, and the error is raised when none had anything to hand out.
-            logger.warning("claim_next: task database %r cannot be reached: %s", alias, exc)
-            failed = failed or routing.named(exc, alias) or exc
+            outages.down(alias, exc)
+            named = exc if getattr(exc, "taskclaim_alias", None) else routing.named(exc, alias)
+            failed = failed or named or exc
             continue
+        outages.up(alias)
         if claimed:
             return claimed
     if failed is not None:
         raise failed
     return []
+
+
+def _in_transaction(alias: str) -> bool:
+    """Whether this thread's connection to ``alias`` is in a transaction of the caller's (an atomic
+    block, or autocommit turned off), which a claim must join."""
+    connection = connections[alias]
+    return connection.in_atomic_block or (connection.connection is not None and not connection.autocommit)
 
 
 def reclaim_expired_rows(limit: int | None = None, *, using: str | None = None) -> list[Moved]:

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
+from django_taskclaim import outages, routing
 from django_taskclaim.conf import settings
 from django_taskclaim.store import get_store
 
 USAGE_ERROR = 2
+#: Exit code when a task database could not be reached (the others were done).
+UNREACHABLE = 3
+T = TypeVar("T")
 
 
 def database_now(using: str | None = None) -> datetime:
@@ -44,6 +49,8 @@ class TaskClaimCommand(BaseCommand):
 
     json_requested = False
     json_written = False
+    #: The task databases this run could not reach: alias -> the one-line message (``each_database``).
+    unreachable: dict[str, str]
 
     def add_database_argument(self, parser: CommandParser) -> None:
         from django_taskclaim.management.arguments import task_database
@@ -76,8 +83,36 @@ class TaskClaimCommand(BaseCommand):
         parser.error = error  # type: ignore[method-assign]
         return parser
 
+    def each_database(self, aliases: Iterable[str], visit: Callable[[str], T]) -> list[T]:
+        """``visit(alias)`` for each alias, in order: what each returned. One of several task
+        databases that cannot be connected to is said on stderr (one line, naming it once) and noted
+        in ``unreachable``, and the others go on; :meth:`fail_if_unreachable` ends the command with
+        exit code 3 afterwards. Any other database error is raised as it is."""
+        found = []
+        for alias in aliases:
+            try:
+                found.append(visit(alias))
+            except routing.UNREACHABLE as exc:
+                if not routing.cannot_reach(alias):
+                    raise  # one database, or a statement's own error: never swallowed
+                self.unreachable[alias] = outages.describe(alias, exc)
+                self.stderr.write(f"{self.command_name}: {self.unreachable[alias]}")
+                connections[alias].close_if_unusable_or_obsolete()
+        return found
+
+    def fail_if_unreachable(self, done: str) -> None:
+        """``CommandError`` (exit code 3) naming the databases ``each_database`` could not reach."""
+        if self.unreachable:
+            raise CommandError(f"task database(s) {', '.join(map(repr, self.unreachable))} could not be reached; "
+                               f"{done}", returncode=UNREACHABLE)
+
+    @property
+    def command_name(self) -> str:
+        return type(self).__module__.rsplit(".", 1)[-1]
+
     def execute(self, *args: Any, **options: Any) -> Any:
         self.json_written = False
+        self.unreachable = {}
         try:
             return super().execute(*args, **options)
         except CommandError as exc:
@@ -94,4 +129,4 @@ class TaskClaimCommand(BaseCommand):
         self.json_written = True
 
 
-__all__ = ["USAGE_ERROR", "TaskClaimCommand", "database_now", "dumps"]
+__all__ = ["UNREACHABLE", "USAGE_ERROR", "TaskClaimCommand", "database_now", "dumps"]

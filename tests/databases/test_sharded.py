@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -114,16 +115,30 @@ def test_complete_and_claim_next_for_a_tenant_of_the_other_database_claims_there
     assert Task.objects.db_manager(B).get(key="b").status == Task.Status.SUCCEEDED
 
 
-def test_a_worker_takes_turns_and_drains_every_database() -> None:
+def test_a_worker_serves_each_database_in_a_lane_of_its_own_and_drains_every_one() -> None:
     for i in range(3):
         Task.objects.ensure(f"a-{i}", tenant=ON_A[0], queue="default")
         Task.objects.ensure(f"b-{i}", tenant=ON_B[0], queue="default")
     Task.objects.ensure("b-3", tenant=ON_B[1], queue="default")
-    seen: list[str] = []
-    stats = work(lambda claim: seen.append(claim.using), batch=1, poll=0.01, until_drained=True)
-    assert stats.succeeded == 7
-    assert seen[:6] in ([A, B] * 3, [B, A] * 3), seen  # no completion claims the next in its own database
+    seen: list[tuple[str, str]] = []
+    stats = work(lambda claim: seen.append((claim.using, threading.current_thread().name)), batch=2, poll=0.01,
+                 until_drained=True)
+    assert stats.succeeded == 7 and sorted(using for using, _ in seen) == [A] * 3 + [B] * 4
+    # One thread per database (a busy or hung one never holds up the other), none of them this one.
+    lanes = {using: {thread for u, thread in seen if u == using} for using in (A, B)}
+    assert lanes == {A: {f"taskclaim-lane-{A}"}, B: {f"taskclaim-lane-{B}"}}, lanes
     assert not Task.objects.db_manager(A).unfinished().exists() and not Task.objects.db_manager(B).unfinished().exists()
+
+
+def test_max_tasks_counts_the_tasks_of_every_lane() -> None:
+    for i in range(4):
+        Task.objects.ensure(f"a-{i}", tenant=ON_A[0], queue="default")
+        Task.objects.ensure(f"b-{i}", tenant=ON_B[0], queue="default")
+    stats = work(lambda claim: None, batch=3, poll=0.01, max_tasks=5)
+    assert stats.succeeded == 5
+    done = sum(Task.objects.db_manager(alias).filter(status="succeeded").count() for alias in (A, B))
+    left = sum(Task.objects.db_manager(alias).filter(status="pending").count() for alias in (A, B))
+    assert (done, left) == (5, 3)  # nothing claimed beyond the limit and left running
 
 
 def test_reclaim_covers_every_database_unless_the_manager_is_bound_to_one() -> None:

@@ -94,7 +94,8 @@ def test_e004_unknown_alias() -> None:
     ("name", "value", "problem"),
     [("TASKCLAIM_DEFAULT_LEASE", "30", "expected int or float"), ("TASKCLAIM_DEFAULT_LEASE", 0, "greater than zero"),
      ("TASKCLAIM_MAX_ATTEMPTS", 2.5, "expected int"), ("TASKCLAIM_MAX_RESULT_BYTES", -1, "greater than zero"),
-     ("TASKCLAIM_POLL_INTERVAL", True, "expected")],
+     ("TASKCLAIM_POLL_INTERVAL", True, "expected"), ("TASKCLAIM_DATABASE_TIMEOUT", 0, "greater than zero"),
+     ("TASKCLAIM_DATABASE_TIMEOUT", "5", "expected int or float")],
 )
 def test_e005_bad_setting(name: str, value: object, problem: str) -> None:
     with override_settings(**{name: value}):

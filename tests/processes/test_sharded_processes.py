@@ -7,30 +7,38 @@
 - a takeover in each database: owners paused past their lease (SIGSTOP) are fenced off there;
 - the second server stopped (``pg_ctl stop``): the other tenants keep working (a worker keeps
   draining them, claims and the reclaim sweeper go on), the stopped database's calls fail naming
-  it, and everything recovers when the server is started again.
+  it, and everything recovers when the server is started again;
+- the second server hung (SIGSTOP of every process, or of the postmaster alone, a statement in
+  flight on it): its kernel still acknowledges, no socket timeout fires, and still the worker
+  runs every task of the other database at once, ``claim_next()`` skips the hung one after
+  ``TASKCLAIM_DATABASE_TIMEOUT``, and after SIGCONT every task runs, once.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import re
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, connections
+from django.test import override_settings
 from prometheus_client import CollectorRegistry
 
 from devtools.polling import wait_until
 from devtools.processes import Child, Supervisor
 from devtools.servers import PostgresServer
 from django_taskclaim import metrics
+from django_taskclaim.exceptions import DatabaseUnreachable
 from django_taskclaim.models import Attempt, Task
+from tests.programs.routing_worker import WAIT_LOCK
 from tests.routers import tenant_database
 from tests.sharding import ON_A, ON_B, SHARDED_TESTS, A, B
 from tests.testapp.models import Effect
@@ -138,30 +146,6 @@ def test_a_takeover_in_each_database_fences_off_the_paused_owner(procs: Supervis
 
 # ---- one server stopped --------------------------------------------------------------------
 
-@pytest.fixture
-def shard_server() -> Iterator[PostgresServer]:
-    """The second task database's server (started by the test runner), started again if a test
-    left it stopped."""
-    described = os.environ.get("TASKCLAIM_TEST_SHARD_SERVER")
-    if not described:
-        pytest.skip("the runner did not start the second server (python3 -m tests --config sharded)")
-    server = PostgresServer.attached(described)
-    yield server
-    connections[B].close()
-    if not _answers():
-        server.resume()
-    connections[B].close()
-
-
-def _answers() -> bool:
-    try:
-        connections[B].close()
-        connections[B].ensure_connection()
-    except OperationalError:
-        return False
-    return True
-
-
 def done_events(procs: Supervisor, database: str, count: int, timeout: float) -> list[dict[str, Any]]:
     """Wait until the workers reported ``count`` tasks of ``database`` done (since the start)."""
     return events(procs, lambda c, e: e.get("event") == "done" and e["database"] == database, count,
@@ -239,3 +223,102 @@ def _claims(tenant: str) -> Any:
         return Task.objects.claim("after-restart", tenant=tenant).claim
     except OperationalError:
         return None
+
+
+# ---- one server hung (SIGSTOP) ---------------------------------------------------------------
+
+def _lock_waiters() -> int:
+    """Sessions of the second database waiting for the advisory lock of a ``wait-*`` task."""
+    with connections[B].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", [])
+        return int(cursor.fetchone()[0])
+
+
+def _advisory(action: str) -> None:
+    with connections[B].cursor() as cursor:
+        cursor.execute(f"SELECT pg_advisory_{action}(%s)", [WAIT_LOCK])
+
+
+@pytest.mark.parametrize("postmaster_only", [False, True], ids=["server", "postmaster"])
+def test_a_hung_server_delays_only_its_own_tenants(procs: Supervisor, shard_server: PostgresServer,
+                                                   postmaster_only: bool) -> None:
+    """One worker over both databases; the second server SIGSTOPped while a statement of the worker
+    waits on it. Its kernel still acknowledges TCP, so nothing times out: only a worker that serves
+    each database apart keeps running the other database's tasks."""
+    worker = start(procs, "serve", "--lease", "30")
+    event_of(procs, worker, "ready")
+    for n in range(3):
+        Task.objects.ensure(f"b-{n}", tenant=ON_B[n], queue="default")
+    done_events(procs, B, 3, 60)
+    _advisory("lock")
+    Task.objects.ensure("wait-0", tenant=ON_B[0], queue="default")
+    event_of(procs, worker, "waiting")
+    wait_until(_lock_waiters, timeout=30, what="the worker's statement waiting on the second server")
+    for n in range(3):
+        Task.objects.ensure(f"b-later-{n}", tenant=ON_B[n], queue="default")
+    stopped = shard_server.freeze(postmaster_only=postmaster_only)
+    try:
+        if postmaster_only:
+            _advisory("unlock")  # the sessions run on; a new connection waits for the postmaster
+        for n in range(40):
+            Task.objects.ensure(f"a-{n}", tenant=ON_A[n % 3], queue="default")
+        done_events(procs, A, 40, 20)  # all of them, promptly: the broken worker ran 0 to 14
+    finally:
+        shard_server.thaw(stopped)
+    if not postmaster_only:
+        _advisory("unlock")
+    done_events(procs, B, 7, 60)  # resumed: the task in flight and those queued meanwhile, once
+    worker.proc.stdin.close()  # type: ignore[union-attr]
+    exit_event = event_of(procs, worker, "exit")
+    assert worker.wait(60) == 0, worker.stderr()
+    assert exit_event["succeeded"] == 47 and exit_event["failed"] == exit_event["unrecorded"] == 0
+    assert effects_by_task(A) == {f"{ON_A[n % 3]}/a-{n}": 1 for n in range(40)}
+    assert effects_by_task(B) == {**{f"{ON_B[n]}/b-{n}": 1 for n in range(3)}, f"{ON_B[0]}/wait-0": 1,
+                                  **{f"{ON_B[n]}/b-later-{n}": 1 for n in range(3)}}
+    assert set(Task.objects.db_manager(B).values_list("attempts", flat=True)) == {1}
+
+
+@override_settings(TASKCLAIM_DATABASE_TIMEOUT=1)
+def test_claim_next_in_user_code_skips_a_hung_database(shard_server: PostgresServer) -> None:
+    """``claim_next()`` without a tenant waits for a hung database at most its deadline, then
+    serves the others (and skips the hung one while its visit is out); a claim its late visit
+    made is given back, the attempt not counted."""
+    Task.objects.ensure("m-b", tenant=ON_B[0], queue="manual")
+    for n in range(4):
+        Task.objects.ensure(f"m-a-{n}", tenant=ON_A[n % 3], queue="manual")
+    connections[B].close()
+
+    def calls() -> tuple[list[Any], float, BaseException | None]:
+        started = time.monotonic()
+        got = [(c.key, c.using) for _ in range(4) for c in Task.objects.claim_next(queue="manual")]
+        took = time.monotonic() - started
+        try:
+            Task.objects.claim_next(queue="manual")
+        except DatabaseUnreachable as exc:
+            return got, took, exc
+        finally:
+            connections.close_all()
+        return got, took, None
+
+    stopped = shard_server.freeze()
+    pool = ThreadPoolExecutor(1)
+    try:
+        got, took, error = pool.submit(calls).result(timeout=30)  # the broken call never returns
+    finally:
+        shard_server.thaw(stopped)
+        pool.shutdown(wait=True)
+    assert sorted(got) == [(f"m-a-{n}", A) for n in range(4)]
+    assert took < 10, took  # one deadline (1 s) at most, not one per call
+    assert error is not None and "'shard2'" in str(error) and "TASKCLAIM_DATABASE_TIMEOUT" in str(error)
+    assert isinstance(error, OperationalError)  # workers wait and try again, as for a server down
+
+    def claim_b() -> Any:
+        try:
+            return Task.objects.claim_next(queue="manual")
+        except DatabaseUnreachable:
+            return None  # the late visit still out
+
+    [late] = wait_until(claim_b, timeout=30, what="the resumed database's task")
+    assert (late.key, late.using) == ("m-b", B)
+    assert Task.objects.db_manager(B).get(key="m-b").attempts == 1  # the late visit's claim was given back
+    assert threading.active_count() < 10

@@ -12,6 +12,9 @@ import threading
 
 from devtools.events import emit
 
+#: The advisory lock a ``wait-*`` task of ``serve`` waits for (the test holds it).
+WAIT_LOCK = 73021
+
 
 def setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -84,6 +87,14 @@ def serve(args: argparse.Namespace) -> None:
     threading.Thread(target=watch_stdin, daemon=True).start()
 
     def handle(claim: object) -> None:
+        if claim.key.startswith("wait-"):  # type: ignore[attr-defined]
+            # A statement in flight: it waits for the advisory lock the test holds on that database.
+            from django.db import connections
+
+            emit(event="waiting", key=claim.key, database=claim.using)  # type: ignore[attr-defined]
+            with connections[claim.using].cursor() as cursor:  # type: ignore[attr-defined]
+                cursor.execute("SELECT pg_advisory_lock(%s)", [WAIT_LOCK])
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [WAIT_LOCK])
         fenced_effect(claim)
         emit(event="done", key=claim.key, tenant=claim.tenant, database=claim.using)  # type: ignore[attr-defined]
 

@@ -62,21 +62,28 @@ class Command(TaskClaimCommand):
             aliases = (routing.route(tenant, database),) if tenant is not None else routing.databases(database)
         except TaskClaimError as exc:  # --database that does not hold the tenant's tasks
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
-        reports = []
-        for alias in aliases:
+
+        def audit(alias: str) -> dict[str, Any]:
             # A duration counts back from the database's clock, which stamped the attempts.
             cutoff = database_now(alias) - since if isinstance(since, timedelta) else since
-            reports.append(self.audit(alias, cutoff, tenant, limit))
+            return self.audit(alias, cutoff, tenant, limit)
+
+        reports = self.each_database(aliases, audit)
+        if not reports:
+            self.fail_if_unreachable("nothing was audited")
         report = self.merged(reports, limit)
+        if self.unreachable:
+            report["unreachable"] = self.unreachable
         if as_json:
             self.write_json(report)
         else:
             self.write_text(report)
         found = report["overlaps"]["count"]
-        if found:
+        if found:  # an overlap is the graver finding: exit 1 even when a database was out of reach
             raise CommandError(
                 f"{found} overlapping execution(s) found: one task ran twice at the same time",
                 returncode=OVERLAP_FOUND)
+        self.fail_if_unreachable("the others were audited")
 
     # -- the queries ----------------------------------------------------------------------
     def audit(self, using: str, cutoff: datetime | None, tenant: str | None, limit: int) -> dict[str, Any]:

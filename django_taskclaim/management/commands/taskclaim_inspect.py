@@ -5,19 +5,33 @@ each queue's depth and the age of its oldest due task."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_taskclaim import routing
+from django_taskclaim import outages, routing
 from django_taskclaim.ids import parse_task_id, task_id
 from django_taskclaim.management.arguments import task_database, task_key, tenant_name
-from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
+from django_taskclaim.management.base import UNREACHABLE, USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Attempt, Task, held_ids
 from django_taskclaim.status import RESULT_STATUS, Status
 from django_taskclaim.store import DbNow
 
 NOT_FOUND = 1
+
+
+@contextmanager
+def reading(using: str) -> Iterator[None]:
+    """Reads of the one task database that holds the task asked for: one that cannot be reached,
+    among several, ends the command with one line naming it (exit 3), not a traceback."""
+    try:
+        yield
+    except routing.UNREACHABLE as exc:
+        if not routing.cannot_reach(using):
+            raise
+        raise CommandError(outages.describe(using, exc), returncode=UNREACHABLE) from exc
 
 
 def task_as_dict(task: Task, lease_remaining: float | None, held: bool = False) -> dict[str, Any]:
@@ -65,16 +79,20 @@ class Command(TaskClaimCommand):
         if task_ref is not None:
             key, tenant, database = self.named_by_id(task_ref, key, database)
         if key is None:
-            stats = [{**q, "database": alias} for alias in routing.databases(database)
-                     for q in Task.objects.db_manager(alias).queue_stats()]
+            stats = [{**q, "database": alias} for alias, found in self.each_database(
+                routing.databases(database), lambda alias: (alias, Task.objects.db_manager(alias).queue_stats()))
+                for q in found]
             self.write_queues(stats, as_json)
+            self.fail_if_unreachable("the others' queues are listed")
             return
         using = database or routing.route(tenant)
-        task = Task.objects.db_manager(using).annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
+        with reading(using):  # the task is there or nowhere: nothing else to show
+            task = Task.objects.db_manager(using).annotate(db_now=DbNow()).filter(tenant=tenant, key=key).first()
         if task is None:
-            others = [(alias, found) for alias in routing.databases(database)
-                      for found in Task.objects.db_manager(alias).filter(key=key).order_by("tenant")
-                      .values_list("tenant", flat=True)[:10]]
+            others = [(alias, found) for alias, tenants in self.each_database(
+                routing.databases(database), lambda alias: (alias, list(
+                    Task.objects.db_manager(alias).filter(key=key).order_by("tenant")
+                    .values_list("tenant", flat=True)[:10]))) for found in tenants]
             named = [f"{found!r} (in {alias})" if routing.several() else repr(found) for alias, found in others]
             hint = f"; it exists for tenant(s) {', '.join(named[:10])}" if others else ""
             where = f" in database {using!r}" if routing.several() else ""
@@ -110,7 +128,8 @@ class Command(TaskClaimCommand):
         if database is not None and using != database:
             raise CommandError(f"--id {text!r} names database {using!r}, not --database {database!r}",
                                returncode=USAGE_ERROR)
-        found = Task.objects.db_manager(using).filter(pk=pk).values_list("key", "tenant").first()
+        with reading(using):
+            found = Task.objects.db_manager(using).filter(pk=pk).values_list("key", "tenant").first()
         if found is None:
             raise CommandError(f"no task {using}:{pk} (id {text!r})", returncode=NOT_FOUND)
         return found[0], found[1], using
@@ -162,7 +181,7 @@ class Command(TaskClaimCommand):
 
     def write_queues(self, stats: list[dict[str, Any]], as_json: bool) -> None:
         if as_json:
-            self.write_json({"queues": stats})
+            self.write_json({"queues": stats, **({"unreachable": self.unreachable} if self.unreachable else {})})
             return
         out = self.stdout.write
         if not stats:

@@ -42,8 +42,10 @@ class Command(TaskClaimCommand):
                **options: Any) -> None:
         self.verbosity = verbosity
         statuses = sorted(set(status or TERMINAL))
-        reports = [self.purge(alias, older_than, statuses, batch_size, dry_run, as_json)
-                   for alias in routing.databases(database)]
+        reports = self.each_database(routing.databases(database), lambda alias: self.purge(
+            alias, older_than, statuses, batch_size, dry_run, as_json))
+        if not reports:
+            self.fail_if_unreachable("nothing was purged")
         several = routing.several()
         if dry_run:
             by_status: dict[str, int] = {}
@@ -58,8 +60,11 @@ class Command(TaskClaimCommand):
                         "tasks": sum(r["tasks"] for r in reports), "attempts": sum(r["attempts"] for r in reports)}
         if several:
             document["databases"] = {r["database"]: {k: v for k, v in r.items() if k != "database"} for r in reports}
+        if self.unreachable:
+            document["unreachable"] = self.unreachable
         if as_json:
             self.write_json(document, indent=None)
+            self.fail_if_unreachable("the others were purged" if not dry_run else "the others were counted")
             return
         if dry_run:
             if self.verbosity >= 1:
@@ -70,10 +75,11 @@ class Command(TaskClaimCommand):
             self.stdout.write(
                 f"purge (dry run): {document['tasks']} task(s) and {document['attempts']} attempt(s) last "
                 f"updated before {self.cutoffs(reports)} would be deleted; nothing changed")
-            return
-        self.stdout.write(
-            f"purge: deleted {document['tasks']} task(s) and {document['attempts']} attempt(s) "
-            f"({', '.join(statuses)}; last updated before {self.cutoffs(reports)})")
+        else:
+            self.stdout.write(
+                f"purge: deleted {document['tasks']} task(s) and {document['attempts']} attempt(s) "
+                f"({', '.join(statuses)}; last updated before {self.cutoffs(reports)})")
+        self.fail_if_unreachable("the others were purged" if not dry_run else "the others were counted")
 
     @staticmethod
     def cutoffs(reports: list[dict[str, Any]]) -> str:

@@ -9,16 +9,13 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import close_old_connections, connections
 
-from django_taskclaim import routing
+from django_taskclaim import outages, routing
 from django_taskclaim.lifecycle import reclaim_expired_rows
 from django_taskclaim.management.arguments import positive_int, positive_seconds
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Task, held_ids
 from django_taskclaim.status import Status
 from django_taskclaim.store.rows import Moved
-
-#: Exit code when a task database could not be reached (the others were reclaimed).
-UNREACHABLE = 3
 
 
 class ReclaimLoop:
@@ -102,9 +99,7 @@ class Command(TaskClaimCommand):
 
         if every is None:
             one_round()
-            if self.unreachable:
-                raise CommandError(f"task database(s) {', '.join(map(repr, self.unreachable))} could not be "
-                                   "reached; the others were reclaimed", returncode=UNREACHABLE)
+            self.fail_if_unreachable("the others were looked at (dry run)" if dry_run else "the others were reclaimed")
         else:
             ReclaimLoop(one_round, every).run()
             if self.verbosity >= 1 and not as_json:
@@ -117,18 +112,24 @@ class Command(TaskClaimCommand):
     def dry_round(self, limit: int | None) -> None:
         tasks: list[tuple[str, Task]] = []
         skipped: list[tuple[str, Task]] = []
-        for alias in self.databases:
+        self.unreachable = {}  # of this round
+
+        def look(alias: str) -> None:
             expired = list(Task.objects.db_manager(alias).expired().order_by("id"))
             held = held_ids(alias, [t.pk for t in expired])
             # What a round would take: the first expired tasks no transaction holds (SKIP LOCKED).
-            tasks += [(alias, t) for t in expired if t.pk not in held][:None if limit is None else limit - len(tasks)]
-            skipped += [(alias, t) for t in expired if t.pk in held]
+            left = None if limit is None else limit - len(tasks)
+            tasks.extend([(alias, t) for t in expired if t.pk not in held][:left])
+            skipped.extend((alias, t) for t in expired if t.pk in held)
+
+        self.each_database(self.databases, look)
         would = [(alias, Moved(t.pk, t.key, t.tenant, t.fencing_token,
                                Status.PENDING if t.attempts < t.max_attempts else Status.FAILED))
                  for alias, t in tasks]
         resend = self.requeue_candidates(would) if self.requeue else None
         if self.as_json:
-            self.write_json({"dry_run": True, **self.summary(would), "held": self.held_items(skipped),
+            unreachable = {"unreachable": self.unreachable} if self.unreachable else {}
+            self.write_json({"dry_run": True, **self.summary(would), **unreachable, "held": self.held_items(skipped),
                              "requeue": resend}, indent=None)
             return
         for (alias, task), (_, row) in zip(tasks, would, strict=True):
@@ -193,8 +194,8 @@ class Command(TaskClaimCommand):
             except routing.UNREACHABLE as exc:
                 # One task database out of reach must not stop the others' recovery: said, and
                 # the command fails once the round is over (a loop goes on to the next round).
-                unreachable[alias] = str(exc)
-                self.stderr.write(f"reclaim: task database {alias!r} cannot be reached: {exc}")
+                unreachable[alias] = outages.describe(alias, exc)  # the database named once
+                self.stderr.write(f"reclaim: {unreachable[alias]}")
                 connections[alias].close_if_unusable_or_obsolete()
         summary = self.summary(moved)
         if unreachable:
