@@ -22,8 +22,8 @@ def parse_task_id(text: str, using: str | None = None) -> tuple[str, int]:
         raise ValueError(f"{text!r} is not a task id (nor a result id): its primary key, or alias:pk")
     if sep:
         if alias not in settings.DATABASES:
-            raise ValueError(f"{text!r} names no task database; TASKCLAIM_DATABASES lists "
-                             f"{', '.join(map(repr, settings.DATABASES))}")
+            raise ValueError(f"{text!r} names no task database (a task id is its primary key, or 'alias:pk'); "
+                             f"TASKCLAIM_DATABASES lists {', '.join(map(repr, settings.DATABASES))}")
         return alias, int(pk)
     if using is not None:
         return using, int(pk)

@@ -149,6 +149,7 @@ def work(
     job = _Job(runner=runner, owner=owner or default_owner(), lease=seconds, tenant=tenant, queues=queue_names(queue),
                batch=batch, wait=settings.POLL_INTERVAL if poll is None else poll, until_drained=until_drained,
                stop=stop or threading.Event(), budget=_Budget(max_tasks))
+    _log_start(runner, job.owner, job.queues, tenant, using, seconds, batch)
     lanes = routing.databases(using) if tenant is None else ()
     if len(lanes) < 2:
         _serve(job, using, routing.route(tenant, using) if tenant is not None else routing.databases(using)[0])
