@@ -13,22 +13,21 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
-from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
-from django.db import connections, router
-from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.db import connections
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from . import outages, routing
+from . import contrib, outages, routing
 from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
 from .lifecycle import reclaim_expired_rows
@@ -37,8 +36,6 @@ from .store import DbNow, get_store
 
 logger = logging.getLogger("django_taskclaim")
 PREVIEW_LENGTH = 80
-# django-celery-results (optional): attempts link to the stored result of their delivery.
-RESULT_MODEL = ("django_celery_results", "TaskResult")
 
 
 def human_seconds(seconds: float) -> str:
@@ -190,16 +187,6 @@ class TakeoverFilter(admin.SimpleListFilter):
         return queryset
 
 
-def celery_result_model() -> Any:
-    """django-celery-results' ``TaskResult`` when that app is installed, else ``None``."""
-    if not apps.is_installed(RESULT_MODEL[0]):
-        return None
-    try:
-        return apps.get_model(*RESULT_MODEL)
-    except LookupError:
-        return None
-
-
 class AttemptInline(admin.TabularInline):
     model = Attempt
     extra = 0
@@ -227,30 +214,18 @@ class AttemptInline(admin.TabularInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # The attempts live beside their task, in the database the request names (database_of).
         qs = super().get_queryset(request).using(database_of(request)).annotate(db_now=DbNow())
-        result_model = celery_result_model()
-        # One subquery instead of a lookup per row; only when both tables share a database.
-        if result_model is not None and router.db_for_read(result_model) == qs.db:
-            qs = qs.annotate(celery_result_pk=Subquery(
-                result_model.objects.filter(task_id=OuterRef("delivery_id")).values("pk")[:1]))
+        for link in contrib.delivery_links():  # what an integration links a delivery id to
+            qs = link.annotate(qs)
         return qs
 
     @admin.display(description=_("delivery id"))
     def delivery(self, obj: Attempt) -> str:
         if not obj.delivery_id:
             return "-"
-        result_model = celery_result_model()
-        if result_model is None:
-            return obj.delivery_id
-        pk = getattr(obj, "celery_result_pk", None)
-        try:
-            if pk is not None:
-                url = reverse("admin:django_celery_results_taskresult_change", args=[pk])
-            else:
-                url = reverse("admin:django_celery_results_taskresult_changelist")
-                url += "?" + urlencode({"q": obj.delivery_id})
-        except NoReverseMatch:  # the results app is installed but not in this admin site
-            return obj.delivery_id
-        return format_html('<a href="{}">{}</a>', url, obj.delivery_id)
+        for link in contrib.delivery_links():
+            if (url := link.url(obj)) is not None:
+                return format_html('<a href="{}">{}</a>', url, obj.delivery_id)
+        return obj.delivery_id
 
     @admin.display(description=_("failure"))
     def failure(self, obj: Attempt) -> str:

@@ -1,6 +1,8 @@
 """The public home of the claim API (``django_taskclaim.claims.Claim``, ``claim``…).
 
-The code lives in :mod:`django_taskclaim.lifecycle`; this module keeps the documented names.
+The code lives in :mod:`django_taskclaim.lifecycle`; this module keeps the documented names,
+with the rows some of its calls return (``TaskRow`` from ``ensure_many``, ``Moved`` from
+``reclaim_expired_rows``), so that a plug-in needs nothing from ``lifecycle`` or ``store``.
 """
 
 from .lifecycle import (
@@ -11,13 +13,15 @@ from .lifecycle import (
     complete_or_fail,
     default_owner,
     ensure,
+    ensure_many,
     ensure_task,
     in_transaction,
     reclaim_expired,
     reclaim_expired_rows,
 )
+from .store.rows import Moved, TaskRow
 
 __all__ = [
-    "Claim", "ClaimOutcome", "claim", "claim_next", "complete_or_fail", "default_owner", "ensure",
-    "ensure_task", "in_transaction", "reclaim_expired", "reclaim_expired_rows",
+    "Claim", "ClaimOutcome", "Moved", "TaskRow", "claim", "claim_next", "complete_or_fail", "default_owner",
+    "ensure", "ensure_many", "ensure_task", "in_transaction", "reclaim_expired", "reclaim_expired_rows",
 ]

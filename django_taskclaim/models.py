@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from asgiref.sync import sync_to_async
 from django.db import connections, models
@@ -17,16 +17,17 @@ from django.utils.translation import gettext_lazy as _
 from . import routing
 from .compat import check_constraint
 from .conf import settings
-from .keys import resolve_identity
+from .keys import canonical_json, resolve_identity
 from .lifecycle import Claim, ClaimOutcome, api, transitions
 from .status import TERMINAL, Outcome, Status
-from .store import DbNow, get_store
+from .store import DbNow, DbNowPlus, get_store
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from datetime import datetime
 
     from .keys import TaskKey
+    from .store.rows import TaskRow
 
 
 # A pending task is due when its "not before" time has come by the database clock.
@@ -95,6 +96,11 @@ class TaskQuerySet(models.QuerySet["Task"]):
     def due(self) -> TaskQuerySet:
         """Pending tasks whose "not before" time has come, by the database clock."""
         return self.filter(_DUE, status=Status.PENDING)
+
+    def idle_for(self, seconds: float) -> TaskQuerySet:
+        """Tasks whose row has not changed for more than ``seconds``, by the database clock (the
+        clock that writes ``updated_at``: a caller's own clock may be off)."""
+        return self.filter(updated_at__lt=DbNowPlus(-seconds))
 
     def queue_stats(self) -> list[dict[str, Any]]:
         """Per queue, what operators alert on: ``due`` (pending, runnable now), ``deferred``
@@ -299,6 +305,19 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
+
+    @classmethod
+    def from_row(cls, row: TaskRow, using: str) -> Task:
+        """The ``Task`` of a row the claim API returned (``ensure_many``), as loaded from ``using``."""
+        return cast("Task", transitions.to_task(row, using))
+
+    def requeue(self, dispatch: dict[str, Any], *, token: int | None = None, older_than: float | None = None) -> bool:
+        """Record that this pending task's lost message is about to be sent again (``dispatch``, its
+        new message record): whether it was recorded. It is, if the task is still PENDING with
+        ``token`` (the token it was reclaimed with), or, without a token, unchanged for
+        ``older_than`` seconds; a guarded write, so two sweepers never send one task twice."""
+        return transitions.requeue(self._state.db or settings.DATABASE, self.pk, canonical_json(dispatch, "dispatch"),
+                                   token=token, older_than=older_than)
 
     def lease_remaining(self, now: datetime | None = None) -> float | None:
         """Seconds of lease left (negative once expired), by ``now`` or the local clock; display only."""

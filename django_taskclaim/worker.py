@@ -299,7 +299,7 @@ def _started(claim: Claim, previous: Claim | None, stats: WorkerStats) -> bool:
         except _UNREACHABLE as exc:
             # Whether the start committed is not known: never run it, never count it twice. The
             # claim runs out (its reservation, or its lease if it started) and comes back.
-            logger.warning("a task could not be started: %s", exc, extra=claim._log_extra())
+            logger.warning("a task could not be started: %s", exc, extra=claim.log_extra())
             started = False
     if not started:
         stats.add("fenced_off")
@@ -324,14 +324,14 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
     except _UNREACHABLE as exc:
         # Not even a new connection could record the end: the claim runs out and the task
         # comes back after its lease, by the rules.
-        logger.warning("the end of a task could not be recorded: %s: %s", claim.named(), exc, extra=claim._log_extra())
+        logger.warning("the end of a task could not be recorded: %s: %s", claim.named(), exc, extra=claim.log_extra())
         stats.add("unrecorded")
         return []
     stats.count(executed)
     if executed.given_back and not isinstance(executed.error, Exception):
         raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops
     if executed.error is not None and executed.ending != FENCED_OFF and not executed.given_back:
-        logger.warning("task handler failed: %s", claim.named(), exc_info=executed.error, extra=claim._log_extra())
+        logger.warning("task handler failed: %s", claim.named(), exc_info=executed.error, extra=claim.log_extra())
     return executed.next_claims
 
 

@@ -40,10 +40,9 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 
 from .. import routing
+from ..claims import Claim, claim
 from ..exceptions import InvalidTaskKey, TaskClaimError
-from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
-from ..lifecycle import Claim, claim
-from ..lifecycle.execution import (
+from ..execution import (
     Policy,
     aexecute,
     arun_by_key,
@@ -52,6 +51,7 @@ from ..lifecycle.execution import (
     execute,
     run_by_key,
 )
+from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
 
 __all__ = ["claimed_node", "current_claim", "node_identity"]
 

@@ -293,7 +293,7 @@ def record_failure(claim: Claim, error: BaseException | str, *, retry: bool, del
     try:
         return claim.fail(error, retry=retry, delay=delay)
     except StaleClaim:
-        logger.warning("failure of a fenced-off claim not recorded: %s", claim.named(), extra=claim._log_extra())
+        logger.warning("failure of a fenced-off claim not recorded: %s", claim.named(), extra=claim.log_extra())
         raise
 
 

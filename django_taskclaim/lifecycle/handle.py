@@ -171,7 +171,9 @@ class Claim(KeepaliveMixin):
                 event = self._lost
         return event
 
-    def _log_extra(self) -> dict[str, Any]:
+    def log_extra(self) -> dict[str, Any]:
+        """The structured fields of a log record about this claim (``logger.info(..., extra=claim.log_extra())``):
+        key, tenant, token, owner, and the task's path and id where it has them."""
         return transitions._log(self)
 
     def named(self) -> transitions.Named:
@@ -327,7 +329,7 @@ class Claim(KeepaliveMixin):
         self._finishing_write("complete", transitions.complete, result_json, result_ref)
         self._stored = result_json
         if logger.isEnabledFor(logging.INFO):
-            logger.info("task completed: %s", self.named(), extra=self._log_extra())
+            logger.info("task completed: %s", self.named(), extra=self.log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
 
     def complete_and_claim_next(
@@ -378,7 +380,7 @@ class Claim(KeepaliveMixin):
         self._record_ending(str(status))
         self._stored = result_json
         if logger.isEnabledFor(logging.INFO):
-            logger.info("task completed: %s", self.named(), extra=self._log_extra())
+            logger.info("task completed: %s", self.named(), extra=self.log_extra())
         transitions.send(self.using, signals.task_completed, claim=self, result=result, result_ref=result_ref)
         return [Claim.taken(c, self.using, seconds, self.delivery_id, sent=sent, reserve=held) for c in claimed]
 
@@ -398,7 +400,7 @@ class Claim(KeepaliveMixin):
         status = self._finishing_write("fail", transitions.fail, text, bool(retry), wait, error_class, trace)
         retrying = status == Status.PENDING
         logger.info("task failed%s: %s: %s", ", to be retried" if retrying else "", self.named(), text[:200],
-                    extra={**self._log_extra(), "retry": retrying, "error": text[:200]})
+                    extra={**self.log_extra(), "retry": retrying, "error": text[:200]})
         transitions.send(self.using, signals.task_failed, claim=self, error=text, retry=retrying)
         return status
 
@@ -414,7 +416,7 @@ class Claim(KeepaliveMixin):
         else:
             self.start()  # a reserved one: its release then gives back the attempt it counted
             self._finishing_write("release", lambda holder, start=None: transitions.release(holder, start, wait, why))
-        logger.info("task released: %s", self.named(), extra=self._log_extra())
+        logger.info("task released: %s", self.named(), extra=self.log_extra())
         transitions.send(self.using, signals.task_released, claim=self, key=self.key, tenant=self.tenant)
 
     def check(self) -> None:

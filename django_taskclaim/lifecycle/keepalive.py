@@ -68,7 +68,7 @@ class KeepaliveMixin:
         @property
         def lost(self) -> threading.Event: ...
         def heartbeat(self, lease: float | timedelta | None = None) -> datetime | None: ...
-        def _log_extra(self) -> dict[str, Any]: ...
+        def log_extra(self) -> dict[str, Any]: ...
         def named(self) -> Any: ...
 
     def keepalive(self, interval: float | None = None) -> AbstractContextManager[Any]:
@@ -144,7 +144,7 @@ class KeepaliveMixin:
                         self._lose(exc)
                     return
                 except DbError as exc:
-                    logger.warning("heartbeat failed: %s: %s", self.named(), exc, extra=self._log_extra())
+                    logger.warning("heartbeat failed: %s: %s", self.named(), exc, extra=self.log_extra())
                     if time.monotonic() >= give_up_at:
                         self._lose(exc)
                         return
@@ -182,7 +182,7 @@ class KeepaliveMixin:
     def _lose(self, exc: BaseException) -> None:
         self.lost_reason = exc
         self.lost.set()
-        logger.warning("heartbeat lost: %s: %s", self.named(), exc, extra=self._log_extra())
+        logger.warning("heartbeat lost: %s: %s", self.named(), exc, extra=self.log_extra())
         transitions.send(self.using, signals.heartbeat_lost, claim=self, error=exc)
 
 

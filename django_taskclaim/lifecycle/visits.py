@@ -95,7 +95,7 @@ def _give_back(alias: str, claims: list[Claim]) -> None:
         except (StaleClaim, *routing.UNREACHABLE) as exc:
             # Not given back: the task comes back after its lease, by the rules.
             logger.warning("a late claim in task database %r could not be given back: %s", alias, exc,
-                           extra=claim._log_extra())
+                           extra=claim.log_extra())
 
 
 __all__ = ["visit"]

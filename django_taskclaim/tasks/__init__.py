@@ -19,7 +19,7 @@ Run the tasks with ``manage.py taskclaim_worker --queue default``; enqueue many 
 
 from __future__ import annotations
 
-from ..lifecycle.execution import current_claim
+from ..execution import current_claim
 from .backend import ClaimBackend, enqueue_many
 from .identity import AFTER_FAILURE, REUSE, RUN_AGAIN, claim_options, keyed
 

@@ -93,7 +93,7 @@ class ClaimBackend(BaseTaskBackend):
     # -- enqueue ----------------------------------------------------------------------------
     def enqueue(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Insert the task (or find its identity's) and return its result, as ``get_result`` would."""
-        from ..lifecycle import ensure_task
+        from ..claims import ensure_task
 
         self.validate_task(task)
         key, tenant, payload = self._call(task, identity_of(task.func), args, kwargs)
@@ -123,8 +123,8 @@ class ClaimBackend(BaseTaskBackend):
 
             results = ClaimBackend.enqueue_many(send_mail, [((user.pk,), {}) for user in users])
         """
-        from ..lifecycle import ensure_many
-        from ..lifecycle.transitions import to_task
+        from ..claims import ensure_many
+        from ..models import Task
 
         self.validate_task(task)
         identity = identity_of(task.func)
@@ -137,7 +137,7 @@ class ClaimBackend(BaseTaskBackend):
                                dispatch=self._dispatch(task), same_payload=same_call(task.func, task.takes_context))
             made = [created for _, created, _ in rows]
             results = [new_result(task, row, self.alias, using=alias) if created
-                       else self._met_again(task, to_task(row, alias))
+                       else self._met_again(task, Task.from_row(row, alias))
                        for row, created, alias in rows]
             del rows  # thousands of rows: not kept while the receivers run
         sender = type(self)

@@ -15,9 +15,9 @@ from ..status import RESULT_STATUS, Outcome, Status
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
 if TYPE_CHECKING:
+    from ..claims import TaskRow as StoreRow
     from ..models import Attempt
     from ..models import Task as TaskRow
-    from ..store.rows import TaskRow as StoreRow
 
 #: ``status.RESULT_STATUS`` (the one mapping) in the framework's own values.
 STATUS = {Status(status): TaskResultStatus(word) for status, word in RESULT_STATUS.items()}

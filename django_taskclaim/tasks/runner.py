@@ -17,10 +17,9 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from ..exceptions import InvalidResult, StaleClaim
-from ..lifecycle import Claim
-from ..lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute, record_failure
-from ..lifecycle.handle import error_text
+from ..claims import Claim
+from ..exceptions import InvalidArgument, InvalidResult, StaleClaim
+from ..execution import FENCED_OFF, Executed, Finish, Policy, error_text, execute, record_failure
 from ..status import Status
 from ..worker import Runner
 from .compat import TaskContext, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
@@ -124,7 +123,7 @@ class TaskRunner(Runner):
                 return Executed(claim, record_failure(claim, error, retry=False), error=error)
             delay = min(IMPORT_RETRY_CAP, max(1.0, waited / 4))
             logger.warning("task %s cannot be imported here (%s): given back, not before %.0f s", claim.task_path,
-                           error, delay, extra=claim._log_extra())
+                           error, delay, extra=claim.log_extra())
             claim.release(delay=delay, reason=f"cannot be imported by worker {claim.owner}: {error_text(error)}")
         except StaleClaim as exc:
             return Executed(claim, FENCED_OFF, error=exc)
@@ -168,3 +167,22 @@ def _what_failed(error: BaseException) -> BaseException:
     if isinstance(error, InvalidResult) and isinstance(error.__cause__, TypeError | ValueError):
         return error.__cause__
     return error
+
+
+def worker_runner(*, backend: str, queues: list[str] | None, lease: float | None,
+                  atomic: bool) -> tuple[TaskRunner, list[str], float | None]:
+    """``taskclaim_worker`` without a handler (registered in ``worker_runners.WORKER_RUNNERS``): the
+    runner of Django task backend ``backend``, the queues to take (default: its ``QUEUES``), the
+    lease. What the command must refuse raises ``InvalidArgument``, naming the problem."""
+    if atomic:
+        raise InvalidArgument("--atomic runs a handler inside fenced(); a Django task writes its own "
+                              "effects inside current_claim().fenced()")
+    try:
+        runner = TaskRunner(backend)
+    except Exception as exc:  # an alias not in TASKS, or another backend
+        raise InvalidArgument(f"--backend {backend!r}: {exc}") from exc
+    unknown = sorted(set(queues or ()) - set(runner.backend.queues)) if runner.backend.queues else []
+    if unknown:
+        raise InvalidArgument(f"queue(s) {unknown} are not in TASKS[{backend!r}]['QUEUES'] "
+                              f"({sorted(runner.backend.queues)})")
+    return runner, queues or runner.queues, lease

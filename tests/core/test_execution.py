@@ -1,5 +1,6 @@
-"""The execution protocol (lifecycle/execution.py): one rule for how a body's end ends its claim,
-whoever runs the body (run_once, the queue worker, the Celery bridge, LangGraph nodes)."""
+"""The execution protocol (``django_taskclaim.execution``; its rules in lifecycle/execution.py):
+one rule for how a body's end ends its claim, whoever runs the body (run_once, the queue worker,
+the Celery bridge, LangGraph nodes)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from django.db import connection, transaction
 
 from django_taskclaim import run_once
 from django_taskclaim.exceptions import StaleClaim, TaskClaimError
-from django_taskclaim.lifecycle.execution import (
+from django_taskclaim.execution import (
     FENCED_OFF,
     EndingRolledBack,
     Policy,
@@ -234,3 +235,24 @@ def test_a_stale_claim_raised_by_the_body_itself_is_fenced_off() -> None:
 
     assert execute(claim, body).ending == FENCED_OFF
     assert Task.objects.get(key="job").status == "running"  # nothing written by a fenced-off claim
+
+
+def test_the_public_door_hands_on_the_protocol_itself() -> None:
+    """``django_taskclaim.execution`` is what the plug-ins use: the protocol's own objects, not copies."""
+    from django_taskclaim import execution
+    from django_taskclaim.lifecycle import execution as rules
+
+    for name in execution.__all__:
+        if name != "error_text":
+            assert getattr(execution, name) is getattr(rules, name), name
+    assert execution.error_text(ValueError("bad")) == "ValueError: bad"
+
+
+def test_a_claims_log_fields_are_public() -> None:
+    """``claim.log_extra()``: the structured fields a plug-in's log lines carry (no private method)."""
+    claim = Task.objects.claim("logged", tenant="t", owner="w").claim
+    assert claim is not None
+    fields = claim.log_extra()
+    assert {k: fields[k] for k in ("key", "tenant", "token", "owner")} == {
+        "key": "logged", "tenant": "t", "token": claim.token, "owner": "w"}
+    assert not hasattr(claim, "_log_extra")

@@ -289,21 +289,22 @@ def test_requeue_lost_records_each_resend_and_a_second_sweep_sends_nothing() -> 
 
 
 def test_the_requeue_transition_is_guarded() -> None:
-    """It records a re-send only of a task still pending with the reclaimed token, or unchanged
-    for ``older_than`` seconds by the database clock: a task claimed meanwhile is never sent."""
-    from django_taskclaim.lifecycle import transitions
-
+    """``Task.requeue`` (the public transition the bridge uses) records a re-send only of a task still
+    pending with the reclaimed token, or unchanged for ``older_than`` seconds by the database clock:
+    a task claimed meanwhile is never sent."""
     pending = ensure("work-i", dispatch={"task": "tests.programs.celery_app.work", "task_id": "msg-i"})
-    again = '{"sent": 2, "task": "tests.programs.celery_app.work", "task_id": "msg-i"}'
-    assert not transitions.requeue("default", pending.pk, again, older_than=60)  # fresh
+    again = {"sent": 2, "task": "tests.programs.celery_app.work", "task_id": "msg-i"}
+    assert not pending.requeue(again, older_than=60)  # fresh
+    assert not Task.objects.filter(pk=pending.pk).idle_for(60).exists()
     Task.objects.filter(pk=pending.pk).update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
-    assert not transitions.requeue("default", pending.pk, again, token=1)  # never claimed: token 0
-    assert transitions.requeue("default", pending.pk, again, older_than=60)
+    assert Task.objects.filter(pk=pending.pk).idle_for(60).exists()
+    assert not pending.requeue(again, token=1)  # never claimed: token 0
+    assert pending.requeue(again, older_than=60)
     assert Task.objects.get(pk=pending.pk).dispatch["sent"] == 2
     Task.objects.filter(pk=pending.pk).update(updated_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
     assert Task.objects.claim("work-i", owner="w").claimed  # claimed between the sweep's read and write
-    assert not transitions.requeue("default", pending.pk, again, older_than=0)
-    assert not transitions.requeue("default", pending.pk, again, token=1)
+    assert not pending.requeue(again, older_than=0)
+    assert not pending.requeue(again, token=1)
     assert Task.objects.get(pk=pending.pk).dispatch["sent"] == 2
 
 

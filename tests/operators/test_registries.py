@@ -1,5 +1,6 @@
 """The registries are the only lists: a database is a store module plus its line in
-``store.VENDORS``, an integration its folder (or module) plus its line in ``contrib.INTEGRATIONS``."""
+``store.VENDORS``, an integration its folder (or module) plus its line in ``contrib.INTEGRATIONS``,
+a worker's runner without a handler a line in ``worker_runners.WORKER_RUNNERS``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from django.core import checks as django_checks
 from django.utils.module_loading import import_string
 
-from django_taskclaim import contrib, store
+from django_taskclaim import contrib, store, worker_runners
 from django_taskclaim.store.sql import SQLStore
 
 PACKAGE = Path(store.__file__).resolve().parent.parent
@@ -46,14 +47,32 @@ def test_every_integration_is_in_the_registry_and_its_check_is_registered() -> N
                      if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
     assert under_contrib == set(contrib.INTEGRATIONS)
     registered = django_checks.registry.registry.get_checks()
-    for name, path in contrib.INTEGRATIONS.items():
-        if path is not None:
-            assert path.startswith(f"django_taskclaim.contrib.{name}.")
-            assert import_string(path) in registered, path
+    for name, integration in contrib.INTEGRATIONS.items():
+        if integration.check is not None:
+            assert integration.check.startswith(f"django_taskclaim.contrib.{name}.")
+            assert import_string(integration.check) in registered, integration.check
+        if integration.delivery_link is not None:  # in its own folder, and what the admin calls
+            assert integration.delivery_link.startswith(f"django_taskclaim.contrib.{name}.")
+            link = import_string(integration.delivery_link)
+            assert callable(link.annotate) and callable(link.url)
+
+
+def test_every_worker_runner_is_a_factory_in_its_plugins_folder() -> None:
+    assert worker_runners.DEFAULT in worker_runners.WORKER_RUNNERS
+    for path in worker_runners.WORKER_RUNNERS.values():
+        assert path.startswith(("django_taskclaim.contrib.", "django_taskclaim.tasks.")), path
+        module, _, name = path.rpartition(".")
+        assert f"def {name}(" in (PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text(), path
+
+
+def test_the_worker_command_names_no_plugin() -> None:
+    """``taskclaim_worker`` without a handler asks the registry, not a branch of its own."""
+    text = (PACKAGE / "management" / "commands" / "taskclaim_worker.py").read_text()
+    assert "django_taskclaim.tasks" not in text and "TaskRunner" not in text
 
 
 def test_no_core_module_names_an_integration() -> None:
-    """The app's checks and start-up reach integrations through the registry only."""
-    for name in ("checks.py", "apps.py", "checkspec.py"):
+    """The app's checks, start-up and admin reach integrations through the registry only."""
+    for name in ("checks.py", "apps.py", "checkspec.py", "admin.py"):
         text = (PACKAGE / name).read_text()
         assert not any(integration in text for integration in contrib.INTEGRATIONS), name

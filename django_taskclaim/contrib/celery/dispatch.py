@@ -16,14 +16,11 @@ from celery.utils import uuid
 from django.db import transaction
 from django.utils import timezone
 
-from ... import lifecycle
+from ...claims import Moved, ensure_task
 from ...conf import settings
 from ...exceptions import InvalidTaskKey
-from ...keys import TaskKey, canonical_json, resolve_identity
-from ...lifecycle import transitions
+from ...keys import TaskKey, resolve_identity
 from ...status import Status
-from ...store import DbNowPlus
-from ...store.rows import Moved
 from .app import celery_app
 from .options import ClaimOptions
 
@@ -100,7 +97,7 @@ def enqueue_once(
         "options": {k: v for k, v in apply_async_options.items() if k not in _NOT_STORED},
         "eta": eta.isoformat() if eta else None, "sent": 1,
     }
-    row, created = lifecycle.ensure_task(key, tenant, max_attempts=opts.max_attempts, dispatch=dispatch, using=using)
+    row, created = ensure_task(key, tenant, max_attempts=opts.max_attempts, dispatch=dispatch, using=using)
     if not created:
         found = str((row.dispatch or {}).get("task_id", "")) if isinstance(row.dispatch, dict) else ""
         logger.info("enqueue_once: task exists (%s), nothing sent: key=%r tenant=%r", row.status, key, tenant,
@@ -178,8 +175,7 @@ def requeue_lost(
             picked.append((task, moved.token))
     if older_than is not None:
         # The database's clock, like updated_at itself: a sweeper's own clock may be off.
-        stale = rows.filter(status=Status.PENDING, dispatch__isnull=False,
-                            updated_at__lt=DbNowPlus(-older_than)).order_by("id")
+        stale = rows.filter(status=Status.PENDING, dispatch__isnull=False).idle_for(older_than).order_by("id")
         seen = {t.pk for t, _ in picked}
         for task in stale[:limit] if limit else stale:
             if task.pk not in seen and not _eta_ahead(task.dispatch):
@@ -198,8 +194,7 @@ def requeue_lost(
             continue
         dispatch["sent"] = int(dispatch.get("sent", 1)) + 1
         # The guarded write first: two sweepers never send the same task twice in one round.
-        if not transitions.requeue(using, task.pk, canonical_json(dispatch, "dispatch"), token=token,
-                                   older_than=None if token is not None else older_than):
+        if not task.requeue(dispatch, token=token, older_than=None if token is not None else older_than):
             continue  # claimed or re-sent by someone else meanwhile
         item = Requeued(task.pk, task.key, task.tenant, str(dispatch.get("task_id") or ""))
         try:

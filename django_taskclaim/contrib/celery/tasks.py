@@ -15,11 +15,10 @@ from celery import Celery, shared_task
 from celery.exceptions import Ignore, Reject, Retry
 from django.core.exceptions import ImproperlyConfigured
 
-from ... import lifecycle
+from ... import claims
+from ...claims import Claim
 from ...exceptions import StaleClaim, TaskFailed
-from ...keys import TaskKey, lease_seconds, positive_int
-from ...lifecycle import Claim
-from ...lifecycle.execution import (
+from ...execution import (
     FENCED_OFF,
     WAIT,
     Fenced,
@@ -29,6 +28,7 @@ from ...lifecycle.execution import (
     record_failure,
     run_by_key,
 )
+from ...keys import TaskKey, lease_seconds, positive_int
 from ...status import Status
 from .broker import consumer_timeout, visibility_timeout
 from .options import ON_BUSY, ClaimOptions, KeySpec, _check_template, register
@@ -117,7 +117,7 @@ class ClaimedTask(celery.Task):
                 raise self._busy_retry(task, opts)
             return WAIT
 
-        return run_by_key(lambda: lifecycle.claim(key, tenant, lease=opts.lease, max_attempts=opts.max_attempts,
+        return run_by_key(lambda: claims.claim(key, tenant, lease=opts.lease, max_attempts=opts.max_attempts,
                                                   delivery_id=delivery_id), run, busy)
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
@@ -140,7 +140,7 @@ class ClaimedTask(celery.Task):
         if celery_retries:
             status = claim.fail(error, retry=True)  # StaleClaim: fenced off, publish nothing
             if status != Status.PENDING:
-                logger.info("max_attempts reached, not retrying: %s", claim.named(), extra=claim._log_extra())
+                logger.info("max_attempts reached, not retrying: %s", claim.named(), extra=claim.log_extra())
                 if exc is not None:
                     raise exc
                 from ...models import Task

@@ -14,7 +14,7 @@ from django.core.management.base import CommandError, CommandParser, SystemCheck
 from django.utils.module_loading import import_string
 
 from django_taskclaim import routing
-from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.exceptions import InvalidArgument, TaskClaimError
 from django_taskclaim.keys import MIN_LEASE
 from django_taskclaim.management.arguments import (
     lease,
@@ -25,7 +25,8 @@ from django_taskclaim.management.arguments import (
     tenant_name,
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
-from django_taskclaim.worker import Runner, work
+from django_taskclaim.worker import work
+from django_taskclaim.worker_runners import runner_without_handler
 
 
 class Command(TaskClaimCommand):
@@ -80,8 +81,12 @@ class Command(TaskClaimCommand):
                 routing.route(tenant, database)
             except TaskClaimError as exc:  # --database that does not hold the tenant's tasks
                 raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
-        if handler is None:
-            runner, queue, lease = self._tasks(backend, queues, lease, atomic)
+        if handler is None:  # the runner a plug-in registered (the Django Tasks backend's)
+            try:
+                runner, queue, lease = runner_without_handler(backend=backend, queues=queues, lease=lease,
+                                                              atomic=atomic)
+            except InvalidArgument as exc:
+                raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         else:
             runner, queue = self._handler(handler), queues or ["default"]
         stop = threading.Event()
@@ -109,25 +114,3 @@ class Command(TaskClaimCommand):
         if not callable(func):
             raise CommandError(f"handler {handler!r} is not callable", returncode=USAGE_ERROR)
         return func
-
-    @staticmethod
-    def _tasks(backend: str, queues: list[str] | None, lease: float | None,
-               atomic: bool) -> tuple[Runner, list[str], float | None]:
-        """The runner of Django task backend ``backend``, the queues to take, the lease."""
-        if atomic:
-            raise CommandError("--atomic runs a handler inside fenced(); a Django task writes its own "
-                               "effects inside current_claim().fenced()", returncode=USAGE_ERROR)
-        try:
-            from django_taskclaim.tasks.runner import TaskRunner
-        except Exception as exc:  # no Tasks framework installed, say so plainly
-            raise CommandError(f"no handler given, and Django's Tasks framework cannot be used: {exc}",
-                               returncode=USAGE_ERROR) from exc
-        try:
-            runner = TaskRunner(backend)
-        except Exception as exc:  # an alias not in TASKS, or another backend
-            raise CommandError(f"--backend {backend!r}: {exc}", returncode=USAGE_ERROR) from exc
-        unknown = sorted(set(queues or ()) - set(runner.backend.queues)) if runner.backend.queues else []
-        if unknown:
-            raise CommandError(f"queue(s) {unknown} are not in TASKS[{backend!r}]['QUEUES'] "
-                               f"({sorted(runner.backend.queues)})", returncode=USAGE_ERROR)
-        return runner, queues or runner.queues, lease
