@@ -34,10 +34,17 @@ def assert_exactly_once(n: int) -> None:
     assert all(tokens[e.task_key] == e.token for e in Effect.objects.all())
 
 
-def test_sixteen_processes_race_for_one_key_and_one_wins(processes, spawn) -> None:  # type: ignore[no-untyped-def]
-    procs = [spawn("race", "payments:test-generation") for _ in range(16)]
-    processes.go(*procs)  # every racer is connected before any of them starts
-    results = [proc.finish(60) for proc in procs]
+def test_sixteen_processes_race_for_one_key_and_one_wins(processes) -> None:  # type: ignore[no-untyped-def]
+    # Sixteen OS processes forked from one that set Django up (tests/programs/fleet.py): each
+    # racer has its own pid and connection, and Django's start-up is paid once, not sixteen times.
+    fleet = processes.start("tests.programs.fleet", "16", "tests.programs.claimer", "race",
+                            "payments:test-generation", group=True)
+    ready = [fleet.event("ready", timeout=60) for _ in range(16)]
+    assert len({r["pid"] for r in ready}) == 16  # sixteen processes, each connected before any starts
+    fleet.send("go")
+    results = [fleet.event("done", timeout=60) for _ in range(16)]
+    fleet.end_input()
+    fleet.finish(60)
     winners = [r for r in results if r["claimed"]]
     assert len(winners) == 1, results
     assert winners[0]["token"] == 1
