@@ -253,26 +253,6 @@ def test_fenced_then_complete_inside_atomic_and_keepalive_does_not_deadlock() ->
     assert not claim.lost.is_set()
 
 
-def test_keepalive_inside_atomic_holds_off_other_processes(spawn) -> None:  # type: ignore[no-untyped-def]
-    """The issue's reproduction with real processes: a 1 s lease, then atomic() + keepalive() for
-    over three lease lengths while other processes try to claim the task; none may get it."""
-    from django.db import transaction
-
-    claim = Task.objects.claim("job", owner="me", lease=1).claim
-    results = []
-    with transaction.atomic(), claim.keepalive(interval=0.2):
-        until = time.monotonic() + 3.5
-        while time.monotonic() < until:
-            racer = spawn("race", "job")
-            racer.event("ready", timeout=60)
-            racer.send("go")
-            results.append(racer.finish(30))
-    assert results and not any(r["claimed"] for r in results), results
-    assert all(r["owner"] == "me" for r in results)
-    claim.complete("mine")
-    assert Task.objects.get(key="job").owner == "me"
-
-
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_keepalive_reconnects_after_its_connection_is_dropped(kind: str) -> None:
     """A heartbeat connection killed by the server (failover, idle kill) is replaced, not retried to death."""
@@ -388,34 +368,3 @@ def test_a_short_block_keeps_no_claim_alive_once_it_ends() -> None:
     del claim
     gc.collect()
     assert gone() is None
-
-
-def test_a_forked_child_beats_with_a_starter_of_its_own() -> None:
-    """The starter thread does not survive a fork: a child (a Celery prefork worker, say) that
-    keeps a claim alive gets its own."""
-    import multiprocessing
-
-    from django.db import connections
-
-    claim = Task.objects.claim("warm", lease=30).claim
-    with claim.keepalive():  # the parent's starter exists before the fork
-        pass
-    connections.close_all()
-    child = multiprocessing.get_context("fork").Process(target=_child_keeps_alive)
-    child.start()
-    child.join(60)
-    assert child.exitcode == 0
-    lease = Task.objects.get(key="forked")
-    assert lease.status == "succeeded", lease.status
-
-
-def _child_keeps_alive() -> None:
-    from django.db import connections
-
-    connections.close_all()
-    claim = Task.objects.claim("forked", lease=0.6).claim
-    before = Task.objects.get(key="forked").lease_expires_at
-    with claim.keepalive():
-        until(lambda: Task.objects.get(key="forked").lease_expires_at != before)
-    claim.complete("ok")
-    connections.close_all()

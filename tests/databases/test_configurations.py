@@ -100,7 +100,7 @@ def test_workers_run_as_the_configuration_says(processes, spawn) -> None:  # typ
 # ---- ATOMIC_REQUESTS (and every other configuration): views raced by processes --------------
 
 @pytest.mark.parametrize("on_busy", ["wait", "raise"])
-def test_racing_requests_run_the_view_once(processes, spawn, on_busy: str) -> None:  # type: ignore[no-untyped-def]
+def test_racing_requests_run_the_view_once(processes, on_busy: str) -> None:  # type: ignore[no-untyped-def]
     """Six processes POST one key at once: one runs the work; the others get its result or 409.
 
     With ATOMIC_REQUESTS (or callers with autocommit off) the claim is invisible until the
@@ -109,9 +109,16 @@ def test_racing_requests_run_the_view_once(processes, spawn, on_busy: str) -> No
     result, so none sees it busy. Elsewhere a request that finds it running waits for the
     result (``on_busy="wait"``) or answers 409 (``"raise"``).
     """
-    procs = [spawn("request", f"/race/report-7/?work=0.5&on_busy={on_busy}") for _ in range(6)]
-    processes.go(*procs)
-    responses = [proc.finish(120) for proc in procs]
+    # Six processes forked from one that set Django up (tests/programs/fleet.py): each its own
+    # pid and connection, Django's start-up paid once.
+    fleet = processes.start("tests.programs.fleet", "6", "tests.programs.claimer", "request",
+                            f"/race/report-7/?work=0.5&on_busy={on_busy}", group=True)
+    ready = [fleet.event("ready", timeout=60) for _ in range(6)]
+    assert len({r["pid"] for r in ready}) == 6
+    fleet.send("go")
+    responses = [fleet.event("response", timeout=120) for _ in range(6)]
+    fleet.end_input()
+    fleet.finish(120)
     served = [r for r in responses if r["status"] == 200]
     if on_busy == "wait" or CONFIG in ("atomic_requests", "autocommit_off"):
         assert len(served) == 6, responses

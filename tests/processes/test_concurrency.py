@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from django.db.models import Sum
 
-from devtools.processes import Supervisor
+from devtools.processes import Child, Supervisor
 from django_taskclaim.models import Attempt, Task
 from tests.testapp.models import Effect
 
@@ -34,10 +34,17 @@ def assert_exactly_once(n: int) -> None:
     assert all(tokens[e.task_key] == e.token for e in Effect.objects.all())
 
 
-def test_sixteen_processes_race_for_one_key_and_one_wins(processes, spawn) -> None:  # type: ignore[no-untyped-def]
-    procs = [spawn("race", "payments:test-generation") for _ in range(16)]
-    processes.go(*procs)  # every racer is connected before any of them starts
-    results = [proc.finish(60) for proc in procs]
+def test_sixteen_processes_race_for_one_key_and_one_wins(processes) -> None:  # type: ignore[no-untyped-def]
+    # Sixteen OS processes forked from one that set Django up (tests/programs/fleet.py): each
+    # racer has its own pid and connection, and Django's start-up is paid once, not sixteen times.
+    fleet = processes.start("tests.programs.fleet", "16", "tests.programs.claimer", "race",
+                            "payments:test-generation", group=True)
+    ready = [fleet.event("ready", timeout=60) for _ in range(16)]
+    assert len({r["pid"] for r in ready}) == 16  # sixteen processes, each connected before any starts
+    fleet.send("go")
+    results = [fleet.event("done", timeout=60) for _ in range(16)]
+    fleet.end_input()
+    fleet.finish(60)
     winners = [r for r in results if r["claimed"]]
     assert len(winners) == 1, results
     assert winners[0]["token"] == 1
@@ -69,13 +76,20 @@ def assert_handed_out_once(fleet: Supervisor, n: int) -> None:
     assert Attempt.objects.filter(token__isnull=False).count() == n
 
 
-def test_four_processes_drain_a_thousand_tasks_exactly_once(processes, spawn) -> None:  # type: ignore[no-untyped-def]
+def drain_fleet(processes: Supervisor, copies: int, *args: str) -> Child:
+    """``copies`` drainers (``claimer drain ARGS``), each its own process and connection, forked
+    from one that set Django up (tests/programs/fleet.py). A drainer's owner is its tag and pid."""
+    return processes.start("tests.programs.fleet", str(copies), "tests.programs.claimer", "drain", *args,
+                           group=True)
+
+
+def test_four_processes_drain_a_thousand_tasks_exactly_once(processes) -> None:  # type: ignore[no-untyped-def]
     make_tasks(1000)
     fleet = processes
-    for i in range(4):
-        spawn("drain", "--lease", "30", "--batch", "5", "--tag", f"w{i}")
-    fleet.join(timeout=240)
-    assert all(p.returncode == 0 for p in fleet.children), fleet.failures()
+    drainers = drain_fleet(processes, 4, "--lease", "30", "--batch", "5", "--tag", "w")
+    drainers.end_input()
+    drainers.finish(240)  # exit code 0: every copy's
+    assert len({e["pid"] for _, e in fleet.log if e["event"] == "ready"}) == 4
     assert_exactly_once(1000)
     assert_handed_out_once(fleet, 1000)
     done = [e["done"] for _, e in fleet.log if e["event"] == "exit"]
@@ -83,16 +97,17 @@ def test_four_processes_drain_a_thousand_tasks_exactly_once(processes, spawn) ->
     assert Attempt.objects.filter(outcome="succeeded").count() == 1000
 
 
-def test_racing_claim_next_callers_never_share_a_task(processes, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_racing_claim_next_callers_never_share_a_task(processes) -> None:  # type: ignore[no-untyped-def]
     """Six processes released together call ``claim_next`` one task at a time on one queue."""
     n = 400
     make_tasks(n)
     fleet = processes
-    for i in range(6):
-        spawn("drain", "--lease", "60", "--batch", "1", "--tag", f"r{i}", "--go")
-    fleet.go()
-    fleet.join(timeout=240)
-    assert all(p.returncode == 0 for p in fleet.children), fleet.failures()
+    drainers = drain_fleet(processes, 6, "--lease", "60", "--batch", "1", "--tag", "r", "--go")
+    ready = [drainers.event("ready", timeout=60) for _ in range(6)]
+    assert len({r["pid"] for r in ready}) == 6
+    drainers.send("go")  # released together: the first claims race
+    drainers.end_input()
+    drainers.finish(240)  # exit code 0: every copy's
     assert_handed_out_once(fleet, n)
     assert_exactly_once(n)
 

@@ -30,10 +30,26 @@ def spawn_ops(processes: Supervisor) -> Spawn:
     return partial(processes.start, "tests.programs.ops")
 
 
-def run_together(processes: Supervisor, procs: list[Child], timeout: float = 240) -> list[dict[str, Any]]:
-    """Wait until every process is connected, start them at once, return each one's exit event."""
-    processes.go(*procs)
-    return [proc.finish(timeout) for proc in procs]
+def spawn_fleet(processes: Supervisor, copies: int, *args: str, env: dict[str, str] | None = None) -> Child:
+    """``copies`` processes of ``python -m tests.programs.ops ARGS`` forked from one that set Django
+    up (tests/programs/fleet.py): each its own process and connection, one Django start-up."""
+    return processes.start("tests.programs.fleet", str(copies), "tests.programs.ops", *args, env=env, group=True)
+
+
+def run_together(processes: Supervisor, procs: list[Child], timeout: float = 240,
+                 copies: dict[Child, int] | None = None) -> list[dict[str, Any]]:
+    """Wait until every process is connected (each of a fleet's ``copies``), start them at once,
+    return each one's exit event (a fleet's in the order they came)."""
+    count = {proc: (copies or {}).get(proc, 1) for proc in procs}
+    ready = [proc.event("ready", timeout=60) for proc in procs for _ in range(count[proc])]
+    assert len({r["pid"] for r in ready}) == len(ready), ready  # as many processes as asked for
+    for proc in procs:
+        proc.send("go")
+    exits = [proc.event("exit", timeout=timeout) for proc in procs for _ in range(count[proc])]
+    for proc in procs:
+        proc.end_input()
+        proc.finish(timeout)  # exit code 0 (a fleet: every copy's)
+    return exits
 
 
 def all_errors(exits: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -82,14 +98,14 @@ def test_operator_actions_beside_busy_workers_never_fail(processes: Supervisor, 
     for i in range(100):
         Task.objects.ensure(f"c-{i}", queue="default")  # cancelled by QuerySet.cancel()
         Task.objects.ensure(f"a-{i}", queue="default")  # cancelled by the admin action
-    workers = [spawn_ops("drain", "--seconds", "60", "--until-empty", "--work-ms", "5") for _ in range(8)]
+    workers = spawn_fleet(processes, 8, "drain", "--seconds", "60", "--until-empty", "--work-ms", "5")
     rounds = ("--min-runs", "10", "--seconds", "4", "--pause", "0.02")
     operators = [
         spawn_ops("operator", "cancel", "--prefix", "c-", *rounds),
         spawn_ops("operator", "admin-cancel", "--prefix", "a-", *rounds),
         spawn_ops("operator", "purge", "--status", "succeeded", *rounds),
     ]
-    exits = run_together(processes, [*workers, *operators])
+    exits = run_together(processes, [workers, *operators], copies={workers: 8})
     errors = all_errors(exits)
     assert errors == [], Counter((e["type"], e["text"]) for e in errors)
     assert not Task.objects.unfinished().exists()
@@ -99,9 +115,9 @@ def test_operator_actions_beside_busy_workers_never_fail(processes: Supervisor, 
         assert effects[key] == (1 if status == "succeeded" else 0), (key, status, effects[key])
     assert len(effects) + Task.objects.filter(status="cancelled").count() == 500
     # What the two cancelling operators report having cancelled is what is cancelled.
-    assert sum(exit_["changed"] for exit_ in exits[len(workers):]) == Task.objects.filter(status="cancelled").count()
+    assert sum(exit_["changed"] for exit_ in exits[8:]) == Task.objects.filter(status="cancelled").count()
     print("operator-race figures:", Counter(Task.objects.values_list("status", flat=True)),
-          "operator runs:", [exit_["runs"] for exit_ in exits[len(workers):]])
+          "operator runs:", [exit_["runs"] for exit_ in exits[8:]])
 
 
 def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(processes: Supervisor, spawn_ops: Spawn) -> None:
@@ -116,9 +132,8 @@ def test_many_sqlite_queue_workers_with_the_recommended_busy_timeout(processes: 
         Task.objects.ensure(f"q-{i}", queue="default")
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_ops",
            "TASKCLAIM_TEST_SQLITE_TIMEOUT": str(RECOMMENDED_TIMEOUT)}
-    workers = [spawn_ops("drain", "--seconds", "300", "--until-empty", "--work-ms", "3", env=env)
-               for _ in range(24)]
-    exits = run_together(processes, workers, timeout=400)
+    workers = spawn_fleet(processes, 24, "drain", "--seconds", "300", "--until-empty", "--work-ms", "3", env=env)
+    exits = run_together(processes, [workers], timeout=400, copies={workers: 24})
     errors = all_errors(exits)
     assert errors == [], Counter((e["type"], e["text"]) for e in errors)
     assert Task.objects.succeeded().count() == 480
