@@ -13,13 +13,8 @@ from tests.conftest import ROOT
 PROCESS_FIXTURES = {"processes", "spawn"}
 PROCESS_NAMES = {"Supervisor", "multiprocessing", "subprocess", "fork", "Popen"}
 
-# Process tests still in core/, each with the reason it is still there. tests/core/test_async.py
-# is being changed on another branch; its process tests move to processes/ once that is merged.
-NOT_YET_MOVED = {
-    "tests/core/test_async.py::test_arun_once_across_processes_each_gathering_callers_runs_once",
-    "tests/core/test_async.py::test_akeepalive_holds_a_long_coroutine_claim_against_another_process",
-    "tests/core/test_async.py::test_a_paused_async_worker_is_fenced_off_when_it_wakes",
-}
+# Process tests still in core/, each with the reason it is still there (none now).
+NOT_YET_MOVED: set[str] = set()
 
 
 def _names(node: ast.AST) -> set[str]:
