@@ -18,6 +18,7 @@ live in :mod:`django_taskclaim.lifecycle.execution`, and this module gives them 
 
 from __future__ import annotations
 
+from .lifecycle.claim import error_text
 from .lifecycle.execution import (
     FENCED_OFF,
     ON_BUSY,
@@ -40,7 +41,6 @@ from .lifecycle.execution import (
     run_by_key,
     wait_while_busy,
 )
-from .lifecycle.handle import error_text
 
 __all__ = [
     "FENCED_OFF", "ON_BUSY", "WAIT", "EndingRolledBack", "Executed", "Fenced", "Finish", "Policy", "aexecute",

@@ -18,7 +18,9 @@ from . import routing
 from .compat import check_constraint
 from .conf import settings
 from .keys import canonical_json, resolve_identity
-from .lifecycle import Claim, ClaimOutcome, api, transitions
+from .lifecycle import api, transitions
+from .lifecycle.api import ClaimOutcome
+from .lifecycle.claim import Claim
 from .status import TERMINAL, Outcome, Status
 from .store import DbNow, DbNowPlus, get_store
 

@@ -37,7 +37,8 @@ from . import outages, routing
 from .conf import settings
 from .exceptions import StaleClaim
 from .keys import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
-from .lifecycle import Claim, claim_next, default_owner
+from .lifecycle.api import claim_next, default_owner
+from .lifecycle.claim import Claim
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute
 from .models import Task
 from .status import Status

@@ -39,7 +39,7 @@ from ..keys import (
 from ..status import Status
 from ..store.rows import Claimed, Moved, NewTask, TaskRow
 from . import transitions, visits
-from .handle import Claim, claim_next_in
+from .claim import Claim, claim_next_in
 from .transitions import to_task
 
 

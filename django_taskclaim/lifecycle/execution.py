@@ -40,7 +40,7 @@ from django.db import DataError, transaction
 from ..conf import settings
 from ..exceptions import InvalidResult, StaleClaim, TaskBusy, TaskClaimError, TaskFailed
 from ..status import TERMINAL, Status
-from .handle import Claim
+from .claim import Claim
 from .transitions import in_transaction, task_model
 
 logger = logging.getLogger("django_taskclaim")

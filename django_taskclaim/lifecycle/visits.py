@@ -21,7 +21,7 @@ from django.db import connections
 
 from .. import routing
 from ..exceptions import DatabaseUnreachable, StaleClaim
-from .handle import Claim
+from .claim import Claim
 
 logger = logging.getLogger("django_taskclaim")
 

@@ -263,7 +263,7 @@ def test_requeued_names_the_row_and_the_message_apart() -> None:
 def test_requeue_lost_records_each_resend_and_a_second_sweep_sends_nothing() -> None:
     """Each re-send is recorded (send count, ``updated_at`` from the database clock) by the guarded
     ``requeue`` transition before its message goes out; the next sweep finds nothing lost."""
-    from django_taskclaim.lifecycle import reclaim_expired_rows
+    from django_taskclaim.claims import reclaim_expired_rows
 
     # kombu's in-process transport; not made Celery's current app, which shared tasks (and the
     # bridge, without app=) resolve to for the rest of the process.

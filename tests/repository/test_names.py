@@ -1,0 +1,71 @@
+"""One name per concept (issue 31): modules named for what they hold, one public import path for
+the claim API beside the manager (``django_taskclaim.claims``), no shims of the unreleased 0.1.0.
+
+Read from the source with ``ast`` and regular expressions: nothing of the package is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "django_taskclaim"
+#: Where users learn the import paths: the tests, the example, the benchmarks, the docs.
+READERS = ("tests", "example_project", "benchmarks", "devtools")
+
+
+def defined(path: Path) -> set[str]:
+    """The top-level names a module defines (functions, classes, assignments)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def claim_api() -> set[str]:
+    """The names ``django_taskclaim.claims`` hands on (its ``__all__``)."""
+    tree = ast.parse((PACKAGE / "claims.py").read_text())
+    [names] = [ast.literal_eval(n.value) for n in tree.body
+               if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)]
+    return set(names)
+
+
+def test_the_claim_lives_in_lifecycle_claim() -> None:
+    assert not (PACKAGE / "lifecycle" / "handle.py").exists()
+    assert "Claim" in defined(PACKAGE / "lifecycle" / "claim.py")
+
+
+def test_lifecycle_package_hands_on_nothing() -> None:
+    """``lifecycle`` is internal: its ``__init__`` re-exports nothing, so no second path to ``Claim``."""
+    tree = ast.parse((PACKAGE / "lifecycle" / "__init__.py").read_text())
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)
+               and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    assert imports == []
+
+
+def imports_of_claim_api(text: str, path: str) -> list[str]:
+    """Each ``from django_taskclaim.X import name`` of a claim API name where X is not ``claims``."""
+    api = claim_api()
+    found = []
+    for match in re.finditer(r"from (django_taskclaim[\w.]*) import (?:\(([\w, \n]+)\)|([\w, ]+))", text):
+        module, names = match[1], {n.strip() for n in (match[2] or match[3]).replace("\n", ",").split(",")}
+        if module not in ("django_taskclaim.claims", "django_taskclaim.models") and names & api:
+            found.append(f"{path}: from {module} import {', '.join(sorted(names & api))}")
+    return found
+
+
+def test_one_import_path_for_the_claim_api() -> None:
+    """The tests, example, benchmarks and docs import the claim API from ``django_taskclaim.claims``."""
+    files = [p for d in READERS for p in (ROOT / d).rglob("*.py")]
+    files += [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    found = [hit for p in files if p.name != "test_names.py"
+             for hit in imports_of_claim_api(p.read_text(), str(p.relative_to(ROOT)))]
+    assert found == []
