@@ -20,7 +20,7 @@ from .lifecycle.claim import Claim
 from .lifecycle.execution import aexecute, arun_by_key, check_on_busy, execute, run_by_key
 
 if TYPE_CHECKING:
-    from .keys import TaskKey
+    from .identity import TaskKey
 
 T = TypeVar("T")
 

@@ -36,12 +36,12 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from . import outages, routing
 from .conf import settings
 from .exceptions import StaleClaim
-from .keys import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
 from .lifecycle.api import claim_next, default_owner
 from .lifecycle.claim import Claim
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute
 from .models import Task
 from .status import Status
+from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
 
 logger = logging.getLogger("django_taskclaim")
 

@@ -51,7 +51,8 @@ from ..execution import (
     execute,
     run_by_key,
 )
-from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
+from ..identity import MAX_KEY_LENGTH, TaskKey, validate_key
+from ..values import lease_seconds
 
 __all__ = ["claimed_node", "current_claim", "node_identity"]
 

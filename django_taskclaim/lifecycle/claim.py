@@ -18,19 +18,11 @@ from django.db import connections, transaction
 from .. import signals
 from ..conf import settings
 from ..exceptions import InvalidArgument, InvalidResult, StaleClaim, TaskClaimError
-from ..keys import (
-    DEFAULT_QUEUE,
-    clean_text,
-    lease_seconds,
-    positive_int,
-    queue_names,
-    resolve_identity,
-    to_json,
-    validate_text,
-)
+from ..identity import resolve_identity
 from ..routing import UNREACHABLE, route, unreachable
 from ..status import Status
 from ..store.rows import Claimed, Start, TaskRow
+from ..values import DEFAULT_QUEUE, clean_text, lease_seconds, positive_int, queue_names, to_json, validate_text
 from . import transitions
 from .keepalive import KeepaliveMixin
 from .readonly import writes_only_to

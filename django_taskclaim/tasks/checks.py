@@ -12,8 +12,8 @@ from django.db import DEFAULT_DB_ALIAS
 from ..checkspec import spec
 from ..conf import settings
 from ..exceptions import InvalidArgument, TaskClaimError
-from ..keys import lease_seconds, positive_int
 from ..retries import Backoff
+from ..values import lease_seconds, positive_int
 from .compat import FRAMEWORK
 from .identity import import_grace
 

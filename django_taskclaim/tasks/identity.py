@@ -13,8 +13,9 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ..exceptions import InvalidArgument
-from ..keys import TaskKey, canonical_json, lease_seconds, positive_int
+from ..identity import TaskKey
 from ..retries import Backoff
+from ..values import canonical_json, lease_seconds, positive_int
 from .compat import normalize_json
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -10,6 +10,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "django_taskclaim"
@@ -69,3 +71,28 @@ def test_one_import_path_for_the_claim_api() -> None:
     found = [hit for p in files if p.name != "test_names.py"
              for hit in imports_of_claim_api(p.read_text(), str(p.relative_to(ROOT)))]
     assert found == []
+
+
+IDENTITY = {"TaskKey", "validate_key", "validate_tenant", "validate_owner", "resolve_identity", "MAX_KEY_LENGTH",
+            "MAX_TENANT_LENGTH", "MAX_OWNER_LENGTH"}
+VALUES = {"lease_seconds", "max_lease", "MIN_LEASE", "positive_int", "validate_text", "clean_text", "to_json",
+          "canonical_json", "payload_json", "fingerprint", "json_encoder", "queue_names", "valid_priority"}
+
+
+def test_identity_and_values_apart() -> None:
+    """Who a task is (key, tenant, owner) and what a stored value may be are two modules."""
+    assert not (PACKAGE / "keys.py").exists()
+    identity, values = defined(PACKAGE / "identity.py"), defined(PACKAGE / "values.py")
+    assert identity >= IDENTITY and not IDENTITY & values
+    assert values >= VALUES and not VALUES & identity
+
+
+@pytest.mark.parametrize("module", ["keys", "aio", "runner", "lifecycle/handle"])
+def test_no_module_of_an_old_name(module: str) -> None:
+    """The shims of the unreleased 0.1.0 are gone, and nothing names the old modules."""
+    assert not (PACKAGE / f"{module}.py").exists()
+    dotted = "django_taskclaim." + module.replace("/", ".")
+    files = [p for d in ("django_taskclaim", *READERS) for p in (ROOT / d).rglob("*.py")]
+    files += [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    naming = re.compile(rf"{re.escape(dotted)}\b")
+    assert [str(p) for p in files if p.name != "test_names.py" and naming.search(p.read_text())] == []

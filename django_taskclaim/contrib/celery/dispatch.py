@@ -19,7 +19,7 @@ from django.utils import timezone
 from ...claims import Moved, ensure_task
 from ...conf import settings
 from ...exceptions import InvalidTaskKey
-from ...keys import TaskKey, resolve_identity
+from ...identity import TaskKey, resolve_identity
 from ...status import Status
 from .app import celery_app
 from .options import ClaimOptions

@@ -28,8 +28,9 @@ from ...execution import (
     record_failure,
     run_by_key,
 )
-from ...keys import TaskKey, lease_seconds, positive_int
+from ...identity import TaskKey
 from ...status import Status
+from ...values import lease_seconds, positive_int
 from .broker import consumer_timeout, visibility_timeout
 from .options import ON_BUSY, ClaimOptions, KeySpec, _check_template, register
 
