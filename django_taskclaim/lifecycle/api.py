@@ -163,7 +163,7 @@ def ensure_many(
     queue, priority, run_after = queue_name(queue), valid_priority(priority), valid_run_after(run_after)
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
-    # Each task goes to its tenant's database (TASKCLAIM_ROUTER), the rows given back in the
+    # Each task goes to its tenant's database (TASKCLAIM_ROUTER), the rows returned in the
     # order of ``tasks``.
     batches: dict[str, list[NewTask]] = {}
     for key, tenant, payload in tasks:

@@ -397,7 +397,7 @@ class Claim(KeepaliveMixin):
         return status
 
     def release(self, *, delay: float | timedelta | None = None, reason: str | None = None) -> None:
-        """Give the task back untouched: PENDING again, and this attempt does not count (a reserved
+        """Release the task untouched: PENDING again, and this attempt does not count (a reserved
         claim, never started, counted none). ``delay``: a queued task is not handed out again
         before that many seconds; ``reason``: why, kept as the task's ``error`` for operators."""
         wait = None if delay is None else _delay(delay)
@@ -406,7 +406,7 @@ class Claim(KeepaliveMixin):
             self._finishing_write("release", lambda holder, *_: transitions.unreserve(holder))
             self.reserved = False
         else:
-            self.start()  # a reserved one: its release then gives back the attempt it counted
+            self.start()  # a reserved one: its release then uncounts the attempt it counted
             self._finishing_write("release", lambda holder, start=None: transitions.release(holder, start, wait, why))
         logger.info("task released: %s", self.named(), extra=self.log_extra())
         transitions.send(self.using, signals.task_released, claim=self, key=self.key, tenant=self.tenant)

@@ -87,7 +87,7 @@ class ClaimBackend(BaseTaskBackend):
 
     @property
     def import_grace(self) -> float:
-        """Seconds after a task's enqueue during which a worker that cannot import it gives it back
+        """Seconds after a task's enqueue during which a worker that cannot import it releases it
         uncharged (``OPTIONS["IMPORT_GRACE"]``, default 600); past them it ends FAILED."""
         return import_grace(self.options.get("IMPORT_GRACE"))
 

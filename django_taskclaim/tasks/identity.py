@@ -29,7 +29,7 @@ RUN_AGAIN = "run_again"
 AFTER_FAILURE = (REUSE, RUN_AGAIN)
 
 #: Seconds after its enqueue (or its ``run_after``) during which a task that a worker cannot import
-#: is given back uncharged rather than failed: ``OPTIONS["IMPORT_GRACE"]``'s default. A rolling
+#: is released uncharged rather than failed: ``OPTIONS["IMPORT_GRACE"]``'s default. A rolling
 #: deploy's workers of the previous release meet the new release's tasks for about that long.
 IMPORT_GRACE = 600.0
 

@@ -96,3 +96,31 @@ def test_no_module_of_an_old_name(module: str) -> None:
     files += [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
     naming = re.compile(rf"{re.escape(dotted)}\b")
     assert [str(p) for p in files if p.name != "test_names.py" and naming.search(p.read_text())] == []
+
+
+#: Identifiers of a second word for a concept that has one (docs/concepts.md, "Glossary"): giving a
+#: claim back is *release* (``Claim.release()``), a refused owner is *fenced off* (``FENCED_OFF``).
+SECOND_WORDS = {"give_back", "given_back", "_give_back", "Fenced"}
+
+
+def identifiers(tree: ast.AST) -> set[str]:
+    """Every name a module defines or uses: names, attributes, arguments, keywords, definitions."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.arg | ast.keyword) and node.arg:
+            found.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.alias):
+            found.add(node.asname or node.name)
+    return found
+
+
+def test_one_word_per_concept_in_the_package() -> None:
+    found = {f"{p.relative_to(ROOT)}: {name}" for p in PACKAGE.rglob("*.py")
+             for name in identifiers(ast.parse(p.read_text(), str(p))) & SECOND_WORDS}
+    assert sorted(found) == []

@@ -21,7 +21,7 @@ from ...exceptions import StaleClaim, TaskFailed
 from ...execution import (
     FENCED_OFF,
     WAIT,
-    Fenced,
+    FencedOff,
     Policy,
     current_claim_or_none,
     execute,
@@ -52,8 +52,8 @@ def _recorded(error: BaseException) -> BaseException | str:
 
 
 # Celery retries what it decides to (autoretry and self.retry() raise Retry); any other error
-# is final. Ignore gives the task back untouched, as a shutdown does.
-POLICY = Policy(retry=_retries, give_back=(Ignore,), error=_recorded)
+# is final. Ignore releases the claim untouched, as a shutdown does.
+POLICY = Policy(retry=_retries, release_on=(Ignore,), error=_recorded)
 
 
 class ClaimedTask(celery.Task):
@@ -104,7 +104,7 @@ class ClaimedTask(celery.Task):
         def run(claim: Claim) -> Any:
             executed = execute(claim, self.run, args, kwargs, policy=POLICY)
             if executed.ending == FENCED_OFF:
-                return Fenced(claim)  # another worker took over: from here on a duplicate
+                return FencedOff(claim)  # another worker took over: from here on a duplicate
             if executed.by_body and executed.ending == Status.SUCCEEDED and executed.error is None:
                 return claim.completed_with  # the body completed inside self.claim.fenced()
             return executed.outcome()
