@@ -124,3 +124,16 @@ def test_one_word_per_concept_in_the_package() -> None:
     found = {f"{p.relative_to(ROOT)}: {name}" for p in PACKAGE.rglob("*.py")
              for name in identifiers(ast.parse(p.read_text(), str(p))) & SECOND_WORDS}
     assert sorted(found) == []
+
+
+def test_the_glossary_names_each_concept_once() -> None:
+    """docs/concepts.md's glossary: one row per concept, each with the public names carrying it."""
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    glossary = text[text.index("## Glossary"):]
+    concepts = re.findall(r"^\| ([^|]+?) \| \*\*([^*]+)\*\* \|", glossary, re.MULTILINE)
+    words = [word for _, word in concepts]
+    assert len(words) == len(set(words)) >= 10
+    for concept, carriers in (("Fenced off", "`StaleClaim`"), ("Release", "`Claim.release()`"),
+                              ("Runner", "`TaskRunner`"), ("Claim", "`django_taskclaim.claims`")):
+        [row] = [line for line in glossary.splitlines() if line.startswith(f"| {concept} |")]
+        assert carriers in row
