@@ -244,12 +244,12 @@ def test_requeue_after_needs_requeue() -> None:
         call_command("taskclaim_reclaim", "--requeue-after", "5")
 
 
-def test_enqueued_task_id_is_a_deprecated_name_of_celery_id() -> None:
+def test_enqueued_names_the_message_celery_id_only() -> None:
+    """``task_id`` names a row's primary key elsewhere (``Claim.task_id``): ``Enqueued`` has no such name."""
     with transaction.atomic():
         handle = enqueue_once(work, key="work-e", args=("e",), task_id="msg-e")
         assert handle.celery_id == "msg-e" == Task.objects.get(key="work-e").dispatch["task_id"]
-        with pytest.warns(DeprecationWarning, match="use Enqueued.celery_id"):
-            assert handle.task_id == "msg-e"
+        assert not hasattr(handle, "task_id")
         transaction.set_rollback(True)  # publish nothing: no broker here
 
 

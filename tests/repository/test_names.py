@@ -137,3 +137,10 @@ def test_the_glossary_names_each_concept_once() -> None:
                               ("Runner", "`TaskRunner`"), ("Claim", "`django_taskclaim.claims`")):
         [row] = [line for line in glossary.splitlines() if line.startswith(f"| {concept} |")]
         assert carriers in row
+
+
+def test_nothing_deprecated_before_the_first_release() -> None:
+    """0.1.0 is unreleased: an old name is removed, not kept beside the new one with a warning."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in PACKAGE.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"(?i)\bdeprecat", line)]
+    assert found == []
