@@ -13,14 +13,14 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 __all__ = ["TaskKey", "arun_once", "run_once"]
 
 if TYPE_CHECKING:
-    from .keys import TaskKey
+    from .identity import TaskKey
     from .once import arun_once, run_once
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that importing the package does not import models before apps are ready.
     if name == "TaskKey":
-        from .keys import TaskKey
+        from .identity import TaskKey
 
         return TaskKey
     if name == "arun_once":

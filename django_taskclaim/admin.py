@@ -30,7 +30,7 @@ from django.utils.translation import ngettext
 from . import contrib, outages, routing
 from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
-from .lifecycle import reclaim_expired_rows
+from .lifecycle.api import reclaim_expired_rows
 from .models import HELD_REASON, Attempt, Task, TaskQuerySet, held_ids
 from .store import DbNow, get_store
 

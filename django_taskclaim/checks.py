@@ -23,7 +23,7 @@ from . import store
 from .checkspec import spec
 from .conf import settings
 from .exceptions import InvalidLease
-from .keys import LEASE_CEILING, MAX_INT, json_encoder, lease_seconds
+from .values import LEASE_CEILING, MAX_INT, json_encoder, lease_seconds
 
 E004 = spec("django_taskclaim.E004", "TASKCLAIM_DATABASE = {alias!r} is not in DATABASES.",
             "Set TASKCLAIM_DATABASE to one of: {aliases}.")

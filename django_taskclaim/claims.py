@@ -5,20 +5,20 @@ with the rows some of its calls return (``TaskRow`` from ``ensure_many``, ``Move
 ``reclaim_expired_rows``), so that a plug-in needs nothing from ``lifecycle`` or ``store``.
 """
 
-from .lifecycle import (
-    Claim,
+from .lifecycle.api import (
     ClaimOutcome,
     claim,
     claim_next,
-    complete_or_fail,
     default_owner,
     ensure,
     ensure_many,
     ensure_task,
-    in_transaction,
     reclaim_expired,
     reclaim_expired_rows,
 )
+from .lifecycle.claim import Claim
+from .lifecycle.execution import complete_or_fail
+from .lifecycle.transitions import in_transaction
 from .store.rows import Moved, TaskRow
 
 __all__ = [

@@ -112,7 +112,7 @@ class TaskClaimSettings:
 
     @property
     def JSON_ENCODER(self) -> object:
-        """A dotted path (or the class itself); resolved by ``keys.json_encoder()``."""
+        """A dotted path (or the class itself); resolved by ``values.json_encoder()``."""
         return self._get("JSON_ENCODER", "django.core.serializers.json.DjangoJSONEncoder")
 
     @property

@@ -8,23 +8,24 @@ live in :mod:`django_taskclaim.lifecycle.execution`, and this module gives them 
 
 - :func:`execute` / :func:`aexecute` run a body under a claim with keepalive and end the claim
   by the one rule (``conclude``); they return an :class:`Executed`. A :class:`Policy` says which
-  errors retry, which give the claim back, and whether the body's writes commit with the completion.
+  errors retry, which release the claim, and whether the body's writes commit with the completion.
 - :func:`run_by_key` / :func:`arun_by_key` are the claim-or-answer loop: claim, or answer a
   duplicate with the stored outcome (:func:`answer`), wait while another worker holds the task
-  (:func:`wait_while_busy`), claim again when it came back. A run step returns :class:`Fenced`
+  (:func:`wait_while_busy`), claim again when it came back. A run step returns :class:`FencedOff`
   when its claim was fenced off (``Executed.ending == FENCED_OFF``): from there on a duplicate.
 - :func:`current_claim` is the running body's claim, whichever integration runs it.
 """
 
 from __future__ import annotations
 
+from .lifecycle.claim import error_text
 from .lifecycle.execution import (
     FENCED_OFF,
     ON_BUSY,
     WAIT,
     EndingRolledBack,
     Executed,
-    Fenced,
+    FencedOff,
     Finish,
     Policy,
     aexecute,
@@ -40,10 +41,9 @@ from .lifecycle.execution import (
     run_by_key,
     wait_while_busy,
 )
-from .lifecycle.handle import error_text
 
 __all__ = [
-    "FENCED_OFF", "ON_BUSY", "WAIT", "EndingRolledBack", "Executed", "Fenced", "Finish", "Policy", "aexecute",
+    "FENCED_OFF", "ON_BUSY", "WAIT", "EndingRolledBack", "Executed", "FencedOff", "Finish", "Policy", "aexecute",
     "answer", "arun_by_key", "await_while_busy", "check_on_busy", "complete_or_fail", "current_claim",
     "current_claim_or_none", "error_text", "execute", "record_failure", "run_by_key", "wait_while_busy",
 ]

@@ -17,16 +17,19 @@ from django.utils.translation import gettext_lazy as _
 from . import routing
 from .compat import check_constraint
 from .conf import settings
-from .keys import canonical_json, resolve_identity
-from .lifecycle import Claim, ClaimOutcome, api, transitions
+from .identity import resolve_identity
+from .lifecycle import api, transitions
+from .lifecycle.api import ClaimOutcome
+from .lifecycle.claim import Claim
 from .status import TERMINAL, Outcome, Status
 from .store import DbNow, DbNowPlus, get_store
+from .values import canonical_json
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from datetime import datetime
 
-    from .keys import TaskKey
+    from .identity import TaskKey
     from .store.rows import TaskRow
 
 

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
-from .lifecycle import Claim, claim
+from .lifecycle.api import claim
+from .lifecycle.claim import Claim
 from .lifecycle.execution import aexecute, arun_by_key, check_on_busy, execute, run_by_key
 
 if TYPE_CHECKING:
-    from .keys import TaskKey
+    from .identity import TaskKey
 
 T = TypeVar("T")
 

@@ -36,11 +36,12 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from . import outages, routing
 from .conf import settings
 from .exceptions import StaleClaim
-from .keys import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
-from .lifecycle import Claim, claim_next, default_owner
+from .lifecycle.api import claim_next, default_owner
+from .lifecycle.claim import Claim
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute
 from .models import Task
 from .status import Status
+from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -59,8 +60,8 @@ class WorkerStats:
     fenced_off: int = 0
     #: Tasks whose end could not be written (the database out of reach): back after their lease.
     unrecorded: int = 0
-    #: Tasks given back unrun and uncharged (a Django task this worker cannot import yet).
-    given_back: int = 0
+    #: Tasks released unrun and uncharged (a Django task this worker cannot import yet).
+    released: int = 0
 
     @property
     def handled(self) -> int:
@@ -68,8 +69,8 @@ class WorkerStats:
 
     def count(self, executed: Executed) -> None:
         """Count a task by what committed: its end as written, by the handler or the worker."""
-        if executed.given_back:
-            self.add("given_back")
+        if executed.released:
+            self.add("released")
         elif executed.ending == Status.SUCCEEDED:
             self.add("succeeded")
         elif executed.ending == FENCED_OFF:
@@ -161,7 +162,7 @@ def work(
 @dataclass
 class _Budget:
     """What is left of ``max_tasks`` (``None``: no limit), shared by the lanes: each claim is paid
-    for before it is asked for, and what was not claimed is given back."""
+    for before it is asked for, and what was not claimed is refunded."""
 
     left: int | None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -174,7 +175,7 @@ class _Budget:
             self.left -= granted
             return granted
 
-    def give_back(self, unused: int) -> None:
+    def refund(self, unused: int) -> None:
         with self.lock:
             if self.left is not None:
                 self.left += unused
@@ -202,7 +203,7 @@ class _Job:
 
 def _serve_lanes(job: _Job, aliases: Sequence[str]) -> None:
     """One lane per task database, until each ends; the first error of a lane stops them all and is
-    raised once they ended (a shutdown given back, an unexpected error)."""
+    raised once they ended (a shutdown, whose claim is released; an unexpected error)."""
     errors: list[BaseException] = []
 
     def lane(alias: str) -> None:
@@ -254,7 +255,7 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 except _UNREACHABLE as exc:
                     outages.down(alias, exc)  # said once per change, not on every poll
                     drained = False
-                job.budget.give_back(room - len(claims))
+                job.budget.refund(room - len(claims))
                 if drained:
                     break
                 if not claims:
@@ -266,20 +267,20 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 claim.then_start(claims[0] if claims and not stop.is_set() else None)
                 previous = claim
                 done = _run(runner, claim, stats, _finisher(more, job.tenant, job.queues, runner.path))
-                job.budget.give_back(more - len(done))
+                job.budget.refund(more - len(done))
                 claims += done
             if job.budget.spent() and not claims:
                 break
-    finally:  # stopped (or interrupted) with claims in hand: give them back untouched
-        _give_back(claims, previous)
+    finally:  # stopped (or interrupted) with claims in hand: release them untouched
+        _release_all(claims, previous)
 
 
-def _give_back(claims: list[Claim], previous: Claim | None) -> None:
+def _release_all(claims: list[Claim], previous: Claim | None) -> None:
     """Release the claims a stopping worker holds and did not run; the first may have been started
-    by the ending of ``previous`` (then its release gives back the attempt that start counted)."""
+    by the ending of ``previous`` (then its release uncounts the attempt that start counted)."""
     for left in claims:
         if left.started_by(previous) is False:
-            continue  # taken over meanwhile, or its start is not known: not ours to give back
+            continue  # taken over meanwhile, or its start is not known: not ours to release
         previous = None
         with suppress(StaleClaim, *_UNREACHABLE):
             left.release()
@@ -328,9 +329,9 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
         stats.add("unrecorded")
         return []
     stats.count(executed)
-    if executed.given_back and not isinstance(executed.error, Exception):
+    if executed.released and not isinstance(executed.error, Exception):
         raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops
-    if executed.error is not None and executed.ending != FENCED_OFF and not executed.given_back:
+    if executed.error is not None and executed.ending != FENCED_OFF and not executed.released:
         logger.warning("task handler failed: %s", claim.named(), exc_info=executed.error, extra=claim.log_extra())
     return executed.next_claims
 

@@ -51,7 +51,8 @@ from ..execution import (
     execute,
     run_by_key,
 )
-from ..keys import MAX_KEY_LENGTH, TaskKey, lease_seconds, validate_key
+from ..identity import MAX_KEY_LENGTH, TaskKey, validate_key
+from ..values import lease_seconds
 
 __all__ = ["claimed_node", "current_claim", "node_identity"]
 
@@ -69,7 +70,7 @@ CHECKPOINTER, CHECKPOINT_MAP = "__pregel_checkpointer", "checkpoint_map"
 
 # interrupt() (or a Command to the parent graph): the node runs again on resume, so giving the
 # claim back does not spend an attempt. A failure is recorded, PENDING while attempts remain.
-POLICY = Policy(give_back=(GraphBubbleUp,))
+POLICY = Policy(release_on=(GraphBubbleUp,))
 
 
 def node_identity(config: RunnableConfig, version: str = "", *, forks: int = 0) -> TaskKey:

@@ -19,11 +19,12 @@ from django.db import connections, transaction
 from .. import outages, routing
 from ..conf import settings
 from ..exceptions import InvalidArgument, PayloadMismatch, TaskClaimError
-from ..keys import (
+from ..identity import TaskKey, resolve_identity, validate_owner
+from ..status import Status
+from ..store.rows import Claimed, Moved, NewTask, TaskRow
+from ..values import (
     DEFAULT_QUEUE,
-    MAX_OWNER_LENGTH,
     MAX_PATH_LENGTH,
-    TaskKey,
     canonical_json,
     fingerprint_of,
     lease_seconds,
@@ -31,15 +32,12 @@ from ..keys import (
     positive_int,
     queue_name,
     queue_names,
-    resolve_identity,
     valid_priority,
     valid_run_after,
     validate_text,
 )
-from ..status import Status
-from ..store.rows import Claimed, Moved, NewTask, TaskRow
 from . import transitions, visits
-from .handle import Claim, claim_next_in
+from .claim import Claim, claim_next_in
 from .transitions import to_task
 
 
@@ -81,7 +79,7 @@ class ClaimOutcome:
 
 
 def _owner(owner: str | None) -> str:
-    return validate_text(owner, "owner", MAX_OWNER_LENGTH) if owner else default_owner()
+    return validate_owner(owner) if owner else default_owner()
 
 
 def _max_attempts(value: int | None) -> int:
@@ -165,7 +163,7 @@ def ensure_many(
     queue, priority, run_after = queue_name(queue), valid_priority(priority), valid_run_after(run_after)
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
-    # Each task goes to its tenant's database (TASKCLAIM_ROUTER), the rows given back in the
+    # Each task goes to its tenant's database (TASKCLAIM_ROUTER), the rows returned in the
     # order of ``tasks``.
     batches: dict[str, list[NewTask]] = {}
     for key, tenant, payload in tasks:
@@ -223,7 +221,7 @@ def claim(
     key, tenant = resolve_identity(key, tenant)
     seconds = lease_seconds(lease)
     owner = _owner(owner)
-    validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
+    validate_owner(delivery_id, "delivery_id")
     using = routing.route(tenant, using)
     stored = payload_json(payload)
     fp = fingerprint_of(stored)
@@ -293,7 +291,7 @@ def claim_next(
         raise InvalidArgument(
             f"path must be '' (work for a handler) or '*' (tasks that name their callable), not {path!r}")
     owner = _owner(owner)
-    validate_text(delivery_id, "delivery_id", MAX_OWNER_LENGTH)
+    validate_owner(delivery_id, "delivery_id")
     if tenant is not None:
         visit: Sequence[str] = (routing.route(tenant, using),)
     else:

@@ -15,7 +15,7 @@ How a body's end decides the claim's (:func:`conclude`, written once, sync; the 
   with it rolled back too): ``EndingRolledBack``.
 - **It raised**: the failure is recorded, back to PENDING while attempts remain when the
   policy retries it, and the error goes back to the caller. A shutdown or a cancellation
-  (``BaseException`` that is not an ``Exception``), and the policy's ``give_back``
+  (``BaseException`` that is not an ``Exception``), and the policy's ``release_on``
   exceptions, release the claim untouched.
 - **It was fenced off** (a heartbeat or one of its own writes refused: another worker took
   over): nothing is written.
@@ -40,7 +40,7 @@ from django.db import DataError, transaction
 from ..conf import settings
 from ..exceptions import InvalidResult, StaleClaim, TaskBusy, TaskClaimError, TaskFailed
 from ..status import TERMINAL, Status
-from .handle import Claim
+from .claim import Claim
 from .transitions import in_transaction, task_model
 
 logger = logging.getLogger("django_taskclaim")
@@ -68,9 +68,9 @@ class Policy:
     #: Whether a failure goes back to PENDING while attempts remain (a bool, or a callable of
     #: the exception).
     retry: bool | Callable[[BaseException], bool] = True
-    #: Exceptions that give the claim back untouched (an interrupt: the work was put off, not
+    #: Exceptions that release the claim untouched (an interrupt: the work was put off, not
     #: failed). Shutdowns and cancellations always do.
-    give_back: tuple[type[BaseException], ...] = ()
+    release_on: tuple[type[BaseException], ...] = ()
     #: Run the body and the completion in one ``claim.fenced()`` transaction: the body's
     #: writes commit with the completion, once, or not at all.
     atomic: bool = False
@@ -87,8 +87,8 @@ class Policy:
         return self.error(error) if self.error is not None else error
 
     def gives_back(self, error: BaseException) -> bool:
-        """Whether ``error`` releases the claim: a shutdown or cancellation, or a ``give_back`` one."""
-        if isinstance(error, self.give_back):
+        """Whether ``error`` releases the claim: a shutdown or cancellation, or a ``release_on`` one."""
+        if isinstance(error, self.release_on):
             return True
         return not isinstance(error, Exception) and not isinstance(error, self.failures)
 
@@ -121,8 +121,8 @@ class Executed:
     by_body: bool = False
     #: The claims the completion made (``finish`` of a queue worker).
     next_claims: list[Claim] = field(default_factory=list)
-    #: Whether the claim was given back untouched (a shutdown, a ``give_back`` exception).
-    given_back: bool = False
+    #: Whether the claim was released untouched (a shutdown, a ``release_on`` exception).
+    released: bool = False
 
     @property
     def returned(self) -> bool:
@@ -237,7 +237,7 @@ def conclude(
             if storing and isinstance(raised, InvalidResult | DataError):
                 return Executed(claim, record_failure(claim, policy.recorded(raised), retry=False), value, raised)
             if policy.gives_back(raised):
-                return Executed(claim, _release(claim), value, raised, given_back=True)
+                return Executed(claim, _release(claim), value, raised, released=True)
             retry = policy.retries(raised)
             status = record_failure(claim, policy.recorded(raised), retry=retry,
                                     delay=policy.retry_delay(claim, raised) if retry else None)
@@ -344,7 +344,7 @@ async def await_while_busy(task: Any) -> Any:
 
 
 # -- by key: claim, or answer a duplicate -----------------------------------------------------
-class Fenced:
+class FencedOff:
     """What a run step returns when its claim was fenced off: from there on a duplicate."""
 
     def __init__(self, claim: Claim) -> None:
@@ -371,7 +371,7 @@ def _by_key(on_busy: str | Callable[[Any], Any]) -> Generator[Any, Any, Any]:
                 task = outcome.task
             else:
                 ran = yield outcome.claim
-                if not isinstance(ran, Fenced):
+                if not isinstance(ran, FencedOff):
                     return ran
                 task = yield ran  # read the task a newer owner holds now
         reply = answer(task, "wait" if callable(on_busy) else on_busy)
@@ -397,7 +397,7 @@ def _performer(
             return claim_call()
         if isinstance(step, Claim):
             return run(step)
-        if isinstance(step, Fenced):
+        if isinstance(step, FencedOff):
             return read(step.claim)
         return wait(step)
 

@@ -48,7 +48,7 @@ HELD_ROW_WAIT = 1.0
 
 
 class KeepaliveMixin:
-    """The keepalive of :class:`~django_taskclaim.lifecycle.handle.Claim`, sync and async."""
+    """The keepalive of :class:`~django_taskclaim.lifecycle.claim.Claim`, sync and async."""
 
     if TYPE_CHECKING:  # provided by Claim
         task_id: int

@@ -3,7 +3,7 @@
 Each operation opens the scope its store needs (one write transaction on SQLite), runs the
 store's guarded statement(s), and announces what changed (logs, and signals after commit).
 Owner writes return ``None``/``False`` when the token no longer owns the task: the caller
-(the :class:`~django_taskclaim.lifecycle.handle.Claim`) decides what a refusal means.
+(the :class:`~django_taskclaim.lifecycle.claim.Claim`) decides what a refusal means.
 Callers pass intent (a token, a result, a lease), never SQL.
 """
 

@@ -7,7 +7,7 @@ so a statement sent to it waits for ever. Visited on the caller's thread, such a
 stop ``claim_next()`` for the tenants of every database. Visited on a thread of its own (with a
 connection of its own, closed when the visit ends), the caller waits for it at most the deadline
 and goes on to the next database; while that visit is out, later calls skip the database at once.
-A visit that returns after its caller gave up gives back what it claimed (``release``: the attempt
+A visit that returns after its caller gave up releases what it claimed (``release``: the attempt
 is not counted), so a late claim is neither lost to a lease nor charged.
 """
 
@@ -21,7 +21,7 @@ from django.db import connections
 
 from .. import routing
 from ..exceptions import DatabaseUnreachable, StaleClaim
-from .handle import Claim
+from .claim import Claim
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -56,7 +56,7 @@ class _Visit:
                 del _out[self.alias]
         try:
             if abandoned:
-                _give_back(self.alias, self.claims)
+                _release_all(self.alias, self.claims)
         finally:
             connections.close_all()  # this thread's connections only
             self.done.set()
@@ -87,14 +87,14 @@ def visit(alias: str, call: Callable[[], list[Claim]], deadline: float) -> list[
     return found.claims
 
 
-def _give_back(alias: str, claims: list[Claim]) -> None:
+def _release_all(alias: str, claims: list[Claim]) -> None:
     """Release what a visit claimed after its caller gave up on it."""
     for claim in claims:
         try:
             claim.release()
         except (StaleClaim, *routing.UNREACHABLE) as exc:
-            # Not given back: the task comes back after its lease, by the rules.
-            logger.warning("a late claim in task database %r could not be given back: %s", alias, exc,
+            # Not released: the task comes back after its lease, by the rules.
+            logger.warning("a late claim in task database %r could not be released: %s", alias, exc,
                            extra=claim.log_extra())
 
 

@@ -11,16 +11,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_taskclaim.exceptions import InvalidArgument, InvalidLease, InvalidTaskKey
-from django_taskclaim.keys import (
-    MAX_INT,
-    MAX_OWNER_LENGTH,
-    lease_seconds,
-    queue_name,
-    validate_key,
-    validate_tenant,
-    validate_text,
-)
+from django_taskclaim.identity import validate_key, validate_owner, validate_tenant
 from django_taskclaim.status import TERMINAL
+from django_taskclaim.values import MAX_INT, lease_seconds, queue_name
 
 UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 _DURATION = re.compile(r"(\d+)([wdhms])")
@@ -74,7 +67,7 @@ def lease(text: str) -> float:
 def owner_name(text: str) -> str:
     """A worker identity the task table can store (as ``claim_next(owner=...)`` checks it)."""
     try:
-        return validate_text(text, "owner", MAX_OWNER_LENGTH)
+        return validate_owner(text)
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -184,18 +184,6 @@ class PostgreSQLStore(SQLStore):
     #: gives the same answers, at most one round trip later. A session's first claim sends this.
     first_claim = "lean"
 
-    @property
-    def next_claim(self) -> str:
-        """Deprecated: the claim hint is per session (``prepared.claim_hint``). Reads :attr:`first_claim`."""
-        return self.first_claim
-
-    @next_claim.setter
-    def next_claim(self, hint: str) -> None:
-        """Deprecated: every session, and every new one, sends ``hint`` next (use
-        ``prepared.set_claim_hint`` for one session)."""
-        prepared.forget_claim_hints()
-        self.first_claim = hint
-
     def claim_key(
         self, cursor: Any, *, tenant: str, key: str, owner: str, lease: float, payload: str | None,
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,

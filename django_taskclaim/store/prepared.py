@@ -156,11 +156,6 @@ def set_claim_hint(cursor: Any, hint: str) -> None:
     _CLAIM_HINTS[_session(cursor)] = hint
 
 
-def forget_claim_hints() -> None:
-    """Every session sends its next claim as a fresh one does."""
-    _CLAIM_HINTS.clear()
-
-
 @async_unsafe
 def cursor(db: Any) -> Any:
     """A Django cursor on ``db`` whose driver cursor binds on the server (see the module).

@@ -72,7 +72,7 @@ class Claimed(NamedTuple):
 
     ``reserved``: claimed for later and not started (a batch's tasks after its first): its attempt
     is not counted and no attempt row is open until it starts (``Store.start``), and its lease is
-    a short reservation, so that a worker that dies before starting it gives it back soon, its
+    a short reservation, so that a worker that dies before starting it releases it soon, its
     attempt count unchanged."""
 
     row: TaskRow

@@ -65,7 +65,7 @@ PENDING_STATUS = str(Status.PENDING.value)
 #: What a multi-row insert returns of each row it inserted (the rest is what it was given).
 INSERTED = 'id, tenant, "key", created_at, payload'
 EXHAUSTED_ERROR = "lease expired with no attempts left"
-# A release gives the task back untouched: this attempt does not count. Owners and operators
+# A release puts the task back to PENDING untouched: this attempt does not count. Owners and operators
 # (force-release) release alike.
 RELEASE_SET = f"status = {PENDING}, owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
 
@@ -376,7 +376,7 @@ class SQLStore:
                 for r in rows], set(rest)
 
     def unstart(self, cursor: Any, ids: Sequence[int], reserve: float) -> dict[int, datetime | None]:
-        """Claims this transaction just made, not started after all: the attempt given back, the
+        """Claims this transaction just made, not started after all: the attempt uncounted, the
         lease a reservation of ``reserve`` seconds; each one's new expiry."""
         cursor.execute(
             f"UPDATE {TASK} SET attempts = attempts - 1, lease_expires_at = {self.lease_sql()} "
@@ -590,7 +590,7 @@ class SQLStore:
         return self.to_datetime(row[0])
 
     def unreserve(self, cursor: Any, task_id: int, token: int) -> str | None:
-        """Give back a reserved claim (never started): PENDING, its attempt count unchanged."""
+        """Release a reserved claim (never started): PENDING, its attempt count unchanged."""
         return self.finish(cursor, task_id, token, f"status = {PENDING}, owner = ''", [],
                            (Outcome.RELEASED, Outcome.RELEASED), False, Status.PENDING)
 

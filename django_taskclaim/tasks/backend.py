@@ -23,9 +23,10 @@ from django.db import transaction
 from .. import outages, routing
 from ..conf import settings
 from ..exceptions import DatabaseUnreachable, InvalidTransition
-from ..keys import lease_seconds, positive_int, resolve_identity
+from ..identity import resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE, RESULT_STATUS, UNFINISHED
+from ..values import lease_seconds, positive_int
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, import_grace, options_of, same_call
 from .results import new_result, parse_result_id, result_of
@@ -86,7 +87,7 @@ class ClaimBackend(BaseTaskBackend):
 
     @property
     def import_grace(self) -> float:
-        """Seconds after a task's enqueue during which a worker that cannot import it gives it back
+        """Seconds after a task's enqueue during which a worker that cannot import it releases it
         uncharged (``OPTIONS["IMPORT_GRACE"]``, default 600); past them it ends FAILED."""
         return import_grace(self.options.get("IMPORT_GRACE"))
 

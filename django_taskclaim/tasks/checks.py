@@ -12,8 +12,8 @@ from django.db import DEFAULT_DB_ALIAS
 from ..checkspec import spec
 from ..conf import settings
 from ..exceptions import InvalidArgument, TaskClaimError
-from ..keys import lease_seconds, positive_int
 from ..retries import Backoff
+from ..values import lease_seconds, positive_int
 from .compat import FRAMEWORK
 from .identity import import_grace
 
@@ -22,7 +22,7 @@ KNOWN_OPTIONS = {
     "LEASE": "seconds a worker's claim lasts between heartbeats (default TASKCLAIM_DEFAULT_LEASE)",
     "MAX_ATTEMPTS": "claims a task may get before it ends FAILED (default TASKCLAIM_MAX_ATTEMPTS)",
     "BACKOFF": "retry backoff: a dict of Backoff's fields (default TASKCLAIM_RETRY_BACKOFF)",
-    "IMPORT_GRACE": "seconds after its enqueue during which a task a worker cannot import is given back "
+    "IMPORT_GRACE": "seconds after its enqueue during which a task a worker cannot import is released "
                     "uncharged, not failed (default 600: a rolling deploy's old workers)",
 }
 

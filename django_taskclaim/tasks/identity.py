@@ -13,8 +13,9 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ..exceptions import InvalidArgument
-from ..keys import TaskKey, canonical_json, lease_seconds, positive_int
+from ..identity import TaskKey
 from ..retries import Backoff
+from ..values import canonical_json, lease_seconds, positive_int
 from .compat import normalize_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,7 +29,7 @@ RUN_AGAIN = "run_again"
 AFTER_FAILURE = (REUSE, RUN_AGAIN)
 
 #: Seconds after its enqueue (or its ``run_after``) during which a task that a worker cannot import
-#: is given back uncharged rather than failed: ``OPTIONS["IMPORT_GRACE"]``'s default. A rolling
+#: is released uncharged rather than failed: ``OPTIONS["IMPORT_GRACE"]``'s default. A rolling
 #: deploy's workers of the previous release meet the new release's tasks for about that long.
 IMPORT_GRACE = 600.0
 

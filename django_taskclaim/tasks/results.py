@@ -110,7 +110,7 @@ def new_result(task: Any, row: StoreRow, backend: str, owner: str | None = None,
 def result_of(row: TaskRow, attempts: Iterable[Attempt], backend: str, task: Any = None) -> Any:
     """The ``TaskResult`` of a task row: its status, times, arguments, errors, workers."""
     # The attempts of this run: a task run again (RUN_AGAIN, an operator's reset) counts its
-    # attempts afresh, and a released attempt (given back untouched) never counted.
+    # attempts afresh, and a released attempt never counted.
     counted = [a for a in attempts if a.token is not None and a.outcome != Outcome.RELEASED]
     claims = counted[len(counted) - row.attempts:] if row.attempts < len(counted) else counted
     errors = [TaskError(exception_class_path=a.error_class or LOST_ATTEMPT,

@@ -67,7 +67,7 @@ class TaskRunner(Runner):
         return Policy(
             retry=True,  # while attempts remain: max_attempts was stored with the task
             # The framework records a task's SystemExit as its failure; KeyboardInterrupt
-            # stops the worker (the claim is given back).
+            # stops the worker (the claim is released).
             failures=(SystemExit,),
             error=_what_failed,
             delay=lambda claim, error: backoff.delay(claim.attempt),
@@ -107,7 +107,7 @@ class TaskRunner(Runner):
     def _not_importable(self, claim: Claim, error: Exception) -> Executed:
         """A task whose function this worker cannot import. During a rolling deploy a worker of the
         previous release meets the new release's tasks: within ``OPTIONS["IMPORT_GRACE"]`` of the
-        task's enqueue it gives the task back, its attempt not counted and not due again for a
+        task's enqueue it releases it, its attempt not counted and not due again for a
         while (a quarter of the time it has waited, 1 s to 60 s: a backoff with no state of its
         own), so that a worker that has the function runs it. Past the grace the function is gone
         (a typo, a task removed): the task ends FAILED with the import error."""
@@ -122,12 +122,12 @@ class TaskRunner(Runner):
             if waited >= self.backend.import_grace:
                 return Executed(claim, record_failure(claim, error, retry=False), error=error)
             delay = min(IMPORT_RETRY_CAP, max(1.0, waited / 4))
-            logger.warning("task %s cannot be imported here (%s): given back, not before %.0f s", claim.task_path,
+            logger.warning("task %s cannot be imported here (%s): released, not before %.0f s", claim.task_path,
                            error, delay, extra=claim.log_extra())
             claim.release(delay=delay, reason=f"cannot be imported by worker {claim.owner}: {error_text(error)}")
         except StaleClaim as exc:
             return Executed(claim, FENCED_OFF, error=exc)
-        return Executed(claim, Status.PENDING, error=error, given_back=True)
+        return Executed(claim, Status.PENDING, error=error, released=True)
 
     def _running(self, claim: Claim, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """The task's result as it starts; on a first attempt built from the claimed row alone."""

@@ -180,7 +180,7 @@ def test_a_reserving_claim_starts_only_its_first_task_and_a_death_charges_only_t
 
     from django.utils import timezone
 
-    from django_taskclaim.lifecycle.handle import RESERVATION
+    from django_taskclaim.lifecycle.claim import RESERVATION
 
     for i in range(3):
         Task.objects.ensure(f"plain{i}", queue="default", max_attempts=3)

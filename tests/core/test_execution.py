@@ -101,7 +101,7 @@ def test_a_shutdown_gives_the_claim_back_and_a_give_back_exception_too(raised: t
     def body() -> None:
         raise raised()
 
-    executed = execute(claim, body, policy=Policy(give_back=(LookupError,)))
+    executed = execute(claim, body, policy=Policy(release_on=(LookupError,)))
     assert executed.ending == "pending" and isinstance(executed.error, raised)
     task = Task.objects.get(key="job")
     assert (task.status, task.attempts) == ("pending", 0)  # released: the attempt does not count

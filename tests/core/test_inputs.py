@@ -23,8 +23,8 @@ from django_taskclaim.exceptions import (
     PayloadMismatch,
     TaskClaimError,
 )
-from django_taskclaim.keys import MIN_LEASE
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.values import MIN_LEASE
 
 pytestmark = pytest.mark.django_db
 

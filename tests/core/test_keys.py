@@ -9,7 +9,8 @@ import pytest
 
 from django_taskclaim import TaskKey
 from django_taskclaim.exceptions import InvalidLease, InvalidPayload, InvalidTaskKey
-from django_taskclaim.keys import fingerprint, lease_seconds, validate_key, validate_tenant
+from django_taskclaim.identity import validate_key, validate_tenant
+from django_taskclaim.values import fingerprint, lease_seconds
 
 
 def test_taskkey_builds_the_documented_layout() -> None:

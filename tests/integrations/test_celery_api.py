@@ -244,12 +244,12 @@ def test_requeue_after_needs_requeue() -> None:
         call_command("taskclaim_reclaim", "--requeue-after", "5")
 
 
-def test_enqueued_task_id_is_a_deprecated_name_of_celery_id() -> None:
+def test_enqueued_names_the_message_celery_id_only() -> None:
+    """``task_id`` names a row's primary key elsewhere (``Claim.task_id``): ``Enqueued`` has no such name."""
     with transaction.atomic():
         handle = enqueue_once(work, key="work-e", args=("e",), task_id="msg-e")
         assert handle.celery_id == "msg-e" == Task.objects.get(key="work-e").dispatch["task_id"]
-        with pytest.warns(DeprecationWarning, match="use Enqueued.celery_id"):
-            assert handle.task_id == "msg-e"
+        assert not hasattr(handle, "task_id")
         transaction.set_rollback(True)  # publish nothing: no broker here
 
 
@@ -263,7 +263,7 @@ def test_requeued_names_the_row_and_the_message_apart() -> None:
 def test_requeue_lost_records_each_resend_and_a_second_sweep_sends_nothing() -> None:
     """Each re-send is recorded (send count, ``updated_at`` from the database clock) by the guarded
     ``requeue`` transition before its message goes out; the next sweep finds nothing lost."""
-    from django_taskclaim.lifecycle import reclaim_expired_rows
+    from django_taskclaim.claims import reclaim_expired_rows
 
     # kombu's in-process transport; not made Celery's current app, which shared tasks (and the
     # bridge, without app=) resolve to for the rest of the process.

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from django_taskclaim.claims import ensure_many
 from django_taskclaim.exceptions import InvalidTaskKey, PayloadMismatch
-from django_taskclaim.lifecycle import ensure_many
 from django_taskclaim.models import Task
 from django_taskclaim.routing import route
 from django_taskclaim.store import get_store

@@ -1,5 +1,5 @@
-"""Reclaiming expired leases: the manager method and ``manage.py taskclaim_reclaim`` (and its
-deprecated old name, ``reclaim``)."""
+"""Reclaiming expired leases: the manager method and ``manage.py taskclaim_reclaim`` (and
+``reclaim``, the command's name in the design, the same command)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 from django.core.management import call_command
@@ -115,7 +116,7 @@ def test_every_loops_until_signalled_and_exits_cleanly(worker_env, signum) -> No
 
 
 @pytest.mark.django_db(transaction=True)
-def test_reclaim_is_a_deprecated_alias_with_the_same_options_output_and_exit_codes(worker_env) -> None:  # type: ignore[no-untyped-def]
+def test_reclaim_is_the_same_command_with_the_same_options_output_and_exit_codes(worker_env) -> None:  # type: ignore[no-untyped-def]
     expire(running("old-name"))
     new = subprocess.run([sys.executable, "-m", "django", "taskclaim_reclaim", "--dry-run", "--json"],
                          cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120)
@@ -123,16 +124,16 @@ def test_reclaim_is_a_deprecated_alias_with_the_same_options_output_and_exit_cod
                          cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120)
     assert new.returncode == old.returncode == 0, old.stderr
     assert json.loads(old.stdout) == json.loads(new.stdout)  # stdout stays one JSON document
-    assert "reclaim is deprecated" in old.stderr and "taskclaim_reclaim" in old.stderr
-    assert "deprecated" not in new.stderr
+    assert old.stderr == new.stderr and "deprecated" not in old.stderr  # the design's name: no notice
     # Usage errors: exit 2 under both names.
     for name in ("reclaim", "taskclaim_reclaim"):
         bad = subprocess.run([sys.executable, "-m", "django", name, "--requeue-after", "5"],
                              cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "--requeue-after needs --requeue" in bad.stderr, bad.stderr
-    # In-process callers get a DeprecationWarning, and the same work done.
+    # In process: the same work done, and no warning.
     out, err = io.StringIO(), io.StringIO()
-    with pytest.warns(DeprecationWarning, match="taskclaim_reclaim"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         call_command("reclaim", stdout=out, stderr=err)
     assert "reclaim: 1 expired task(s): 1 back to pending" in out.getvalue()
-    assert "deprecated" in err.getvalue()
+    assert "deprecated" not in err.getvalue()

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_taskclaim.lifecycle import Claim
+from django_taskclaim.claims import Claim
 from tests.testapp.models import Effect
 
 

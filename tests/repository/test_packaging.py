@@ -45,7 +45,7 @@ def test_the_wheel_holds_what_the_app_needs(wheel_files: list[str]) -> None:
     assert "django_taskclaim/migrations/0001_initial.py" in names
     assert "django_taskclaim/management/commands/taskclaim_worker.py" in names
     assert "django_taskclaim/management/commands/taskclaim_reclaim.py" in names
-    assert "django_taskclaim/management/commands/reclaim.py" in names  # the deprecated alias
+    assert "django_taskclaim/management/commands/reclaim.py" in names  # the design's name of taskclaim_reclaim
     assert "django_taskclaim/templates/admin/django_taskclaim/task/queues.html" in names  # the admin's pages
     assert any(n.startswith("django_taskclaim/store/") for n in names)
     assert any(n.startswith("django_taskclaim/contrib/celery/") for n in names)

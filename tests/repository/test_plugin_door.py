@@ -102,7 +102,7 @@ def test_the_door_sees_every_form_of_a_forbidden_import() -> None:
         "from django_taskclaim.lifecycle.execution import execute\n"
         "from ...lifecycle import Claim\n"
         "from ... import store\n"
-        "from ...keys import _private\n"
+        "from ...identity import _private\n"
         "from .options import _own\n"  # the plug-in's own private name: allowed
         "claim._core_only()\n"
     )

@@ -4,7 +4,6 @@ and ``requeue_lost`` (publish again the messages of tasks nobody is going to run
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +18,7 @@ from django.utils import timezone
 from ...claims import Moved, ensure_task
 from ...conf import settings
 from ...exceptions import InvalidTaskKey
-from ...keys import TaskKey, resolve_identity
+from ...identity import TaskKey, resolve_identity
 from ...status import Status
 from .app import celery_app
 from .options import ClaimOptions
@@ -45,12 +44,6 @@ class Enqueued:
     celery_id: str  # the id of the Celery message (the ``AsyncResult`` id), not the row's
     sent: bool = False
     error: BaseException | None = None
-
-    @property
-    def task_id(self) -> str:
-        """Deprecated name of :attr:`celery_id`: elsewhere ``task_id`` is a row's primary key (``Claim.task_id``)."""
-        warnings.warn("Enqueued.task_id is deprecated: use Enqueued.celery_id", DeprecationWarning, stacklevel=2)
-        return self.celery_id
 
     @property
     def status(self) -> str:

@@ -13,7 +13,7 @@ from django.conf import settings as django_settings
 
 from ...conf import settings
 from ...exceptions import InvalidTaskKey
-from ...keys import TaskKey, resolve_identity
+from ...identity import TaskKey, resolve_identity
 from .app import import_task_modules, project_app
 
 ON_BUSY = ("retry", "skip", "wait")

@@ -21,15 +21,16 @@ from ...exceptions import StaleClaim, TaskFailed
 from ...execution import (
     FENCED_OFF,
     WAIT,
-    Fenced,
+    FencedOff,
     Policy,
     current_claim_or_none,
     execute,
     record_failure,
     run_by_key,
 )
-from ...keys import TaskKey, lease_seconds, positive_int
+from ...identity import TaskKey
 from ...status import Status
+from ...values import lease_seconds, positive_int
 from .broker import consumer_timeout, visibility_timeout
 from .options import ON_BUSY, ClaimOptions, KeySpec, _check_template, register
 
@@ -51,8 +52,8 @@ def _recorded(error: BaseException) -> BaseException | str:
 
 
 # Celery retries what it decides to (autoretry and self.retry() raise Retry); any other error
-# is final. Ignore gives the task back untouched, as a shutdown does.
-POLICY = Policy(retry=_retries, give_back=(Ignore,), error=_recorded)
+# is final. Ignore releases the claim untouched, as a shutdown does.
+POLICY = Policy(retry=_retries, release_on=(Ignore,), error=_recorded)
 
 
 class ClaimedTask(celery.Task):
@@ -103,7 +104,7 @@ class ClaimedTask(celery.Task):
         def run(claim: Claim) -> Any:
             executed = execute(claim, self.run, args, kwargs, policy=POLICY)
             if executed.ending == FENCED_OFF:
-                return Fenced(claim)  # another worker took over: from here on a duplicate
+                return FencedOff(claim)  # another worker took over: from here on a duplicate
             if executed.by_body and executed.ending == Status.SUCCEEDED and executed.error is None:
                 return claim.completed_with  # the body completed inside self.claim.fenced()
             return executed.outcome()

@@ -1,25 +1,14 @@
-"""``manage.py reclaim``: the deprecated name of ``taskclaim_reclaim`` (same options, output and
-exit codes), kept so that existing cron jobs and scripts keep working."""
+"""``manage.py reclaim``: the command's name in the design, the same command as
+``taskclaim_reclaim`` (same options, output and exit codes), whose ``taskclaim_`` prefix it
+shares with the app's other commands."""
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from django_taskclaim.management.commands import taskclaim_reclaim
-
-NOTICE = "manage.py reclaim is deprecated and will be removed: use manage.py taskclaim_reclaim (same options)"
 
 
 class Command(taskclaim_reclaim.Command):
-    help = f"Deprecated: use taskclaim_reclaim. {taskclaim_reclaim.Command.help}"
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        # On stderr (the stream execute() set up, captured by call_command), so that --json
-        # output on stdout stays one document.
-        warnings.warn(NOTICE, DeprecationWarning, stacklevel=1)
-        self.stderr.write(NOTICE)
-        super().handle(*args, **options)
+    help = f"The same command as taskclaim_reclaim. {taskclaim_reclaim.Command.help}"
 
 
 __all__ = ["Command"]

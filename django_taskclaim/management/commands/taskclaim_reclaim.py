@@ -10,7 +10,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import close_old_connections, connections
 
 from django_taskclaim import outages, routing
-from django_taskclaim.lifecycle import reclaim_expired_rows
+from django_taskclaim.lifecycle.api import reclaim_expired_rows
 from django_taskclaim.management.arguments import positive_int, positive_seconds
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Task, held_ids

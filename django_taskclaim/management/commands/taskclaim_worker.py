@@ -15,7 +15,6 @@ from django.utils.module_loading import import_string
 
 from django_taskclaim import routing
 from django_taskclaim.exceptions import InvalidArgument, TaskClaimError
-from django_taskclaim.keys import MIN_LEASE
 from django_taskclaim.management.arguments import (
     lease,
     owner_name,
@@ -25,6 +24,7 @@ from django_taskclaim.management.arguments import (
     tenant_name,
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
+from django_taskclaim.values import MIN_LEASE
 from django_taskclaim.worker import work
 from django_taskclaim.worker_runners import runner_without_handler
 

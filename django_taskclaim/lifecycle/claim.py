@@ -18,19 +18,11 @@ from django.db import connections, transaction
 from .. import signals
 from ..conf import settings
 from ..exceptions import InvalidArgument, InvalidResult, StaleClaim, TaskClaimError
-from ..keys import (
-    DEFAULT_QUEUE,
-    clean_text,
-    lease_seconds,
-    positive_int,
-    queue_names,
-    resolve_identity,
-    to_json,
-    validate_text,
-)
+from ..identity import resolve_identity
 from ..routing import UNREACHABLE, route, unreachable
 from ..status import Status
 from ..store.rows import Claimed, Start, TaskRow
+from ..values import DEFAULT_QUEUE, clean_text, lease_seconds, positive_int, queue_names, to_json, validate_text
 from . import transitions
 from .keepalive import KeepaliveMixin
 from .readonly import writes_only_to
@@ -405,7 +397,7 @@ class Claim(KeepaliveMixin):
         return status
 
     def release(self, *, delay: float | timedelta | None = None, reason: str | None = None) -> None:
-        """Give the task back untouched: PENDING again, and this attempt does not count (a reserved
+        """Release the task untouched: PENDING again, and this attempt does not count (a reserved
         claim, never started, counted none). ``delay``: a queued task is not handed out again
         before that many seconds; ``reason``: why, kept as the task's ``error`` for operators."""
         wait = None if delay is None else _delay(delay)
@@ -414,7 +406,7 @@ class Claim(KeepaliveMixin):
             self._finishing_write("release", lambda holder, *_: transitions.unreserve(holder))
             self.reserved = False
         else:
-            self.start()  # a reserved one: its release then gives back the attempt it counted
+            self.start()  # a reserved one: its release then uncounts the attempt it counted
             self._finishing_write("release", lambda holder, start=None: transitions.release(holder, start, wait, why))
         logger.info("task released: %s", self.named(), extra=self.log_extra())
         transitions.send(self.using, signals.task_released, claim=self, key=self.key, tenant=self.tenant)
