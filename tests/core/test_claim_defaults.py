@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from django_taskclaim.lifecycle import transitions
 from django_taskclaim.models import Task
@@ -164,3 +165,66 @@ def test_a_handler_claim_never_takes_a_task_that_names_its_callable_nor_the_reve
     assert [c.key for c in Task.objects.claim_next(limit=5, path="")] == ["for-a-handler"]
     assert list(Task.objects.queued("default", "*").values_list("key", flat=True)) == ["a-django-task"]
     assert list(Task.objects.queued("default", "").values_list("key", flat=True)) == ["for-a-handler"]
+
+
+# -- a handler's retry, a worker's lease, run_once's lease ------------------------------------------
+@override_settings(TASKCLAIM_RETRY_BACKOFF={"base": 100, "factor": 2, "jitter": 0})
+def test_a_queued_tasks_retry_waits_the_settings_backoff_for_the_attempt_that_failed() -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    def retried(claim: Any, **delay: Any) -> float:
+        assert claim.fail("boom", retry=True, **delay) == Task.Status.PENDING
+        row = Task.objects.get(pk=claim.task_id)
+        wait = (row.run_after - row.updated_at).total_seconds()
+        Task.objects.filter(pk=claim.task_id).update(run_after=timezone.now() - dt.timedelta(seconds=1))
+        return wait
+
+    Task.objects.ensure("job", queue="default", max_attempts=5)
+    assert retried(Task.objects.claim_next()[0]) == pytest.approx(100, abs=0.01)  # attempt 1: base
+    assert retried(Task.objects.claim_next()[0]) == pytest.approx(200, abs=0.01)  # attempt 2: base * factor
+    assert retried(Task.objects.claim_next()[0], delay=7) == pytest.approx(7, abs=0.01)  # told: as told
+    by_key = Task.objects.claim("by-key", max_attempts=5).claim
+    assert by_key is not None and by_key.fail("boom", retry=True) == Task.Status.PENDING
+    assert Task.objects.get(key="by-key").run_after is None  # claimed by key: retried by its next claim
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_claims_with_its_lease_else_the_setting_and_passes_it_on_to_the_next_claims() -> None:
+    from django_taskclaim.worker import work
+
+    for key in ("a", "b", "c"):
+        Task.objects.ensure(key, queue="default")
+    leases: list[float] = []
+    work(lambda claim: leases.append(claim.lease), lease=77, batch=2, until_drained=True, poll=0.01)
+    assert leases == [77, 77, 77]  # a batch's claims, and those its completion made
+    Task.objects.ensure("d", queue="default")
+    with override_settings(TASKCLAIM_DEFAULT_LEASE=55):
+        work(lambda claim: leases.append(claim.lease), until_drained=True, poll=0.01)
+    assert leases[-1] == 55
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_once_and_arun_once_claim_with_the_lease_they_are_given() -> None:
+    from django_taskclaim import arun_once, run_once
+    from django_taskclaim.lifecycle.execution import current_claim
+    from django_taskclaim.once import run_once_with
+    from tests.core.test_async import run
+
+    def lease_held() -> float:
+        claim = current_claim()
+        row = Task.objects.get(pk=claim.task_id)
+        assert claim.lease - 5 < (row.lease_expires_at - row.updated_at).total_seconds() <= claim.lease
+        return claim.lease
+
+    async def alease_held() -> float:
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(lease_held)()
+
+    assert run_once("a", lease_held, lease=77) == 77
+    assert run_once_with("b", lease=66)(lease_held) == 66
+    assert run(arun_once("c", alease_held, lease=88)) == 88
+    with override_settings(TASKCLAIM_DEFAULT_LEASE=55):
+        assert run_once("d", lease_held) == 55

@@ -128,3 +128,27 @@ def test_a_task_runs_as_many_attempts_as_it_declares() -> None:
     assert (result.status, result.attempts, len(result.errors)) == (TaskResultStatus.FAILED, 2, 2)
     keyed = tasks.charge.enqueue(1)  # claim_options(max_attempts=3) under @keyed
     assert Task.objects.get(pk=int(keyed.id)).max_attempts == 3
+
+
+# -- which work the tasks worker takes ------------------------------------------------------------
+def test_the_tasks_worker_takes_no_handler_work_and_drains_without_waiting_for_it() -> None:
+    """The direction test_django_tasks.py does not cover: a handler's queued work in the same queue
+    is never claimed by the Django tasks worker (``path="*"``), and does not keep its
+    ``--until-drained`` from ending."""
+    import threading
+
+    Task.objects.ensure("for-a-handler", queue="default")
+    result = tasks.add.enqueue(2, 2)
+    stop = threading.Event()
+    watchdog = threading.Timer(30, stop.set)  # a drain that waits for the handler's work would never end
+    watchdog.start()
+    try:
+        stats = work(TaskRunner("default"), owner="tester", until_drained=True, poll=0.02, stop=stop)
+    finally:
+        watchdog.cancel()
+    assert not stop.is_set(), "the drain waited for work that is not the tasks worker's"
+    assert (stats.succeeded, stats.failed) == (1, 0)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    handler_work = Task.objects.get(key="for-a-handler")
+    assert (handler_work.status, handler_work.fencing_token, handler_work.attempts) == (Task.Status.PENDING, 0, 0)
