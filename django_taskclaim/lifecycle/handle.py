@@ -395,9 +395,10 @@ class Claim(KeepaliveMixin):
         """:meth:`complete`, awaitable."""
         await sync_to_async(self.complete)(result, result_ref)
 
-    async def afail(self, error: BaseException | str, retry: bool = False) -> str:
+    async def afail(self, error: BaseException | str, retry: bool = False,
+                    delay: float | timedelta | None = None) -> str:
         """:meth:`fail`, awaitable; returns the new status."""
-        return await sync_to_async(self.fail)(error, retry)
+        return await sync_to_async(self.fail)(error, retry, delay)
 
     async def arelease(self) -> None:
         """:meth:`release`, awaitable."""

@@ -228,3 +228,15 @@ def test_run_once_and_arun_once_claim_with_the_lease_they_are_given() -> None:
     assert run(arun_once("c", alease_held, lease=88)) == 88
     with override_settings(TASKCLAIM_DEFAULT_LEASE=55):
         assert run_once("d", lease_held) == 55
+
+
+@pytest.mark.django_db(transaction=True)
+def test_afail_takes_the_retry_delay_as_fail_does() -> None:
+    """The awaitable twin of ``fail()`` had no ``delay``: an async worker could not say when to retry."""
+    from tests.core.test_async import run
+
+    Task.objects.ensure("job", queue="default")
+    [claim] = Task.objects.claim_next()
+    assert run(claim.afail("boom", retry=True, delay=7)) == Task.Status.PENDING
+    row = Task.objects.get(pk=claim.task_id)
+    assert (row.run_after - row.updated_at).total_seconds() == pytest.approx(7, abs=0.01)
