@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.test import override_settings
 
 from django_taskclaim.lifecycle import transitions
@@ -240,3 +241,19 @@ def test_afail_takes_the_retry_delay_as_fail_does() -> None:
     assert run(claim.afail("boom", retry=True, delay=7)) == Task.Status.PENDING
     row = Task.objects.get(pk=claim.task_id)
     assert (row.run_after - row.updated_at).total_seconds() == pytest.approx(7, abs=0.01)
+
+
+@pytest.mark.skipif("shard2" not in django_settings.DATABASES, reason="the sharded configurations only")
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_a_completion_claiming_in_the_other_database_takes_the_completed_tasks_queue_kind_and_lease() -> None:
+    """``complete_and_claim_next(tenant=...)`` for a tenant of the other database: the same
+    defaults as in its own (the claim there is a second statement, after this commit)."""
+    from tests.sharding import ON_A, ON_B, B
+
+    Task.objects.ensure("a", tenant=ON_A[0], queue="mail")
+    Task.objects.ensure("b-default", tenant=ON_B[0], queue="default")
+    Task.objects.ensure("b-handler", tenant=ON_B[0], queue="mail")
+    Task.objects.ensure("b-django", tenant=ON_B[0], queue="mail", task_path="shop.tasks.charge")
+    [a] = Task.objects.claim_next(tenant=ON_A[0], queue="mail", lease=77)
+    [b] = a.complete_and_claim_next(tenant=ON_B[0], limit=5)
+    assert (b.key, b.using, b.lease) == ("b-handler", B, 77)
