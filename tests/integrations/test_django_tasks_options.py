@@ -152,3 +152,20 @@ def test_the_tasks_worker_takes_no_handler_work_and_drains_without_waiting_for_i
     assert result.status == TaskResultStatus.SUCCESSFUL
     handler_work = Task.objects.get(key="for-a-handler")
     assert (handler_work.status, handler_work.fencing_token, handler_work.attempts) == (Task.Status.PENDING, 0, 0)
+
+
+def test_the_worker_without_queue_takes_every_queue_of_its_backend_and_only_those() -> None:
+    """``taskclaim_worker`` with no ``--queue``: the backend's ``QUEUES`` (here ``default`` and
+    ``emails``), not only the default queue, and no queue the backend does not name."""
+    import io
+
+    from django.core.management import call_command
+
+    email = tasks.send_email.enqueue("a@example.com")  # @task(queue_name="emails")
+    plain = tasks.add.enqueue(1, 2)
+    Task.objects.ensure("elsewhere", queue="reports", task_path="tests.testapp.tasks.add", payload={"args": [1, 1]})
+    call_command("taskclaim_worker", "--until-drained", stdout=io.StringIO())
+    for result in (email, plain):
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert Task.objects.get(key="elsewhere").status == Task.Status.PENDING
