@@ -13,6 +13,7 @@ from django.test import override_settings
 from django_taskclaim.models import Task
 from django_taskclaim.tasks import enqueue_many
 from django_taskclaim.tasks.compat import TaskResultStatus
+from django_taskclaim.tasks.results import parse_result_id
 from django_taskclaim.tasks.runner import TaskRunner
 from django_taskclaim.worker import work
 from tests.testapp import option_tasks, tasks
@@ -39,18 +40,25 @@ def fail_once(task: Any) -> float:
     """Run one attempt of ``task`` (enqueued before) that fails: the seconds until its retry may run."""
     [claim] = Task.objects.claim_next(path="*")
     TaskRunner("default").execute(claim, lambda held, value: held.complete(value))
-    row = Task.objects.get(pk=claim.task_id)
+    row = Task.objects.using(claim.using).get(pk=claim.task_id)
     assert row.status == Task.Status.PENDING and row.run_after is not None
     return (row.run_after - row.updated_at).total_seconds()
 
 
-def due_now(task_id: int) -> None:
+def row_of(result: Any) -> Any:
+    """The task row of a result (its id is ``alias:pk`` where tasks are spread over databases)."""
+    using, pk = parse_result_id(result.id)
+    return Task.objects.using(using).get(pk=pk)
+
+
+def due_now(result: Any) -> None:
     """Make a retried task due (a second back: the database's clock may round its now down)."""
     import datetime as dt
 
     from django.utils import timezone
 
-    Task.objects.filter(pk=task_id).update(run_after=timezone.now() - dt.timedelta(seconds=1))
+    row = row_of(result)
+    Task.objects.using(row._state.db).filter(pk=row.pk).update(run_after=timezone.now() - dt.timedelta(seconds=1))
 
 
 # -- lease --------------------------------------------------------------------------------------
@@ -90,7 +98,7 @@ def test_the_worker_commands_lease_is_the_workers_and_a_tasks_own_still_wins() -
 def test_a_tasks_own_backoff_comes_before_the_backends_and_the_setting() -> None:
     result = option_tasks.own_backoff.enqueue()
     assert fail_once(option_tasks.own_backoff) == pytest.approx(500, abs=0.5)  # attempt 1: base
-    due_now(int(result.id))
+    due_now(result)
     assert fail_once(option_tasks.own_backoff) == pytest.approx(1000, abs=0.5)  # attempt 2: base * factor
 
 
@@ -102,7 +110,7 @@ def test_without_its_own_backoff_a_task_gets_the_backends_option_then_the_settin
     with override_settings(TASKS=backend()):
         result = option_tasks.plain_failure.enqueue()
         assert fail_once(option_tasks.plain_failure) == pytest.approx(7, abs=0.01)
-        due_now(int(result.id))
+        due_now(result)
         assert fail_once(option_tasks.plain_failure) == pytest.approx(14, abs=0.01)
     with override_settings(TASKS=backend(BACKOFF={"base": 3, "factor": 3, "jitter": 0})):
         option_tasks.plain_failure.enqueue()
@@ -113,7 +121,7 @@ def test_without_its_own_backoff_a_task_gets_the_backends_option_then_the_settin
 def test_max_attempts_is_the_tasks_own_then_the_backends_option_then_the_setting() -> None:
     def stored(task: Any, bulk: bool = False) -> int:
         result = enqueue_many(task, [((), {})])[0] if bulk else task.enqueue()
-        return Task.objects.get(pk=int(result.id)).max_attempts
+        return row_of(result).max_attempts
 
     for bulk in (False, True):
         assert (stored(option_tasks.two_attempts, bulk), stored(option_tasks.plain_failure, bulk)) == (2, 5)
@@ -127,7 +135,7 @@ def test_a_task_runs_as_many_attempts_as_it_declares() -> None:
     result = run(option_tasks.two_attempts)
     assert (result.status, result.attempts, len(result.errors)) == (TaskResultStatus.FAILED, 2, 2)
     keyed = tasks.charge.enqueue(1)  # claim_options(max_attempts=3) under @keyed
-    assert Task.objects.get(pk=int(keyed.id)).max_attempts == 3
+    assert row_of(keyed).max_attempts == 3
 
 
 # -- which work the tasks worker takes ------------------------------------------------------------
