@@ -1,5 +1,5 @@
 """Test settings for the processes that prove a Django task backend's checks run in ``manage.py
-check`` and stop ``taskclaim_worker`` (tests/integrations/test_django_tasks_checks.py).
+check`` and stop ``taskclaim_worker`` (tests/integrations/django_tasks/test_django_tasks_checks.py).
 
 The suite's settings, with a ``ClaimBackend`` whose ``OPTIONS`` it cannot use (a mistyped
 ``BACKOFF`` field: check E201) and, on Django 5.2, the ``django_tasks`` backport left out of

@@ -90,7 +90,8 @@ def _open_attempts(single: bool, takes_over: bool = True, only_first: bool = Fal
 def _name(column: str) -> str:
     """A task column as PostgreSQL reads it: only ``key`` is quoted. Short texts matter here: psycopg
     caches the conversion of a statement's text only up to ``MAX_CACHED_STATEMENT_LENGTH`` bytes and
-    parses a longer one afresh on every call (tests/databases/test_postgresql.py holds every hot statement under it)."""
+    parses a longer one afresh on every call (tests/store/postgresql/test_postgresql.py holds every
+    hot statement under it)."""
     return f'"{column}"' if column == "key" else column
 
 

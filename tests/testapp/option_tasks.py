@@ -1,5 +1,5 @@
 """Django tasks that declare their own claim options (``claim_options``) and report what their
-claim got: tests/integrations/test_django_tasks_options.py checks each option is honoured."""
+claim got: tests/integrations/django_tasks/test_django_tasks_options.py checks each option is honoured."""
 
 from __future__ import annotations
 
