@@ -337,11 +337,13 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
 
 
 def _finisher(more: int, tenant: str | None, queues: list[str], path: str) -> Finish:
-    """How a result is stored: with the next claims in the same statement when ``more`` are wanted."""
+    """How a result is stored: with the next claims in the same statement when ``more`` are wanted,
+    reserving all but the first of them, as the worker's own claims do (only a task that started
+    pays for a death)."""
     if not more:
         return lambda claim, result: claim.complete(result)
     return lambda claim, result: claim.complete_and_claim_next(result, limit=more, tenant=tenant, queue=queues,
-                                                               path=path)
+                                                               path=path, reserve=True)
 
 
 def _still_ours(claim: Claim, stats: WorkerStats) -> bool:

@@ -126,6 +126,31 @@ def test_a_task_that_kills_its_worker_charges_only_itself_not_its_batch_mates(pr
     assert Counter(Effect.objects.values_list("task_key", flat=True)) == {f"plain-{i}": 1 for i in range(3)}
 
 
+def test_a_death_in_a_later_batch_charges_only_the_task_that_started(processes: Supervisor) -> None:
+    """Issue 30, item 1, past the first batch: the batch that a completion claims in its own
+    statement (``complete_and_claim_next``) reserves its batch-mates too. Two tasks of priority 20
+    fill the first batch (``--batch 2``); the second completes and claims the killer (priority 10)
+    and a plain task: when the killer SIGKILLs the worker, the plain task had not started, and must
+    not be charged (it was, with ``WorkerLost``, when only the first batch reserved)."""
+    first = [tasks.counted.using(priority=20).enqueue(f"first-{i}") for i in range(2)]
+    killer = tasks.kills_its_worker.enqueue()
+    later = tasks.counted.using(priority=0).enqueue("later")
+    codes = []
+    for _ in range(5):  # restarted after each death, as a process supervisor would
+        worker = processes.start("django", "taskclaim_worker", "--batch", "2", "--lease", "1", "--until-drained",
+                                 "--json")
+        codes.append(worker.wait(timeout=60))
+        if codes[-1] == 0:
+            break
+    assert codes == [-signal.SIGKILL] * 3 + [0]
+    killer.refresh()
+    assert killer.status == TaskResultStatus.FAILED and killer.attempts == 3
+    for result in [*first, later]:
+        result.refresh()
+        assert (result.status, result.attempts, result.errors) == (TaskResultStatus.SUCCESSFUL, 1, []), result.id
+    assert Counter(Effect.objects.values_list("task_key", flat=True)) == {"first-0": 1, "first-1": 1, "later": 1}
+
+
 def test_a_worker_of_the_previous_release_gives_back_a_task_it_cannot_import(processes: Supervisor) -> None:
     """Issue 30, item 3: in a rolling deploy the web tier (this process, the new release) enqueues a
     task from a module only the new release has; a worker of the previous release claims it first.
