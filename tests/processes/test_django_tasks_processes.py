@@ -100,6 +100,19 @@ def test_a_task_whose_last_attempt_dies_ends_failed_and_strands_nothing(processe
     assert Task.objects.get(pk=int(result.id)).error == "lease expired with no attempts left"
 
 
+def restarted_after_each_death(processes: Supervisor, *, batch: int) -> list[int]:
+    """Exit codes of ``taskclaim_worker --batch N --lease 1 --until-drained`` runs, one started
+    after each death, as a process supervisor would (at most five)."""
+    codes: list[int] = []
+    for _ in range(5):
+        worker = processes.start("django", "taskclaim_worker", "--batch", str(batch), "--lease", "1",
+                                 "--until-drained", "--json")
+        codes.append(worker.wait(timeout=60))
+        if codes[-1] == 0:
+            break
+    return codes
+
+
 def test_a_task_that_kills_its_worker_charges_only_itself_not_its_batch_mates(processes: Supervisor) -> None:
     """Issue 30, item 1: a task that SIGKILLs its own worker (priority 10, so it runs first), three
     plain tasks, MAX_ATTEMPTS 3, ``--batch 4 --lease 1``, the worker restarted after each death.
@@ -108,14 +121,7 @@ def test_a_task_that_kills_its_worker_charges_only_itself_not_its_batch_mates(pr
     ``WorkerLost`` × 3, when every claim of a batch counted an attempt)."""
     killer = tasks.kills_its_worker.enqueue()
     plain = [tasks.counted.enqueue(f"plain-{i}") for i in range(3)]
-    codes = []
-    for _ in range(5):  # restarted after each death, as a process supervisor would
-        worker = processes.start("django", "taskclaim_worker", "--batch", "4", "--lease", "1", "--until-drained",
-                                 "--json")
-        codes.append(worker.wait(timeout=60))
-        if codes[-1] == 0:
-            break
-    assert codes == [-signal.SIGKILL] * 3 + [0]
+    assert restarted_after_each_death(processes, batch=4) == [-signal.SIGKILL] * 3 + [0]
     killer.refresh()
     assert killer.status == TaskResultStatus.FAILED and killer.attempts == 3
     assert [e.exception_class_path for e in killer.errors] == ["django_taskclaim.exceptions.WorkerLost"] * 3
@@ -135,14 +141,7 @@ def test_a_death_in_a_later_batch_charges_only_the_task_that_started(processes: 
     first = [tasks.counted.using(priority=20).enqueue(f"first-{i}") for i in range(2)]
     killer = tasks.kills_its_worker.enqueue()
     later = tasks.counted.using(priority=0).enqueue("later")
-    codes = []
-    for _ in range(5):  # restarted after each death, as a process supervisor would
-        worker = processes.start("django", "taskclaim_worker", "--batch", "2", "--lease", "1", "--until-drained",
-                                 "--json")
-        codes.append(worker.wait(timeout=60))
-        if codes[-1] == 0:
-            break
-    assert codes == [-signal.SIGKILL] * 3 + [0]
+    assert restarted_after_each_death(processes, batch=2) == [-signal.SIGKILL] * 3 + [0]
     killer.refresh()
     assert killer.status == TaskResultStatus.FAILED and killer.attempts == 3
     for result in [*first, later]:
