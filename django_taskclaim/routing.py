@@ -24,7 +24,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from . import outages
 from .conf import settings
-from .exceptions import TaskClaimError
+from .exceptions import DatabaseUnreachable, TaskClaimError
 
 #: Errors of a database that cannot be reached (stopped, restarting, failing over).
 UNREACHABLE = (OperationalError, InterfaceError)
@@ -85,6 +85,19 @@ def cannot_reach(alias: str) -> bool:
     return several() and connections[alias].connection is None
 
 
+@contextmanager
+def reaching(alias: str) -> Iterator[None]:
+    """Reads of task database ``alias``: where it is one of several and cannot be connected to,
+    ``DatabaseUnreachable`` naming it (the driver's error as its cause), not the bare driver error;
+    any other error is raised as it is."""
+    try:
+        yield
+    except UNREACHABLE as exc:
+        if not cannot_reach(alias):
+            raise
+        raise DatabaseUnreachable(alias, f"cannot be reached: {outages.one_line(exc)}") from exc
+
+
 def named(error: BaseException, alias: str, tenant: str | None = None) -> BaseException | None:
     """``error`` of task database ``alias`` again, its message naming which of several task
     databases could not be connected to (and for which tenant), of the same class (an
@@ -136,5 +149,5 @@ def fencing(alias: str) -> Iterator[None]:
         _fenced.reset(token)
 
 
-__all__ = ["UNREACHABLE", "cannot_reach", "databases", "fenced_database", "fencing", "is_write", "named", "rotation",
-           "route", "several", "unreachable"]
+__all__ = ["UNREACHABLE", "cannot_reach", "databases", "fenced_database", "fencing", "is_write", "named", "reaching",
+           "rotation", "route", "several", "unreachable"]

@@ -12,17 +12,16 @@ with backoff). A task declared ``@keyed`` is enqueued once per identity.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core import checks
 from django.db import transaction
 
-from .. import outages, routing
+from .. import routing
 from ..conf import settings
-from ..exceptions import DatabaseUnreachable, InvalidTransition
+from ..exceptions import InvalidTransition
 from ..identity import resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE, RESULT_STATUS, UNFINISHED
@@ -30,18 +29,6 @@ from ..values import lease_seconds, positive_int
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, import_grace, options_of, same_call
 from .results import new_result, parse_result_id, result_of
-
-
-@contextmanager
-def reaching(using: str) -> Iterator[None]:
-    """Reads of task database ``using``: one that cannot be reached, among several, raises
-    ``DatabaseUnreachable`` naming it (the driver's error as its cause), not the bare driver error."""
-    try:
-        yield
-    except routing.UNREACHABLE as exc:
-        if not routing.cannot_reach(using):
-            raise
-        raise DatabaseUnreachable(using, f"cannot be reached: {outages.one_line(exc)}") from exc
 
 
 class ClaimBackend(BaseTaskBackend):
@@ -179,7 +166,7 @@ class ClaimBackend(BaseTaskBackend):
         """The result of the task ``result_id`` names (``results.result_id``); ``TaskResultDoesNotExist``
         for any other id."""
         row = self._row(result_id)
-        with reaching(row._state.db):
+        with routing.reaching(row._state.db):
             return result_of(row, self._attempts(row.pk, row._state.db), self.alias)
 
     def _row(self, result_id: str) -> Any:
@@ -191,7 +178,7 @@ class ClaimBackend(BaseTaskBackend):
         except ValueError as exc:  # an id of no task database (a bare pk among several): it says why
             raise TaskResultDoesNotExist(str(exc)) from None
         try:
-            with reaching(using):
+            with routing.reaching(using):
                 return Task.objects.using(using).exclude(task_path="").get(pk=pk)
         except (ValueError, OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None

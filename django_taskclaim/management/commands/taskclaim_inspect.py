@@ -11,7 +11,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_taskclaim import outages, routing
+from django_taskclaim import routing
+from django_taskclaim.exceptions import DatabaseUnreachable
 from django_taskclaim.ids import parse_task_id, task_id
 from django_taskclaim.management.arguments import task_database, task_key, tenant_name
 from django_taskclaim.management.base import UNREACHABLE, USAGE_ERROR, TaskClaimCommand
@@ -25,13 +26,13 @@ NOT_FOUND = 1
 @contextmanager
 def reading(using: str) -> Iterator[None]:
     """Reads of the one task database that holds the task asked for: one that cannot be reached,
-    among several, ends the command with one line naming it (exit 3), not a traceback."""
+    among several (``routing.reaching``), ends the command with one line naming it (exit 3), not a
+    traceback."""
     try:
-        yield
-    except routing.UNREACHABLE as exc:
-        if not routing.cannot_reach(using):
-            raise
-        raise CommandError(outages.describe(using, exc), returncode=UNREACHABLE) from exc
+        with routing.reaching(using):
+            yield
+    except DatabaseUnreachable as exc:
+        raise CommandError(str(exc), returncode=UNREACHABLE) from exc
 
 
 def task_as_dict(task: Task, lease_remaining: float | None, held: bool = False) -> dict[str, Any]:
