@@ -2,9 +2,10 @@
 
 Both are the execution protocol (:mod:`django_taskclaim.lifecycle.execution`) with its
 defaults: a failure is recorded with ``retry=True`` (PENDING while attempts remain) and
-raised; a claim fenced off meanwhile stores nothing and raises ``StaleClaim``; a result that
-cannot be stored ends the task FAILED and raises ``InvalidResult``, so the work never runs
-again.
+raised; a result that cannot be stored ends the task FAILED and raises ``InvalidResult``, so
+the work never runs again. A claim fenced off meanwhile (another worker took the task over,
+an operator released or cancelled it) stores nothing, and from then on the call is a
+duplicate: the new owner's stored result, ``TaskFailed``, or ``on_busy`` while it runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from asgiref.sync import sync_to_async
 
 from .lifecycle.api import claim
 from .lifecycle.claim import Claim
-from .lifecycle.execution import aexecute, arun_by_key, check_on_busy, execute, run_by_key
+from .lifecycle.execution import aanswered, aexecute, answered, arun_by_key, check_on_busy, execute, run_by_key
 
 if TYPE_CHECKING:
     from .identity import TaskKey
@@ -56,19 +57,23 @@ def run_once_with(
 
     def call(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         return run_by_key(lambda: claim(key, tenant=tenant, lease=lease, payload=payload),
-                          lambda held: run_claimed(held, func, *args, **kwargs), on_busy)
+                          lambda held: execute(held, func, args, kwargs).outcome(), on_busy)
 
     return call
 
 
 def run_claimed(claim_: Claim, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Run ``func`` under a claim you hold, with keepalive, and store its result (as ``run_once`` does)."""
-    return execute(claim_, func, args, kwargs).outcome()
+    """Run ``func`` under a claim you hold, with keepalive, and store its result (as ``run_once`` does).
+
+    Fenced off meanwhile, it answers as a duplicate with ``on_busy="raise"`` would; when nobody
+    holds the task then (an operator released it), ``StaleClaim``: claim it again to run it.
+    """
+    return answered(execute(claim_, func, args, kwargs).outcome())
 
 
 async def arun_claimed(claim_: Claim, afunc: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
-    """Await ``afunc`` under a claim you hold, with ``akeepalive``, and store its result."""
-    return (await aexecute(claim_, afunc, args, kwargs)).outcome()
+    """Await ``afunc`` under a claim you hold, with ``akeepalive``, and store its result (as :func:`run_claimed`)."""
+    return await aanswered((await aexecute(claim_, afunc, args, kwargs)).outcome())
 
 
 async def arun_once(
@@ -86,5 +91,7 @@ async def arun_once(
     if not callable(afunc):
         raise TypeError(f"arun_once needs a coroutine function, not {afunc!r}")
     aclaim = sync_to_async(claim)
-    return await arun_by_key(lambda: aclaim(key, tenant=tenant, lease=lease, payload=payload),
-                             lambda held: arun_claimed(held, afunc, *args, **kwargs), on_busy)
+    async def run(held: Claim) -> Any:
+        return (await aexecute(held, afunc, args, kwargs)).outcome()
+
+    return await arun_by_key(lambda: aclaim(key, tenant=tenant, lease=lease, payload=payload), run, on_busy)

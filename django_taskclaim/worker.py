@@ -329,10 +329,10 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> li
         stats.add("unrecorded")
         return []
     stats.count(executed)
-    if executed.released and not isinstance(executed.error, Exception):
-        raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops
-    if executed.error is not None and executed.ending != FENCED_OFF and not executed.released:
-        logger.warning("task handler failed: %s", claim.named(), exc_info=executed.error, extra=claim.log_extra())
+    if executed.stopped:
+        raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back (or taken over), the worker stops
+    if executed.failure is not None:  # fenced off: counted, never the task's failure
+        logger.warning("task handler failed: %s", claim.named(), exc_info=executed.failure, extra=claim.log_extra())
     return executed.next_claims
 
 

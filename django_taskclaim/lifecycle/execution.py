@@ -20,6 +20,13 @@ How a body's end decides the claim's (:func:`conclude`, written once, sync; the 
 - **It was fenced off** (a heartbeat or one of its own writes refused: another worker took
   over): nothing is written.
 
+What the caller gets is read once, by :meth:`Executed.outcome`, for every integration: the
+body's value (the result it stored, when it completed its claim itself), its error raised,
+or — fenced off — :class:`FencedOff`: from then on the caller is a duplicate, and gets what a
+duplicate delivery gets (the new owner's stored result, ``TaskFailed``, or the ``on_busy``
+answer while the new owner runs). A shutdown or a cancellation reaches the caller whatever
+came of the claim.
+
 While the body runs, :func:`current_claim` returns its claim.
 """
 
@@ -88,8 +95,11 @@ class Policy:
 
     def gives_back(self, error: BaseException) -> bool:
         """Whether ``error`` releases the claim: a shutdown or cancellation, or a ``release_on`` one."""
-        if isinstance(error, self.release_on):
-            return True
+        return isinstance(error, self.release_on) or self.stops(error)
+
+    def stops(self, error: BaseException) -> bool:
+        """Whether ``error`` is a shutdown or a cancellation (a ``BaseException`` that is not an
+        ``Exception`` nor one of ``failures``): it reaches the caller, whatever came of the claim."""
         return not isinstance(error, Exception) and not isinstance(error, self.failures)
 
     def retry_delay(self, claim: Claim, error: BaseException) -> float | None:
@@ -106,9 +116,20 @@ DEFAULT = Policy()
 Finish = Callable[[Claim, Any], "list[Claim] | None"]
 
 
+class FencedOff:
+    """What :meth:`Executed.outcome` returns when the claim was fenced off (another owner took
+    the task over, an operator released or cancelled it): from there on the caller is a duplicate."""
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+
+    def __repr__(self) -> str:
+        return f"FencedOff({self.claim!r})"
+
+
 @dataclass
 class Executed:
-    """What one execution under a claim came to."""
+    """What one execution under a claim came to; :meth:`outcome` is how every integration reads it."""
 
     claim: Claim
     #: The task's status after it (``succeeded``, ``pending``, ``failed``), or ``FENCED_OFF``.
@@ -123,15 +144,42 @@ class Executed:
     next_claims: list[Claim] = field(default_factory=list)
     #: Whether the claim was released untouched (a shutdown, a ``release_on`` exception).
     released: bool = False
+    #: Whether the body was stopped by a shutdown or a cancellation (``error``), released or fenced off.
+    stopped: bool = False
 
     @property
     def returned(self) -> bool:
         return self.value is not _NOTHING
 
+    @property
+    def fenced_off(self) -> bool:
+        """Whether the claim was fenced off: nothing of this execution was written."""
+        return self.ending == FENCED_OFF
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error this execution failed with, for a caller that only reports it (a queue
+        worker): ``None`` when it went through, was fenced off or released its claim."""
+        return None if self.fenced_off or self.released else self.error
+
     def outcome(self) -> Any:
-        """The caller's answer: the body's return value, or its error (``StaleClaim`` when fenced off) raised."""
+        """The caller's answer, the one reading of an execution:
+
+        - a shutdown or a cancellation: raised, whatever came of the claim;
+        - fenced off: :class:`FencedOff` — from there on a duplicate (``run_by_key`` answers it
+          as one: the new owner's stored result, ``TaskFailed``, or ``on_busy`` while it runs);
+        - the body raised (or storing its result did): that error raised;
+        - the body completed its claim itself: the result it stored, as every duplicate reads it;
+        - otherwise the body's return value.
+        """
+        if self.stopped:
+            raise self.error  # type: ignore[misc]
+        if self.fenced_off:
+            return FencedOff(self.claim)
         if self.error is not None:
             raise self.error
+        if self.by_body and self.ending == Status.SUCCEEDED:
+            return self.claim.completed_with
         return self.value
 
 
@@ -217,14 +265,25 @@ def _scope(claim: Claim, policy: Policy, inside: bool) -> AbstractContextManager
 
 
 def conclude(
-    claim: Claim, value: Any, raised: BaseException | None, *, policy: Policy = DEFAULT,
+    claim: Claim, value: Any = _NOTHING, raised: BaseException | None = None, *, policy: Policy = DEFAULT,
     finish: Finish | None = None, storing: bool = False, rolled_back: int | None = None,
 ) -> Executed:
     """End ``claim`` after its body returned ``value`` or raised ``raised``: the one rule.
 
     ``storing``: ``raised`` came from storing the result (inside the atomic block), not from
     the body. ``rolled_back``: the claim's count of rolled-back endings before the body ran.
+    A body may call it itself to end its claim by the rule now (the Celery bridge's
+    ``retry()``, before Celery publishes the retry): ``conclude(claim, raised=error, policy=...)``.
     """
+    executed = _conclude(claim, value, raised, policy, finish, storing, rolled_back)
+    executed.stopped = raised is not None and policy.stops(raised)
+    return executed
+
+
+def _conclude(
+    claim: Claim, value: Any, raised: BaseException | None, policy: Policy, finish: Finish | None,
+    storing: bool, rolled_back: int | None,
+) -> Executed:
     if rolled_back is None:
         rolled_back = claim._rolled_back
     try:
@@ -343,14 +402,34 @@ async def await_while_busy(task: Any) -> Any:
             return await tasks.afirst()
 
 
+def answered(ran: Any) -> Any:
+    """``ran``, a run step's answer (``Executed.outcome()``), for a caller with no claim loop of
+    its own (``run_claimed``): a claim fenced off is answered as a duplicate with
+    ``on_busy="raise"`` would be — the new owner's stored result, ``TaskFailed``, ``TaskBusy``
+    while it runs — and with ``StaleClaim`` when nobody holds the task (released, reclaimed,
+    purged: this call cannot claim it again)."""
+    return _as_duplicate(ran.claim, _task_or_none(ran.claim)) if isinstance(ran, FencedOff) else ran
+
+
+async def aanswered(ran: Any) -> Any:
+    """:func:`answered` for async callers (``arun_claimed``)."""
+    if not isinstance(ran, FencedOff):
+        return ran
+    return _as_duplicate(ran.claim, await sync_to_async(_task_or_none)(ran.claim))
+
+
+def _as_duplicate(claim: Claim, task: Any) -> Any:
+    reply = WAIT if task is None else answer(task, "raise")
+    if reply is WAIT:
+        raise StaleClaim(claim.key, claim.tenant, claim.token, "run")
+    return reply
+
+
+def _task_or_none(claim: Claim) -> Any:
+    return task_model().objects.using(claim.using).filter(pk=claim.task_id).first()
+
+
 # -- by key: claim, or answer a duplicate -----------------------------------------------------
-class FencedOff:
-    """What a run step returns when its claim was fenced off: from there on a duplicate."""
-
-    def __init__(self, claim: Claim) -> None:
-        self.claim = claim
-
-
 # The steps the drivers below perform: claim, run a claim, read a fenced-off claim's task, wait.
 _CLAIM = object()
 
@@ -358,7 +437,8 @@ _CLAIM = object()
 def _by_key(on_busy: str | Callable[[Any], Any]) -> Generator[Any, Any, Any]:
     """The decisions of running work by key, as steps for a sync or an async driver to carry out.
 
-    Claim; a claim runs, and its answer is the caller's. Not claimed (or fenced off): the
+    Claim; a claim runs, and its answer is the caller's (``Executed.outcome()``). Not claimed,
+    or fenced off while it ran (a duplicate from then on, whatever the body did): the
     stored outcome, or, while another worker holds the task, ``on_busy`` (``"raise"``,
     ``"wait"``, or a callable of the task returning ``WAIT`` or raising). A task found
     finished after waiting is answered without another claim (one duplicate row per waiter).
@@ -373,7 +453,9 @@ def _by_key(on_busy: str | Callable[[Any], Any]) -> Generator[Any, Any, Any]:
                 ran = yield outcome.claim
                 if not isinstance(ran, FencedOff):
                     return ran
-                task = yield ran  # read the task a newer owner holds now
+                task = yield ran  # from here on a duplicate: read the task a newer owner holds now
+                if task is None:
+                    continue  # purged meanwhile: claim it afresh
         reply = answer(task, "wait" if callable(on_busy) else on_busy)
         if reply is not WAIT:
             return reply
@@ -408,7 +490,7 @@ def run_by_key(
     claim_call: Callable[[], Any], run: Callable[[Claim], Any], on_busy: str | Callable[[Any], Any] = "raise",
 ) -> Any:
     """Drive :func:`_by_key` with sync calls: ``claim_call()`` claims, ``run(claim)`` runs one."""
-    steps, perform = _by_key(on_busy), _performer(claim_call, run, _task_of, wait_while_busy)
+    steps, perform = _by_key(on_busy), _performer(claim_call, run, _task_or_none, wait_while_busy)
     try:
         step = next(steps)
         while True:
@@ -422,7 +504,7 @@ async def arun_by_key(
     on_busy: str | Callable[[Any], Any] = "raise",
 ) -> Any:
     """:func:`run_by_key` with awaitables: the same steps, the same decisions."""
-    steps, perform = _by_key(on_busy), _performer(claim_call, run, sync_to_async(_task_of), await_while_busy)
+    steps, perform = _by_key(on_busy), _performer(claim_call, run, sync_to_async(_task_or_none), await_while_busy)
     try:
         step = next(steps)
         while True:
@@ -430,6 +512,3 @@ async def arun_by_key(
     except StopIteration as done:
         return done.value
 
-
-def _task_of(claim: Claim) -> Any:
-    return task_model().objects.using(claim.using).get(pk=claim.task_id)

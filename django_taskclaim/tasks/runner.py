@@ -100,7 +100,7 @@ class TaskRunner(Runner):
             return finish(held, value)
 
         executed = execute(claim, task.call, call_args, kwargs, policy=self._policy(claim.task_path), finish=store)
-        if executed.ending != FENCED_OFF:
+        if not executed.fenced_off:  # fenced off: the attempt of the worker that took over reports it
             self._finished(sender, result, executed)
         return executed
 
@@ -140,19 +140,19 @@ class TaskRunner(Runner):
 
     @staticmethod
     def _finished(sender: type, result: Any, executed: Executed) -> None:
-        """``task_finished``, with the result as the attempt left it; after a failure from
-        inside an ``except`` block, so that the framework's log receiver has the traceback."""
+        """``task_finished``, with the result as the attempt left it (its value read as every
+        integration reads it: ``Executed.outcome()``); after a failure from inside the ``except``
+        block, so that the framework's log receiver has the traceback."""
         status = STATUS[Status(executed.ending)]
         object.__setattr__(result, "status", status)
-        if status == TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", executed.value)
-        if executed.error is None:
-            task_finished.send(sender, task_result=result)
-            return
         try:
-            raise executed.error
+            value = executed.outcome()
         except BaseException:
             task_finished.send(sender, task_result=result)
+            return
+        if status == TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", value)
+        task_finished.send(sender, task_result=result)
 
 
 def _enqueued(row: Any) -> datetime:

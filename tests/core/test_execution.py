@@ -68,7 +68,9 @@ def test_run_once_reports_a_completion_its_body_rolled_back() -> None:
     task = Task.objects.get(key="job")
     assert task.status == "pending" and "rolled back" in task.error
     assert Effect.objects.count() == 0
-    assert run_once("job", lambda: fenced_effect_then_rollback(current_claim(), roll_back=False)) == "returned"
+    # The body completed its claim itself: the caller gets what it stored, as every duplicate does.
+    assert run_once("job", lambda: fenced_effect_then_rollback(current_claim(), roll_back=False)) == {
+        "published": "job"}
     assert Task.objects.get(key="job").result == {"published": "job"} and Effect.objects.count() == 1
 
 

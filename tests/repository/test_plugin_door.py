@@ -109,3 +109,14 @@ def test_the_door_sees_every_form_of_a_forbidden_import() -> None:
     probe = PACKAGE / "contrib" / "celery" / "probe.py"
     lines = list(trespasses(probe, source, {"_core_only"}, {"django_taskclaim.contrib.celery.options"}))
     assert [line.split(":")[1] for line in lines] == ["1", "2", "3", "4", "5", "7"], lines
+
+
+def test_plugins_record_failures_through_the_one_rule() -> None:
+    """A plug-in never calls ``claim.fail()`` itself: a failure (Celery's ``self.retry()`` and
+    autoretry too) is recorded by the execution module's rule (``conclude``, ``record_failure``),
+    the code that records every other failure: the attempt, its error and the task's status."""
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}: .{node.func.attr}()"
+             for path in plugin_files() for node in ast.walk(ast.parse(path.read_text(), str(path)))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and node.func.attr in ("fail", "afail")]
+    assert not found, "failures recorded beside the one rule:\n" + "\n".join(found)

@@ -3,10 +3,10 @@ duplicate deliveries read the stored result (or wait, retry, skip while it runs)
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Callable
-from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
@@ -19,13 +19,11 @@ from ... import claims
 from ...claims import Claim
 from ...exceptions import StaleClaim, TaskFailed
 from ...execution import (
-    FENCED_OFF,
     WAIT,
-    FencedOff,
     Policy,
+    conclude,
     current_claim_or_none,
     execute,
-    record_failure,
     run_by_key,
 )
 from ...identity import TaskKey
@@ -45,7 +43,7 @@ def _retries(error: BaseException) -> bool:
 def _recorded(error: BaseException) -> BaseException | str:
     """What is stored for a failure: the exception a ``Retry`` carries, a ``Reject``'s reason."""
     if isinstance(error, Retry):
-        return error.exc or error.message or "retry"
+        return error.exc or error.message or "retry requested"
     if isinstance(error, Reject):
         return error.reason or "rejected"
     return error
@@ -54,6 +52,9 @@ def _recorded(error: BaseException) -> BaseException | str:
 # Celery retries what it decides to (autoretry and self.retry() raise Retry); any other error
 # is final. Ignore releases the claim untouched, as a shutdown does.
 POLICY = Policy(retry=_retries, release_on=(Ignore,), error=_recorded)
+#: A ``self.retry()`` that Celery will not carry out (its ``max_retries`` spent, a direct call):
+#: recorded as the task's final failure.
+GIVING_UP = dataclasses.replace(POLICY, retry=False)
 
 
 class ClaimedTask(celery.Task):
@@ -102,12 +103,8 @@ class ClaimedTask(celery.Task):
         direct = bool(request.called_directly or request.is_eager)
 
         def run(claim: Claim) -> Any:
-            executed = execute(claim, self.run, args, kwargs, policy=POLICY)
-            if executed.ending == FENCED_OFF:
-                return FencedOff(claim)  # another worker took over: from here on a duplicate
-            if executed.by_body and executed.ending == Status.SUCCEEDED and executed.error is None:
-                return claim.completed_with  # the body completed inside self.claim.fenced()
-            return executed.outcome()
+            # Fenced off (another worker took over): from here on a duplicate, answered by run_by_key.
+            return execute(claim, self.run, args, kwargs, policy=POLICY).outcome()
 
         def busy(task: Any) -> Any:
             if opts.on_busy == "skip":
@@ -124,11 +121,13 @@ class ClaimedTask(celery.Task):
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
               throw: bool = True, eta: Any = None, countdown: Any = None,
               max_retries: int | None = None, **options: Any) -> Any:
-        """Celery's retry, in step with the database: the attempt is recorded first.
+        """Celery's retry, in step with the database: the attempt is recorded first, by the one
+        rule every failure goes through (``conclude``), before Celery publishes the retry.
 
         When Celery will retry, the task goes back to PENDING unless its ``max_attempts`` are
         spent, in which case it ends FAILED and no retry is published. When Celery gives up
-        (``max_retries``), the task ends FAILED.
+        (``max_retries``), the task ends FAILED. Fenced off, nothing is published: from here on
+        the delivery is a duplicate.
         """
         claim = current_claim_or_none()
         if claim is None or claim.ended() is not None:
@@ -137,19 +136,17 @@ class ClaimedTask(celery.Task):
         limit = self.max_retries if max_retries is None else max_retries
         celery_retries = not request.called_directly and not (
             limit is not None and request.retries + 1 > limit)
-        error: BaseException | str = exc if exc is not None else "retry requested"
-        if celery_retries:
-            status = claim.fail(error, retry=True)  # StaleClaim: fenced off, publish nothing
-            if status != Status.PENDING:
-                logger.info("max_attempts reached, not retrying: %s", claim.named(), extra=claim.log_extra())
-                if exc is not None:
-                    raise exc
-                from ...models import Task
+        # Recorded as if the body raised the Retry now: its exc (or "retry requested") is the error.
+        executed = conclude(claim, raised=Retry(exc=exc), policy=POLICY if celery_retries else GIVING_UP)
+        if executed.fenced_off:
+            raise StaleClaim(claim.key, claim.tenant, claim.token, "retry")
+        if celery_retries and executed.ending != Status.PENDING:
+            logger.info("max_attempts reached, not retrying: %s", claim.named(), extra=claim.log_extra())
+            if exc is not None:
+                raise exc
+            from ...models import Task
 
-                raise TaskFailed(Task.objects.using(claim.using).get(pk=claim.task_id))
-        else:
-            with suppress(StaleClaim):  # fenced off: nothing of ours to record (logged there)
-                record_failure(claim, error, retry=False)
+            raise TaskFailed(Task.objects.using(claim.using).get(pk=claim.task_id))
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def _busy_retry(self, task: Any, opts: ClaimOptions) -> Retry:

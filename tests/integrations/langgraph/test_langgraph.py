@@ -13,6 +13,7 @@ from functools import partial
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from asgiref.sync import sync_to_async
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send, interrupt
@@ -22,6 +23,7 @@ from devtools.processes import Child, Supervisor
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim, node_identity
 from django_taskclaim.exceptions import InvalidResult, TaskBusy, TaskClaimError, TaskFailed
 from django_taskclaim.models import Attempt, Task
+from tests.conftest import expire
 from tests.core.test_async import run
 from tests.programs.langgraph_app import acheckpointer, build, build_async, checkpointer
 from tests.testapp.models import Effect
@@ -237,6 +239,64 @@ def test_on_busy_raise_reports_a_step_held_elsewhere() -> None:
     Task.objects.claim("busy:1:node", owner="elsewhere")
     with pytest.raises(TaskBusy):
         app.invoke({"q": 1}, cfg("busy"))
+
+
+def one_node_graph(node: Any) -> Any:
+    graph = StateGraph(dict)  # type: ignore[type-var]
+    graph.add_node("node", node)
+    graph.add_edge(START, "node")
+    graph.add_edge("node", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def taken_over(finish: Any = None) -> None:
+    """Inside a node: its lease runs out and another worker takes the step over (and completes
+    it with ``finish`` unless that is ``None``)."""
+    mine = current_claim()
+    expire(mine)
+    thief = Task.objects.claim(mine.key, mine.tenant, owner="other worker").claim
+    assert thief is not None and thief.token == mine.token + 1
+    if finish is not None:
+        thief.complete(finish)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_node_fenced_off_mid_run_returns_the_new_owners_update(kind: str) -> None:
+    """From the fencing-off on the node is a duplicate: the state update the worker that took the
+    step over stored, as every other execution of the step gets (not StaleClaim)."""
+    if kind == "sync":
+        @claimed_node
+        def node(state: dict[str, Any]) -> dict[str, Any]:
+            taken_over(finish={"by": "other worker"})
+            return {"by": "me"}
+    else:
+        @claimed_node
+        async def node(state: dict[str, Any]) -> dict[str, Any]:
+            await sync_to_async(taken_over)(finish={"by": "other worker"})
+            return {"by": "me"}
+
+    assert run(one_node_graph(node).ainvoke({"q": 1}, cfg("fenced"))) == {"by": "other worker"}
+    task = Task.objects.get()
+    assert (task.owner, task.result) == ("other worker", {"by": "other worker"})
+    assert Attempt.objects.get(task=task, token=1).stale_writes == 1
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_node_fenced_off_while_the_new_owner_runs_answers_by_on_busy(kind: str) -> None:
+    if kind == "sync":
+        @claimed_node(on_busy="raise")
+        def node(state: dict[str, Any]) -> dict[str, Any]:
+            taken_over()
+            return {"by": "me"}
+    else:
+        @claimed_node(on_busy="raise")
+        async def node(state: dict[str, Any]) -> dict[str, Any]:
+            await sync_to_async(taken_over)()
+            return {"by": "me"}
+
+    with pytest.raises(TaskBusy):
+        run(one_node_graph(node).ainvoke({"q": 1}, cfg("busy")))
+    assert Task.objects.get().owner == "other worker"
 
 
 # -- worker processes sharing the database and the checkpointer ------------------------------
