@@ -190,3 +190,19 @@ def test_a_worker_counts_a_fenced_off_handler_and_never_fails_its_task() -> None
     assert (stats.succeeded, stats.failed, stats.fenced_off) == (0, 0, 1)
     task = Task.objects.get()
     assert (task.status, task.result, task.error) == ("succeeded", "thief's", "")
+
+
+def test_a_worker_stops_on_a_shutdown_even_when_its_claim_was_fenced_off() -> None:
+    """Before, a shutdown whose release was refused (the claim was taken over meanwhile) was
+    counted as fenced off and the worker went on to its next task."""
+    Task.objects.ensure("job", queue="default")
+    Task.objects.ensure("next", queue="default")
+
+    def handler(claim: Any) -> None:
+        expire(claim)
+        assert Task.objects.claim_next(owner="thief", lease=30)[0].key == "job"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        work(handler, owner="w", until_drained=True)
+    assert Task.objects.get(key="next").status == "pending"  # the worker stopped: never run here
