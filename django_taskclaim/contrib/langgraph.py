@@ -191,7 +191,8 @@ def claimed_node(
     The returned state update is stored with ``complete()`` (unless the body completed the
     claim itself inside ``fenced()``). Another execution of the same step returns the stored
     update; while the step runs elsewhere it waits (``on_busy="wait"``, taking over after the
-    owner's lease expires) or raises ``TaskBusy`` (``"raise"``). A failing body records the
+    owner's lease expires) or raises ``TaskBusy`` (``"raise"``). A node fenced off while it runs
+    (another worker took the step over) is such a duplicate from then on. A failing body records the
     failure (retry while attempts remain) and re-raises; an ``interrupt()`` releases the claim.
     ``owner`` names the worker in claims and audits (default: ``host:pid:random``).
     """

@@ -327,6 +327,25 @@ def test_the_frameworks_signals_are_sent() -> None:
     assert heard == [("enqueued", "READY"), ("started", "RUNNING"), ("finished", "SUCCESSFUL")]
 
 
+def test_task_finished_carries_the_result_a_task_stored_itself() -> None:
+    """The runner reads an execution as every integration does (``Executed.outcome()``): a task
+    that completed its claim inside ``fenced()`` finished with what it stored, the value every
+    later read of its result returns, not what the function returned afterwards."""
+    finished: list[object] = []
+
+    def hear(sender, task_result, **kw):  # type: ignore[no-untyped-def]
+        finished.append(task_result.return_value)
+
+    task_finished.connect(hear, weak=False)
+    try:
+        result = tasks.charge.enqueue(8, amount=5)
+        drain()
+    finally:
+        task_finished.disconnect(hear)
+    result.refresh()
+    assert finished == [result.return_value] == ["charged 5"]  # the function returned "charged"
+
+
 def test_handler_work_and_django_tasks_are_kept_apart() -> None:
     """A handler worker never runs a Django task (and the tasks worker no handler's work)."""
     result = tasks.add.enqueue(1, 1)
