@@ -28,10 +28,11 @@ class Reporter:
         self.steps, self.lease = steps, lease
         self.fields: dict[str, Any] = {}
         self.ran = False  # the work ran for this delivery (a graph may return a stored update)
+        self.fenced = False  # its claim was fenced off (a graph's node then answers as a duplicate)
 
     def start(self, delivery: dict[str, Any]) -> None:
         self.fields = {k: delivery[k] for k in ("delivery", "tenant", "key")}
-        self.ran = False
+        self.ran = self.fenced = False
 
     def on_takeover(self, sender: Any, claim: Any, previous_owner: str, previous_token: int, **kw: Any) -> None:
         # The task_taken_over signal: this agent's claim found an expired lease and took it over.
@@ -42,6 +43,8 @@ class Reporter:
             fields = self.duplicate(fields.pop("task"))
         elif event == "claimed":
             self.ran = True
+        elif event == "fenced":
+            self.fenced = True
         elif event == "progress":
             fields["of"] = self.steps
         emit(event=event, **fields, **self.fields)
@@ -72,10 +75,12 @@ def run_graph(graph: Any, delivery: dict[str, Any], report: Reporter) -> None:
     try:
         graph.invoke({"tenant": delivery["tenant"], "run": delivery["run"], "payload": delivery["payload"]})
     except TaskBusy as exc:  # on_busy="raise": the queue retries later
-        report("duplicate", task=exc.task)
+        if not report.fenced:  # a node fenced off answers as a duplicate: reported as fenced
+            report("duplicate", task=exc.task)
         return
-    except StaleClaim as exc:
-        report("fenced", token=exc.token, action=exc.action)
+    except StaleClaim as exc:  # run_claimed's answer when nobody holds the task any more
+        if not report.fenced:
+            report("fenced", token=exc.token, action=exc.action)
         return
     if not report.ran:  # the node's body did not run: the graph got the job's stored update
         report("duplicate", task=Task.objects.get(tenant=delivery["tenant"], key=delivery["key"]))

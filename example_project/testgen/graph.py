@@ -16,6 +16,7 @@ from langgraph.graph import END, START, StateGraph
 
 from django_taskclaim import TaskKey
 from django_taskclaim.contrib.langgraph import claimed_node, current_claim
+from django_taskclaim.exceptions import StaleClaim
 
 from .agent import Report, generate_and_publish, ignore
 from .jobs import JobSpec
@@ -53,7 +54,12 @@ def build_graph(owner: str, report: Report = ignore) -> Any:
 
     @claimed_node(key=job_key, on_busy="raise", owner=owner)  # the lease: TASKCLAIM_DEFAULT_LEASE
     def generate(state: JobState) -> dict[str, Any]:  # the update: tests, agent, token
-        return generate_and_publish(current_claim(), spec_of(state), owner, report)
+        claim = current_claim()
+        try:
+            return generate_and_publish(claim, spec_of(state), owner, report)
+        except StaleClaim as exc:  # taken over: the draft is thrown away, and the node answers
+            report("fenced", token=claim.token, action=exc.action)  # as a duplicate from here on
+            raise
 
     graph = StateGraph(JobState)
     graph.add_node("plan", plan)
