@@ -376,7 +376,9 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
 
 def _slot(job: _Job, claim: Claim) -> None:
     """One sync task in its slot: started now (a reserved one given back instead when the worker is
-    stopping), then run, counted."""
+    stopping), then run, counted; its lease renewed with the other tasks in flight, one statement a
+    round for all (:mod:`~django_taskclaim.lifecycle.renewal`)."""
+    claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
         _give_back(claim)
     elif _started(claim, None, job.stats):
@@ -385,6 +387,7 @@ def _slot(job: _Job, claim: Claim) -> None:
 
 async def _aslot(job: _Job, claim: Claim) -> None:
     """:func:`_slot` for a coroutine body, on the pool's event loop (ORM calls on its sync thread)."""
+    claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
         await sync_to_async(_give_back)(claim)
     elif await sync_to_async(_started)(claim, None, job.stats):

@@ -33,7 +33,9 @@ TIMED_OUT = "django_taskclaim.exceptions.TimedOut"
 
 
 def fenced_off(claim: Any) -> bool:
-    return not Task.objects.filter(pk=claim.task_id, status=Task.Status.RUNNING).exists()
+    """Whether the task of ``claim`` (or a ``Task``) is no longer RUNNING under its claim."""
+    pk = getattr(claim, "task_id", getattr(claim, "pk", None))
+    return not Task.objects.filter(pk=pk, status=Task.Status.RUNNING).exists()
 
 
 def late_write(claim: Any) -> str:
@@ -113,30 +115,37 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_commits_nothing() ->
 
 def test_a_sync_task_past_its_timeout_keeps_its_slot_until_it_returns() -> None:
     """Two slots, one held by a timed-out sync body that cannot be stopped: the other tasks run one
-    at a time meanwhile, never two."""
+    at a time, before its timeout and after it, never two at once."""
     Task.objects.ensure("stuck", queue="default", priority=10, max_attempts=1)
-    for i in range(3):
-        Task.objects.ensure(f"other{i}", queue="default")
-    lock, running, most, done = threading.Lock(), [0], [0], threading.Event()
+    others = [f"other{i}" for i in range(8)]
+    for key in others:
+        Task.objects.ensure(key, queue="default")
+    lock, running, most, done, past = threading.Lock(), [0], [0], threading.Event(), threading.Event()
+    after: list[str] = []
+    finished: list[str] = []
 
     def handler(claim):  # type: ignore[no-untyped-def]
         if claim.key == "stuck":
-            done.wait(30)  # until the three others ran: long past its timeout
+            wait_until(lambda: fenced_off(claim), timeout=20, interval=0.02, what="the stuck task to time out")
+            past.set()
+            done.wait(30)  # until the others ran: long past its timeout
             return "late"
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.05)  # the work itself (overlap would show)
+            if past.is_set():
+                after.append(claim.key)
+        time.sleep(0.15)  # the work itself (two at once would overlap here)
         with lock:
             running[0] -= 1
-            finished = Task.objects.filter(key__startswith="other", status=Task.Status.SUCCEEDED).count() + 1
-        if finished == 3:
-            done.set()
+            finished.append(claim.key)
+            if len(finished) == len(others):
+                done.set()
         return claim.key
 
-    stats = work(handler, owner="timer", timeout=0.2, concurrency=2, until_drained=True, poll=0.02)
-    assert most[0] == 1
-    assert (stats.timed_out, stats.succeeded) == (1, 3)
+    stats = work(handler, owner="timer", timeout=0.5, concurrency=2, until_drained=True, poll=0.02)
+    assert most[0] == 1 and len(after) >= 2  # some ran after the timeout: still one at a time
+    assert (stats.timed_out, stats.succeeded) == (1, 8)
     assert Task.objects.get(key="stuck").status == Task.Status.FAILED
 
 
