@@ -3,6 +3,7 @@ one statement a round, by id and token each, and a claim taken over is told to i
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -123,3 +124,36 @@ def test_heartbeat_many_renews_the_pairs_that_still_hold_in_one_statement(django
         row = Task.objects.get(pk=claim.task_id)
         assert row.lease_expires_at == renewed[claim.task_id]
         assert (row.lease_expires_at - row.updated_at).total_seconds() == pytest.approx(45, abs=1)
+
+
+@pytest.mark.parametrize("in_flight", [1, 16, pytest.param(500, marks=pytest.mark.slow)])
+def test_the_heartbeat_load_does_not_grow_with_the_tasks_in_flight(monkeypatch, in_flight: int) -> None:  # type: ignore[no-untyped-def]
+    """L tasks in flight (async, on one event loop), lease 0.9 s (a renewal due every 0.3 s): the
+    statements sent in 1.5 s once all are in flight. A heartbeat per claim would send L / 0.3 a
+    second; renewed together it is at most two rounds an interval, one statement each, whatever L.
+    (One task at a time, ``concurrency=1``, keeps its heartbeat of its own: one statement an interval.)"""
+    Task.objects.bulk_create([Task(key=f"l{i:04d}", queue="default") for i in range(in_flight)])
+    rounds = Rounds(monkeypatch)
+    window, every = 1.5, 0.3
+    state: dict[str, Any] = {"started": 0, "all": asyncio.Event()}  # bound to the pool's loop at first use
+
+    def sent() -> int:
+        return rounds.count() + rounds.singles
+
+    async def handler(claim):  # type: ignore[no-untyped-def]
+        state["started"] += 1
+        if state["started"] == in_flight:
+            state["seen"] = sent()
+            state["all"].set()
+        await state["all"].wait()
+        await asyncio.sleep(window)
+        state.setdefault("sent", sent() - state["seen"])
+
+    stats = work(handler, owner="load", lease=3 * every, concurrency=in_flight, batch=500, until_drained=True,
+                 poll=0.05)
+    assert stats.succeeded == in_flight
+    assert rounds.singles == 0 or in_flight == 1
+    per_second = state["sent"] / window
+    print(f"\n{in_flight} in flight: {state['sent']} renewal statements in {window} s "
+          f"({per_second:.1f}/s at a {every} s interval; {per_second * every / 10:.2f}/s at lease 30 s)")
+    assert state["sent"] <= 2 * window / every + 2
