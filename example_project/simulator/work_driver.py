@@ -31,7 +31,8 @@ class WorkerDriver(QueueDriver):
         a = self.args
         return (
             f"django-taskclaim demo (--worker): {a.jobs} jobs enqueued through Django's Tasks framework, "
-            f"{a.agents} taskclaim_worker agents of {a.concurrency} jobs at once, lease {a.lease:g}s, work {a.work_seconds:g}s"
+            f"{a.agents} taskclaim_worker agents of {a.concurrency} jobs at once, lease {a.lease:g}s, "
+            f"work {a.work_seconds:g}s"
         )
 
     def on_event(self, agent: Agent, ev: dict[str, Any]) -> None:
