@@ -380,7 +380,7 @@ def _slot(job: _Job, claim: Claim) -> None:
     round for all (:mod:`~django_taskclaim.lifecycle.renewal`)."""
     claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
-        _give_back(claim)
+        _release_unstarted(claim)
     elif _started(claim, None, job.stats):
         _run(job.runner, claim, job.stats, _finisher(0, None, [], ""), job.timeout)
 
@@ -389,7 +389,7 @@ async def _aslot(job: _Job, claim: Claim) -> None:
     """:func:`_slot` for a coroutine body, on the pool's event loop (ORM calls on its sync thread)."""
     claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
-        await sync_to_async(_give_back)(claim)
+        await sync_to_async(_release_unstarted)(claim)
     elif await sync_to_async(_started)(claim, None, job.stats):
         try:
             executed = await _aexecute(job.runner, claim, _finisher(0, None, [], ""),
@@ -400,7 +400,7 @@ async def _aslot(job: _Job, claim: Claim) -> None:
         _counted(executed, job.stats)
 
 
-def _give_back(claim: Claim) -> None:
+def _release_unstarted(claim: Claim) -> None:
     """Release a reserved claim unrun: its attempt count unchanged."""
     with suppress(StaleClaim, *_UNREACHABLE):
         claim.release()

@@ -162,3 +162,26 @@ def test_the_command_runs_django_tasks_sync_and_async_with_concurrency() -> None
     for result in results:
         result.refresh()
     assert [r.return_value for r in results] == [3, 7, 11, 15]
+
+
+def test_a_slot_given_a_reserved_claim_after_the_stop_releases_it_uncharged() -> None:
+    """The claimer hands a slot a reserved claim, then the worker is stopped before the slot starts
+    it: it is given back, its attempt count unchanged, and never run."""
+    import threading as _threading
+
+    from django_taskclaim.worker import HandlerRunner, _Budget, _Job, _slot
+
+    queue(2, prefix="r")
+    first, second = Task.objects.claim_next(owner="w", limit=2, reserve=True)
+    assert second.reserved
+    ran: list[str] = []
+    job = _Job(runner=HandlerRunner(lambda claim: ran.append(claim.key)), owner="w", lease=30, tenant=None,
+               queues=["default"], batch=2, wait=0.1, until_drained=False, stop=_threading.Event(),
+               budget=_Budget(None), concurrency=2)
+    job.stop.set()
+    _slot(job, second)
+    assert ran == []
+    row = Task.objects.get(pk=second.task_id)
+    assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+    _slot(job, first)  # started by its claim: in flight already, it runs to its end
+    assert ran == ["r000"] and Task.objects.get(pk=first.task_id).status == Task.Status.SUCCEEDED
