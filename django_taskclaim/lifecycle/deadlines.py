@@ -55,6 +55,9 @@ def time_out(claim: Claim, seconds: float, policy: Policy) -> str | None:
     ended meanwhile (completed in time, or taken over)."""
     error = TimedOut(f"the attempt ran past its timeout of {seconds:g} s: {claim.named()}")
     retry = policy.retries(error)
+    # The next task of a one-at-a-time worker's batch must not start now: this worker is still
+    # busy with the body that cannot be stopped. It stays reserved, started when its turn comes.
+    claim.then_start(None)
     claim.lost_reason = error  # before the write: the body's ending, refused by it, is counted as this
     try:
         status = claim.fail(policy.recorded(error), retry=retry,

@@ -183,3 +183,24 @@ def test_the_command_takes_a_timeout_for_a_handler_only() -> None:
         call_command("taskclaim_worker", "tests.programs.worker_handlers.effect", "--timeout", "0")
     with pytest.raises(CommandError, match="--timeout is for a handler worker"):
         call_command("taskclaim_worker", "--timeout", "5", stdout=io.StringIO())
+
+
+def test_a_timeout_does_not_start_the_next_task_of_a_busy_one_at_a_time_worker() -> None:
+    """``batch=2``, one task at a time: the first task's ending would start the second in its commit.
+    The timeout's ending must not: the worker is still busy with the body it cannot stop, so the
+    second stays reserved, and a rival that takes it meanwhile pays no attempt for this worker."""
+    Task.objects.ensure("b000", queue="default", priority=10, max_attempts=1)
+    Task.objects.ensure("b001", queue="default")
+    rival: list[Any] = []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        if claim.key == "b000":
+            wait_until(lambda: fenced_off(claim), timeout=20, interval=0.02, what="the timeout's fencing")
+            rival.extend(wait_until(lambda: Task.objects.claim_next(owner="rival", lease=60), timeout=20,
+                                    interval=0.05, what="a rival to take b001"))
+        return claim.key
+
+    stats = work(handler, owner="serial", lease=1, batch=2, max_tasks=2, timeout=0.3)
+    assert [c.key for c in rival] == ["b001"] and rival[0].attempt == 1
+    assert Task.objects.get(key="b001").attempts == 1
+    assert (stats.timed_out, stats.fenced_off) == (1, 1)
