@@ -71,7 +71,8 @@ def test_sixteen_tasks_in_flight_are_renewed_in_one_statement_a_round(monkeypatc
         wait_until(lambda: rounds.count() >= 3, timeout=30, interval=0.02, what="three renewal rounds")
         return claim.key
 
-    stats = work(handler, owner="many", lease=0.6, concurrency=16, batch=16, until_drained=True, poll=0.05)
+    # A lease long enough for sixteen threads' starts on SQLite's one writer on a loaded machine.
+    stats = work(handler, owner="many", lease=1.5, concurrency=16, batch=16, until_drained=True, poll=0.05)
     assert stats.succeeded == 16
     assert rounds.singles == 0  # no heartbeat of its own for any task
     # Every round renewed the tasks then in flight together: the sixteen of them, once all started.
@@ -102,7 +103,7 @@ def test_a_task_taken_over_is_told_alone_and_the_others_run_on(monkeypatch) -> N
         lost[claim.key] = claim.lost.is_set()
         return claim.key
 
-    stats = work(handler, owner="mine", lease=0.6, concurrency=3, batch=3, max_tasks=3)
+    stats = work(handler, owner="mine", lease=1.2, concurrency=3, batch=3, max_tasks=3)
     assert lost == {"t000": False, "t001": True, "t002": False}
     assert (stats.succeeded, stats.fenced_off) == (2, 1)
     t001 = Task.objects.get(key="t001")
