@@ -45,7 +45,7 @@ from asgiref.sync import sync_to_async
 from django.db import DataError, transaction
 
 from ..conf import settings
-from ..exceptions import InvalidResult, StaleClaim, TaskBusy, TaskClaimError, TaskFailed
+from ..exceptions import InvalidResult, StaleClaim, TaskBusy, TaskClaimError, TaskFailed, TimedOut
 from ..status import TERMINAL, Status
 from .claim import Claim
 from .transitions import in_transaction, task_model
@@ -276,8 +276,14 @@ def conclude(
     ``retry()``, before Celery publishes the retry): ``conclude(claim, raised=error, policy=...)``.
     """
     executed = _conclude(claim, value, raised, policy, finish, storing, rolled_back)
-    executed.stopped = raised is not None and policy.stops(raised)
+    executed.stopped = raised is not None and policy.stops(raised) and not _cancelled_by_its_timeout(claim, raised)
     return executed
+
+
+def _cancelled_by_its_timeout(claim: Claim, raised: BaseException) -> bool:
+    """An async body cancelled because its timeout fenced it off: the attempt's ending (recorded
+    as ``TimedOut``), not a shutdown of the worker."""
+    return isinstance(raised, asyncio.CancelledError) and isinstance(claim.lost_reason, TimedOut)
 
 
 def _conclude(
