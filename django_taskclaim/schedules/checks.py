@@ -26,7 +26,7 @@ E304 = spec("django_taskclaim.E304", "TASKCLAIM_SCHEDULES[{name!r}]['task']: {pr
 E305 = spec("django_taskclaim.E305", "{problem}",
             "pip install 'django-taskclaim[schedules]' (cronsim), or use 'every' (seconds) instead of 'cron'.")
 
-_BY_FIELD = {"cron": E302, "timezone": E303}
+_BY_KIND = {"cron": E302, "timezone": E303}
 
 
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -44,7 +44,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             found.append(E305.error(problem=str(exc)))
             continue
         except ScheduleError as exc:
-            found.append(_BY_FIELD.get(exc.field, E301).error(problem=str(exc)))
+            found.append(_BY_KIND.get(exc.kind, E301).error(problem=str(exc)))
             continue
         problem = task_problem(schedule)
         if problem is not None:

@@ -31,10 +31,11 @@ TICK_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 class ScheduleError(ValueError):
     """A schedule that cannot be used; the message names the schedule and the field."""
 
-    def __init__(self, name: str, field: str, problem: str) -> None:
+    def __init__(self, name: str, field: str, problem: str, *, kind: str = "") -> None:
         super().__init__(f"TASKCLAIM_SCHEDULES[{name!r}][{field!r}]: {problem}" if field
                          else f"TASKCLAIM_SCHEDULES[{name!r}]: {problem}")
-        self.name, self.field, self.problem = name, field, problem
+        #: ``kind``: "cron" (an expression cronsim refuses), "timezone" (an unknown zone), else "".
+        self.name, self.field, self.problem, self.kind = name, field, problem, kind
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,8 @@ def parse(name: object, entry: object) -> Schedule:
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ScheduleError(name, "timezone", f"unknown timezone {zone!r} (an IANA name, e.g. 'Europe/Paris')") \
-            from None
+        raise ScheduleError(name, "timezone", f"unknown timezone {zone!r} (an IANA name, e.g. 'Europe/Paris')",
+                            kind="timezone") from None
     values["timezone"] = zone
     if cron is not None:
         values["cron"] = cron_expression(name, cron)
@@ -220,7 +221,7 @@ def cron_expression(name: str, cron: object) -> str:
     try:
         CronSim(cron, datetime.now(UTC))
     except CronSimError as exc:
-        raise ScheduleError(name, "cron", f"{cron!r} is not a cron expression: {exc}") from None
+        raise ScheduleError(name, "cron", f"{cron!r} is not a cron expression: {exc}", kind="cron") from None
     return cron
 
 
