@@ -4,9 +4,9 @@ the lag gauge."""
 
 from __future__ import annotations
 
-import builtins
 import io
 import json
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -85,14 +85,7 @@ def test_e304_a_task_that_does_not_import_or_is_not_a_task(path: str, problem: s
 
 
 def test_e305_a_cron_schedule_without_cronsim(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def without_cronsim(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "cronsim":
-            raise ImportError("No module named 'cronsim'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", without_cronsim)
+    monkeypatch.setitem(sys.modules, "cronsim", None)  # an import of it raises ImportError
     [(check_id, msg)] = errors({"nightly": {"task": TICK, "cron": "* * * * *"}})
     assert check_id == "django_taskclaim.E305" and "pip install 'django-taskclaim[schedules]'" in msg
     assert errors({"nightly": {"task": TICK, "every": 60}}) == []  # an interval needs no cronsim
