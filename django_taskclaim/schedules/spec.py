@@ -118,17 +118,16 @@ class Schedule:
             return [datetime.fromtimestamp(last - i * self.every, UTC) for i in range(back - 1, -1, -1)]
         from cronsim import CronSim
 
-        found: list[datetime] = []
-        zone = ZoneInfo(self.timezone)
-        start = now.astimezone(zone).replace(microsecond=0) + timedelta(seconds=1)
-        for tick in CronSim(self.cron, start, reverse=True):
-            tick = tick.astimezone(UTC)
-            if tick > now:
-                continue
-            found.append(tick)
-            if len(found) == back or now - tick > timedelta(days=400 * back):
+        # cronsim's reverse walk can skip a tick next to a repeated hour (from 02:00:02 CET on
+        # 2026-10-25 it misses 02:30 CEST), so it only finds where to start: the ticks themselves
+        # are the forward walk's, the one that fires them (after()), from a few hours earlier.
+        start = (now + timedelta(seconds=1)).astimezone(ZoneInfo(self.timezone)).replace(microsecond=0)
+        earliest = now
+        for count, tick in enumerate(CronSim(self.cron, start, reverse=True), 1):
+            earliest = min(earliest, tick.astimezone(UTC))
+            if count > back or now - earliest > timedelta(days=400 * back):
                 break
-        return found[::-1]
+        return self.due(earliest - timedelta(hours=3), now, back)
 
     def next_after(self, moment: datetime) -> datetime | None:
         return next(iter(self.after(moment)), None)

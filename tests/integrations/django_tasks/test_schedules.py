@@ -177,6 +177,9 @@ def test_dst_repeated_hour_a_wall_clock_time_fires_once() -> None:
     # 2026-10-25: 03:00 CEST goes back to 02:00 CET; 02:30 happens twice on the wall clock.
     ticks = day_ticks(cron("30 2 * * *"), datetime(2026, 10, 25))
     assert ticks == [datetime(2026, 10, 25, 0, 30, tzinfo=UTC)]  # 02:30 CEST, its first pass only
+    # Looking back from 02:00:01 CET (what catch-up and the admin do): that 02:30 CEST is the newest.
+    assert cron("30 2 * * *").latest(datetime(2026, 10, 25, 1, 0, 1, tzinfo=UTC), 2) == [
+        datetime(2026, 10, 24, 0, 30, tzinfo=UTC), datetime(2026, 10, 25, 0, 30, tzinfo=UTC)]
 
 
 def test_dst_every_hour_fires_by_elapsed_time_25_ticks_on_the_long_day() -> None:
@@ -201,3 +204,18 @@ def test_every_is_aligned_to_the_epoch_whatever_the_timezone() -> None:
 def test_a_scheduler_refuses_a_task_that_is_not_a_task() -> None:
     with pytest.raises(ScheduleError, match=r"'task'.*is not a task"):
         Scheduler([parse("bad", {"task": "tests.testapp.tasks.Path", "every": 1})])
+
+
+def test_a_cron_schedule_catches_up_from_the_database_in_its_timezone() -> None:
+    schedule = parse("beat", {"task": "tests.testapp.tasks.tick", "cron": "*/5 * * * *", "catch_up": "all"})
+    fire(schedule, T0)
+    Scheduler([schedule], clock=Clock(T0 + timedelta(minutes=17, seconds=30))).run_pending()
+    assert ticks_in_db() == sorted(key(T0 + timedelta(minutes=m)) for m in (0, 5, 10, 15))
+    # Europe/Paris, the night of 2026-10-25: 02:00 CEST fired; an hour later the wall clock says
+    # 02:00 again (CET), another instant: a tick of its own, fired once by however many schedulers.
+    paris = parse("beat", {"task": "tests.testapp.tasks.tick", "cron": "0 * * * *", "timezone": "Europe/Paris"})
+    first = datetime(2026, 10, 25, 0, 0, tzinfo=UTC)
+    fire(paris, first)
+    clock = Clock(first + timedelta(hours=1, seconds=1))
+    assert sum(Scheduler([paris], clock=clock).run_pending() for _ in range(3)) == 1
+    assert newest_fired(paris, clock.now) == first + timedelta(hours=1)
