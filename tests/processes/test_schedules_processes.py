@@ -1,9 +1,12 @@
 """Schedules across real scheduler processes (``manage.py taskclaim_scheduler``): three of them on
 a 1-second schedule, one SIGKILLed, one SIGSTOPped and resumed, one under a skewed clock
-(libfaketime); every tick enqueued once, none lost, each run once and never before its time.
+(libfaketime), and a worker running the ticks as they come; every tick enqueued once, none lost,
+each run once and never before its time.
 
-The CI form runs ``TASKCLAIM_TEST_SCHEDULE_SECONDS`` (default 8) ticks of the schedule per skew;
-set it to 60 for the issue's minute."""
+The CI form runs about ``TASKCLAIM_TEST_SCHEDULE_SECONDS`` (default 8) ticks with the skewed clock
+2 s ahead (a tick enqueued early must not start early: the case that can go wrong); the long form
+sets it to 60 (the issue's minute) and ``TASKCLAIM_TEST_SCHEDULE_SKEWS=+2s,-2s`` (one behind too:
+it fires late, alone, while the others are down)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from django_taskclaim.worker import work
 from tests.chaos.harness import FAKETIME_LIB
 
 SECONDS = int(os.environ.get("TASKCLAIM_TEST_SCHEDULE_SECONDS", "8"))
+SKEWS = os.environ.get("TASKCLAIM_TEST_SCHEDULE_SKEWS", "+2s").split(",")
 SCHEDULE = {"beat": {"task": "tests.testapp.tasks.tick", "every": 1, "kwargs": {"label": "race"}}}
 
 
@@ -37,7 +41,7 @@ def grown_by(n: int, what: str) -> None:
 
 
 @pytest.mark.skipif(not os.path.exists(FAKETIME_LIB), reason="libfaketime is not installed")
-@pytest.mark.parametrize("skew", ["+2s", "-2s"])  # a scheduler ahead fires early, one behind late
+@pytest.mark.parametrize("skew", SKEWS)  # a scheduler ahead fires early, one behind late
 @pytest.mark.django_db(transaction=True)
 def test_three_schedulers_killed_paused_and_skewed_fire_every_tick_once(processes, skew: str) -> None:  # type: ignore[no-untyped-def]
     env = {"TASKCLAIM_TEST_SCHEDULES": json.dumps(SCHEDULE)}
@@ -45,15 +49,18 @@ def test_three_schedulers_killed_paused_and_skewed_fire_every_tick_once(processe
     paused = processes.start("django", "taskclaim_scheduler", "--json", env=env)
     skewed = processes.start("django", "taskclaim_scheduler", "--json", env={
         **env, "LD_PRELOAD": FAKETIME_LIB, "FAKETIME": skew, "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+    # A worker runs the ticks as they come: one enqueued early by the scheduler ahead would start early.
+    worker = processes.start("django", "taskclaim_worker", "--queue", "default", "--json", env=env)
     grown_by(3, "three ticks with all three schedulers up")
     killed.kill()
     paused.stop()
     grown_by(SECONDS // 2, "ticks with one scheduler killed and one paused")
     paused.cont()  # it finds its ticks missed, and asks the database what was fired meanwhile
     grown_by(max(2, SECONDS // 4), "ticks after the paused scheduler resumed")
-    for child in (paused, skewed):
+    for child in (paused, skewed, worker):
         child.signal(signal.SIGTERM)
     fired = [child.finish(30)["fired"] for child in (paused, skewed)]  # exit 0 on SIGTERM, and what each created
+    assert worker.finish(30)["succeeded"] >= SECONDS // 2  # it ran most of them while they were due
     assert fired[1] >= SECONDS // 2  # alone while the others were down, the skewed one fired them all
 
     schedule = parse("beat", SCHEDULE["beat"])
@@ -76,4 +83,4 @@ def test_three_schedulers_killed_paused_and_skewed_fire_every_tick_once(processe
         # while the skewed scheduler was alone.
         early = [(row.run_after - row.created_at).total_seconds()
                  for row in Task.objects.filter(key__endswith=":schedule%3Abeat")]
-        assert max(early) > 1.0 if skew == "+2s" else min(early) < -1.0, early
+        assert max(early) > 1.0 if skew.startswith("+") else min(early) < -1.0, early
