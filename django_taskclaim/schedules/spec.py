@@ -32,8 +32,8 @@ class ScheduleError(ValueError):
     """A schedule that cannot be used; the message names the schedule and the field."""
 
     def __init__(self, name: str, field: str, problem: str, *, kind: str = "") -> None:
-        super().__init__(f"TASKCLAIM_SCHEDULES[{name!r}][{field!r}]: {problem}" if field
-                         else f"TASKCLAIM_SCHEDULES[{name!r}]: {problem}")
+        where = f"TASKCLAIM_SCHEDULES[{name!r}]" + (f"[{field!r}]" if field else "") if name else ""
+        super().__init__(f"{where}: {problem}" if where else problem)
         #: ``kind``: "cron" (an expression cronsim refuses), "timezone" (an unknown zone), else "".
         self.name, self.field, self.problem, self.kind = name, field, problem, kind
 

@@ -61,6 +61,8 @@ def test_e301_names_a_bad_schedule_name_and_every_bad_schedule() -> None:
     assert "'has space'" in found[0][1] and "'other'" in found[1][1]
     assert errors({"Beat": {"task": TICK, "every": 5}, "beat": {"task": TICK, "every": 5}}) == [
         ("django_taskclaim.E301", "TASKCLAIM_SCHEDULES['beat']: differs from the schedule 'Beat' only in case")]
+    assert errors([{"task": TICK, "every": 5}]) == [
+        ("django_taskclaim.E301", "TASKCLAIM_SCHEDULES must be a dict of schedules, not list")]
 
 
 def test_e302_a_bad_cron_expression() -> None:
