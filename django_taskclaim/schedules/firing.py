@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import settings
 from .spec import ALL, LATEST, Schedule, schedules, task_problem
@@ -170,6 +170,14 @@ class Scheduler:
 
     def run(self, stop: threading.Event) -> None:
         """Fire due ticks until ``stop`` is set (SIGTERM, or the worker's end)."""
+        try:
+            self._loop(stop)
+        finally:
+            # In a worker's thread (--schedule) the connections are this thread's own: closed
+            # with it, not left open until the process ends.
+            connections.close_all()
+
+    def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             close_old_connections()
             try:

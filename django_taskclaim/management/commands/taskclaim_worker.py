@@ -94,13 +94,16 @@ class Command(TaskClaimCommand):
             runner, queue = self._handler(handler), queues or ["default"]
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        scheduler = None
         try:
             if schedule:  # a scheduler loop in a thread, stopped with the worker (the same event)
-                self._schedule(stop)
+                scheduler = self._schedule(stop)
             stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
                          max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop, using=database)
         finally:
             stop.set()
+            if scheduler is not None:
+                scheduler.join(5)  # its round in hand (a statement a tick) ends; it closes its connection
             for sig, old in previous.items():
                 signal.signal(sig, old)
         summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
@@ -112,12 +115,12 @@ class Command(TaskClaimCommand):
                               f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded")
 
     @staticmethod
-    def _schedule(stop: threading.Event) -> None:
+    def _schedule(stop: threading.Event) -> threading.Thread:
         from django_taskclaim.schedules import ScheduleError
         from django_taskclaim.schedules.firing import run_in_thread
 
         try:
-            run_in_thread(stop)
+            return run_in_thread(stop)
         except ScheduleError as exc:
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
 
