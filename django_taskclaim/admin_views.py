@@ -1,5 +1,5 @@
 """What the Task admin adds for queued work and Django tasks: the task path (column, filter,
-search), a search by task id, the queue overview page, and cancel and retry buttons on a
+search), a search by task id, the queue overview and schedules pages, and cancel and retry buttons on a
 task's page. A mixin of ``TaskAdmin`` (admin.py), kept apart from the list's state columns.
 
 The buttons call the same guarded queryset actions as the list's actions (``cancel()``,
@@ -66,6 +66,31 @@ def queue_overview(aliases: tuple[str, ...]) -> tuple[list[dict[str, Any]], dict
     return rows, unreachable
 
 
+def schedule_overview() -> tuple[list[dict[str, Any]], str]:
+    """Each schedule's standing (``schedules.status``) with a link to its last tick's task; and why
+    the setting cannot be read, if it cannot (the page says so rather than failing)."""
+    from .schedules import ScheduleError, configured
+    from .schedules.status import standing
+
+    try:
+        found = configured()
+    except ScheduleError as exc:
+        return [], str(exc)
+    rows = []
+    for schedule in found:
+        state = standing(schedule)
+        task = state.last_task
+        rows.append({
+            "name": schedule.name, "when": schedule.cron or f"every {schedule.every} s",
+            "timezone": schedule.timezone, "runs": schedule.task or f"queue {schedule.queue}",
+            "catch_up": schedule.catch_up, "last_tick": state.last_tick, "next_tick": state.next_tick,
+            "lag": state.lag, "task": task,
+            "task_url": None if task is None else reverse(
+                f"admin:{Task._meta.app_label}_{Task._meta.model_name}_change", args=[task.pk]),
+        })
+    return rows, ""
+
+
 class QueuedWorkAdminMixin:
     """The task path, the queue overview and the per-task cancel and retry buttons."""
 
@@ -110,6 +135,7 @@ class QueuedWorkAdminMixin:
         info = Task._meta.app_label, Task._meta.model_name
         own = [
             path("queues/", site.admin_view(self.queues_view), name="{}_{}_queues".format(*info)),
+            path("schedules/", site.admin_view(self.schedules_view), name="{}_{}_schedules".format(*info)),
             path("<int:pk>/cancel/", site.admin_view(require_POST(self.cancel_view)),
                  name="{}_{}_cancel".format(*info)),
             path("<int:pk>/retry/", site.admin_view(require_POST(self.retry_view)),
@@ -128,6 +154,18 @@ class QueuedWorkAdminMixin:
             "several": routing.several(),
         }
         return TemplateResponse(request, "admin/django_taskclaim/task/queues.html", context)
+
+    def schedules_view(self, request: HttpRequest) -> HttpResponse:
+        """Each schedule of ``TASKCLAIM_SCHEDULES``: when it fires, its last tick and that tick's task
+        (linked), its next tick and its lag. Read-only: the schedules live in the settings."""
+        if not self.has_view_permission(request):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        rows, problem = schedule_overview()
+        context = {
+            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            "title": _("Schedules"), "opts": Task._meta, "schedules": rows, "problem": problem,
+        }
+        return TemplateResponse(request, "admin/django_taskclaim/task/schedules.html", context)
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False,
                            change: bool = False, form_url: str = "", obj: Any = None) -> HttpResponse:
@@ -193,4 +231,5 @@ class QueuedWorkAdminMixin:
         return HttpResponseRedirect(url + query)
 
 
-__all__ = ["PATHS_FROM_RECENT", "PATH_CHOICES", "QueuedWorkAdminMixin", "TaskPathFilter", "queue_overview"]
+__all__ = ["PATHS_FROM_RECENT", "PATH_CHOICES", "QueuedWorkAdminMixin", "TaskPathFilter", "queue_overview",
+           "schedule_overview"]

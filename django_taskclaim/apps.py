@@ -10,6 +10,8 @@ class TaskClaimConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, contrib
+        from .schedules import checks as schedule_checks
 
         checks.register()
         contrib.register_checks()
+        schedule_checks.register()

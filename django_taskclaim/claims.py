@@ -13,6 +13,7 @@ from .lifecycle.api import (
     ensure,
     ensure_many,
     ensure_task,
+    insert_new,
     reclaim_expired,
     reclaim_expired_rows,
 )
@@ -23,5 +24,5 @@ from .store.rows import Moved, TaskRow
 
 __all__ = [
     "Claim", "ClaimOutcome", "Moved", "TaskRow", "claim", "claim_next", "complete_or_fail", "default_owner",
-    "ensure", "ensure_many", "ensure_task", "in_transaction", "reclaim_expired", "reclaim_expired_rows",
+    "ensure", "ensure_many", "ensure_task", "in_transaction", "insert_new", "reclaim_expired", "reclaim_expired_rows",
 ]

@@ -44,6 +44,9 @@ Setting                              Type       Default       Meaning
                                                               (planned once per server session). Set
                                                               ``False`` behind a pooler in transaction mode
                                                               (check E010).
+``TASKCLAIM_SCHEDULES``              dict       ``{}``        Schedules that fire once per tick, by name
+                                                              (docs/django-tasks.md, "Schedules"; checks
+                                                              E301-E305).
 ``TASKCLAIM_CELERY_APP``             str        ``None``      Dotted path of the Celery app the bridge's
                                                               checks inspect (default: the project's app, as
                                                               ``celery -A proj`` finds it;
@@ -109,6 +112,11 @@ class TaskClaimSettings:
     @property
     def MAX_LEASE(self) -> float:
         return float(self._get("MAX_LEASE", 7 * 24 * 3600.0))  # type: ignore[arg-type]
+
+    @property
+    def SCHEDULES(self) -> object:
+        """The raw ``TASKCLAIM_SCHEDULES``; read and checked by ``django_taskclaim.schedules``."""
+        return self._get("SCHEDULES", {})
 
     @property
     def JSON_ENCODER(self) -> object:

@@ -7,6 +7,7 @@ processes started by the tests set ``TASKCLAIM_TEST_DB_NAME`` to the test databa
 """
 
 import importlib.util
+import json
 import os
 import tempfile
 from typing import Any
@@ -192,3 +193,6 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# Schedules for the processes that tests start (taskclaim_scheduler): JSON in an environment variable.
+TASKCLAIM_SCHEDULES = json.loads(os.environ.get("TASKCLAIM_TEST_SCHEDULES") or "{}")

@@ -143,6 +143,32 @@ def ensure_task(
     return to_task(row, using), created
 
 
+def insert_new(
+    key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
+    dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str,
+    priority: int = 0, run_after: datetime | None = None, task_path: str = "",
+) -> Any:
+    """Create the queued task PENDING unless ``(tenant, key)`` exists: the new ``Task``, or ``None``
+    where the key was there already (whatever its payload: the existing task is not read).
+
+    One statement where the key exists (an INSERT that does nothing on a conflict): how a
+    schedule's tick is enqueued by any number of schedulers, once.
+    """
+    key, tenant = resolve_identity(key, tenant)
+    using = routing.route(tenant, using)
+    stored = payload_json(payload)
+    dispatch_json = None if dispatch is None else canonical_json(dispatch, "dispatch")
+    queue, priority, run_after = queue_name(queue), valid_priority(priority), valid_run_after(run_after)
+    task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
+    try:
+        row = transitions.insert(using, tenant=tenant, key=key, payload=stored, fingerprint=fingerprint_of(stored),
+                                 max_attempts=_max_attempts(max_attempts), dispatch=dispatch_json, queue=queue,
+                                 priority=priority, run_after=run_after, task_path=task_path)
+    except routing.UNREACHABLE as exc:
+        routing.unreachable(exc, using, tenant)
+    return None if row is None else to_task(row, using)
+
+
 def ensure_many(
     tasks: Iterable[tuple[str | TaskKey, str, Any]], max_attempts: int | None = None, *, queue: str,
     priority: int = 0, run_after: datetime | None = None, task_path: str = "", dispatch: dict[str, Any] | None = None,

@@ -350,6 +350,25 @@ def ensure(
     return row, False
 
 
+def insert(
+    using: str, *, tenant: str, key: str, payload: str | None, fingerprint: str, max_attempts: int,
+    dispatch: str | None, queue: str | None = None, priority: int = 0, run_after: datetime | None = None,
+    task_path: str = "",
+) -> TaskRow | None:
+    """Create the task PENDING unless ``(tenant, key)`` exists: the new row, or ``None``. Unlike
+    :func:`ensure`, an existing task is not read: one INSERT that does nothing on a conflict (what
+    a schedule's tick costs each scheduler that finds it already fired)."""
+    store = get_store(using)
+
+    def create(cursor: Any) -> TaskRow | None:
+        return store.ensure(cursor, tenant=tenant, key=key, payload=payload, fingerprint=fingerprint,
+                            max_attempts=max_attempts, dispatch=dispatch, queue=queue, priority=priority,
+                            run_after=run_after, task_path=task_path)
+
+    # Racing inserts of one key can deadlock on MySQL: _retried runs the insert again.
+    return _retried(using, lambda: _plain(using, create), store)
+
+
 def ensure_many(using: str, tasks: Sequence[NewTask]) -> list[tuple[TaskRow, bool]]:
     """Create PENDING tasks unless they exist, in one transaction (a savepoint inside the caller's):
     for each task, in order, its row and whether this call created it. A task that existed is

@@ -105,6 +105,28 @@ class ClaimBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
+    def enqueue_tick(self, task: Any, key: str, args: Sequence[Any], kwargs: dict[str, Any], tick: Any) -> Any:
+        """Enqueue ``task`` as the tick ``key`` of a schedule, not before ``tick``, unless that key exists:
+        its result, or ``None`` where the tick was enqueued already (by any scheduler).
+
+        One statement where the key exists (the tick's task is not read). The task's queue,
+        priority, lease and attempts hold as for ``enqueue``; the key is the tick's, whatever
+        the task's ``@keyed`` says (a tick is the work's identity).
+        """
+        from ..claims import insert_new
+
+        self.validate_task(task)
+        args, kwargs = normalize_json(args), normalize_json(kwargs)
+        row = insert_new(key, "", {"args": args, "kwargs": kwargs}, self.max_attempts_for(task.func),
+                         queue=task.queue_name, priority=task.priority, run_after=tick, task_path=task.module_path,
+                         dispatch={**self._dispatch(task), "run_after": tick.isoformat()},
+                         using=self.database_for(""))
+        if row is None:
+            return None
+        result = result_of(row, [], self.alias, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
     def enqueue_many(self, task: Any, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Any]:
         """Enqueue ``task`` once for each ``(args, kwargs)`` of ``calls``: their results, in order, each
         as ``task.enqueue(*args, **kwargs)`` would return it.

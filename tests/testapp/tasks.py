@@ -140,3 +140,16 @@ def counted(name: str) -> str:
 
 
 __all__ = ["Task"]
+
+
+@task()
+def tick(label: str = "") -> dict[str, Any]:
+    """A schedule's task (tests of TASKCLAIM_SCHEDULES): the tick it runs as, by its claim's key."""
+    return {"key": current_claim().key, "label": label}
+
+
+@task(queue_name="emails", priority=7)
+@keyed(lambda label="": TaskKey("not-the-tick", run=label))
+def keyed_tick(label: str = "") -> str:
+    """A keyed task fired by a schedule: the tick's key wins over the task's own identity."""
+    return current_claim().key

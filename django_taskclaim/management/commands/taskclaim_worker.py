@@ -79,12 +79,14 @@ class Command(TaskClaimCommand):
                             help="Run the handler inside claim.fenced(): its writes commit with the completion.")
         parser.add_argument("--owner", type=owner_name, default=None,
                             help="Worker identity, 255 characters at most (default: host:pid:random).")
+        parser.add_argument("--schedule", action="store_true",
+                            help="Also fire the ticks of TASKCLAIM_SCHEDULES, in a thread (as taskclaim_scheduler).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
                lease: float | None, batch: int, max_tasks: int | None, until_drained: bool, atomic: bool,
                owner: str | None, as_json: bool = False, database: str | None = None, concurrency: int = 1,
-               timeout: float | None = None, **options: Any) -> None:
+               timeout: float | None = None, schedule: bool = False, **options: Any) -> None:
         runner: Any
         if tenant is not None:
             try:
@@ -104,11 +106,17 @@ class Command(TaskClaimCommand):
             runner, queue = self._handler(handler, atomic), queues or ["default"]
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        scheduler = None
         try:
+            if schedule:  # a scheduler loop in a thread, stopped with the worker (the same event)
+                scheduler = self._schedule(stop)
             stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
                          max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop, using=database,
                          concurrency=concurrency, timeout=timeout)
         finally:
+            stop.set()
+            if scheduler is not None:
+                scheduler.join(5)  # its round in hand (a statement a tick) ends; it closes its connection
             for sig, old in previous.items():
                 signal.signal(sig, old)
         summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
@@ -121,6 +129,16 @@ class Command(TaskClaimCommand):
             self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
                               f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded"
                               + (f", {stats.timed_out} timed out" if stats.timed_out else ""))
+
+    @staticmethod
+    def _schedule(stop: threading.Event) -> threading.Thread:
+        from django_taskclaim.schedules import ScheduleError
+        from django_taskclaim.schedules.firing import run_in_thread
+
+        try:
+            return run_in_thread(stop)
+        except ScheduleError as exc:
+            raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
 
     @staticmethod
     def _handler(handler: str, atomic: bool) -> Any:

@@ -1,0 +1,46 @@
+"""``manage.py taskclaim_scheduler``: fire the ticks of ``TASKCLAIM_SCHEDULES`` (see
+:mod:`django_taskclaim.schedules`). Run as many as you like, on any host: each tick is a task
+identity, enqueued once whoever fires it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
+from django_taskclaim.schedules import ScheduleError, Scheduler
+
+
+class Command(TaskClaimCommand):
+    help = ("Enqueue the due ticks of TASKCLAIM_SCHEDULES, each once however many schedulers run; "
+            "loops until SIGTERM/SIGINT (or --once).")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true",
+                            help="Fire what is due now (by each schedule's catch-up policy) and exit: for cron.")
+        self.add_json_argument(parser)
+
+    def handle(self, *args: Any, once: bool, as_json: bool = False, **options: Any) -> None:
+        try:
+            scheduler = Scheduler()
+        except ScheduleError as exc:
+            raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
+        if not scheduler.schedules:
+            raise CommandError("TASKCLAIM_SCHEDULES names no schedule: nothing to fire", returncode=USAGE_ERROR)
+        if once:
+            scheduler.run_pending()
+        else:
+            stop = threading.Event()
+            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                scheduler.run(stop)
+            finally:
+                for sig, old in previous.items():
+                    signal.signal(sig, old)
+        if as_json:
+            self.write_json({"fired": scheduler.fired}, indent=None)
+        else:
+            self.stdout.write(f"taskclaim_scheduler: {scheduler.fired} tick(s) enqueued")
