@@ -1,0 +1,60 @@
+"""``@coalesced`` under 8 racing processes (forked by tests.programs.fleet, each with its own
+database session): a storm of enqueues while the group's task waits is that one task, with the
+arguments of the last enqueue to commit; a storm while it runs queues exactly one follow-up.
+In one process: tests/integrations/django_tasks/test_django_tasks_coalescing.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devtools.processes import Supervisor
+from django_taskclaim.models import CoalesceGroup, Task
+from tests.testapp import coalesced_tasks
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+RACERS, EACH = 8, 5
+PATH = "tests.testapp.coalesced_tasks.reindex"
+
+
+def storm(processes: Supervisor, doc: int) -> list[dict[str, Any]]:
+    """8 racers released at once, each enqueueing ``reindex(doc)`` EACH times: their "done" events."""
+    fleet = processes.start("tests.programs.fleet", str(RACERS), "tests.programs.coalescer", "storm", str(doc),
+                            str(EACH), group=True)
+    pids = {fleet.event("ready", timeout=60)["pid"] for _ in range(RACERS)}
+    fleet.send("go")
+    done = [fleet.event("done", timeout=60) for _ in range(RACERS)]
+    fleet.end_input()
+    fleet.finish(60)
+    assert {d["pid"] for d in done} == pids
+    return done
+
+
+def newest_of_a_racer(row: Task, done: list[dict[str, Any]]) -> None:
+    """The row holds the arguments of some racer's last enqueue: the last of all to commit (a racer's
+    enqueues commit in its order, so the last commit of the storm is a racer's last). The oldest
+    arguments winning, or a lost update, would leave an earlier ``i``."""
+    pid, i = row.payload["kwargs"]["version"]
+    assert pid in {d["pid"] for d in done} and i == EACH - 1, row.payload
+
+
+def test_a_storm_while_the_task_waits_is_one_task_with_the_last_committed_arguments(processes: Supervisor) -> None:
+    done = storm(processes, 1)
+    [row] = Task.objects.filter(task_path=PATH)
+    assert {i for d in done for i in d["ids"]} == {str(row.pk)}  # 40 enqueues, every caller the same id
+    assert row.status == Task.Status.PENDING and row.fencing_token == 0
+    newest_of_a_racer(row, done)
+    assert CoalesceGroup.objects.get(name="reindex:1").task_id == row.pk
+
+
+def test_a_storm_while_the_task_runs_queues_exactly_one_follow_up(processes: Supervisor) -> None:
+    running = coalesced_tasks.reindex.enqueue(2, version="first")
+    [claim] = Task.objects.claim_next(owner="worker", queue="default", path="*")
+    done = storm(processes, 2)
+    first, follow_up = Task.objects.filter(task_path=PATH).order_by("id")  # two tasks, never three
+    assert str(first.pk) == running.id and first.status == Task.Status.RUNNING
+    assert follow_up.status == Task.Status.PENDING and follow_up.fencing_token == 0
+    assert {i for d in done for i in d["ids"]} == {str(follow_up.pk)}
+    newest_of_a_racer(follow_up, done)
+    claim.complete("done")
