@@ -19,6 +19,7 @@ from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.models import CoalesceGroup, Task
 from django_taskclaim.tasks import coalesced, keyed
 from django_taskclaim.tasks.coalescing import MAX_GROUP_LENGTH
+from django_taskclaim.tasks.results import result_id
 from django_taskclaim.tasks.runner import TaskRunner
 from django_taskclaim.worker import work
 from tests.testapp import coalesced_tasks as ct
@@ -28,11 +29,16 @@ PATH = "tests.testapp.coalesced_tasks."
 
 
 def rows(name: str) -> list[Task]:
-    return list(Task.objects.filter(task_path=PATH + name).order_by("id"))
+    return list(Task.objects.for_tenant("").filter(task_path=PATH + name).order_by("id"))
+
+
+def groups() -> Any:
+    """The coalescing groups, in the database of tenant "" (that of every Django task's group)."""
+    return CoalesceGroup.objects.using(Task.objects.for_tenant("").db)
 
 
 def claim_one() -> Any:
-    [claim] = Task.objects.claim_next(owner="worker", queue="default", path="*")
+    [claim] = Task.objects.for_tenant("").claim_next(owner="worker", queue="default", path="*")
     return claim
 
 
@@ -48,7 +54,7 @@ def test_enqueues_while_it_waits_are_one_task_and_the_newest_arguments_win() -> 
     assert second.args == [7] and second.kwargs == {"version": 2}  # each caller's result, as it stood then
     work(TaskRunner("default"), owner="tester", queue="default", until_drained=True, poll=0.02)
     assert ct.reindex.get_result(first.id).return_value == {"doc": 7, "version": 3, "token": 1}
-    assert Task.objects.get(pk=row.pk).attempts == 1
+    assert Task.objects.for_tenant("").get(pk=row.pk).attempts == 1
 
 
 def test_while_it_runs_one_follow_up_is_queued_never_two_and_after_it_a_new_task() -> None:
@@ -98,7 +104,7 @@ def test_an_enqueue_rolled_back_with_the_callers_transaction_leaves_nothing() ->
     with pytest.raises(RuntimeError), transaction.atomic():
         ct.reindex.enqueue(3)
         raise RuntimeError("the caller's transaction rolls back")
-    assert rows("reindex") == [] and not CoalesceGroup.objects.exists()
+    assert rows("reindex") == [] and not groups().exists()
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -118,7 +124,7 @@ def test_a_group_that_is_not_a_short_printable_string_is_refused_naming_the_task
     with pytest.raises(InvalidArgument, match=r"grouped_by_value.*group") as caught:
         ct.grouped_by_value.enqueue(value)
     assert "coalesced" in str(caught.value)
-    assert not Task.objects.exists() and not CoalesceGroup.objects.exists()
+    assert not Task.objects.for_tenant("").exists() and not groups().exists()
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -127,10 +133,9 @@ def test_a_group_that_is_not_a_short_printable_string_is_refused_naming_the_task
 def test_any_short_printable_group_is_one_task(value: str) -> None:
     first, second = ct.grouped_by_value.enqueue(value), ct.grouped_by_value.enqueue(value)
     assert first.id == second.id
-    group = CoalesceGroup.objects.get(name=value)
-    assert str(group.task_id) == first.id
-    Task.objects.all().delete()
-    CoalesceGroup.objects.all().delete()
+    assert result_id(Task.objects.for_tenant("").get(pk=groups().get(name=value).task_id)) == first.id
+    Task.objects.for_tenant("").all().delete()
+    groups().all().delete()
 
 
 _NUMBERS = st.one_of(st.integers(min_value=-10**6, max_value=10**6),
@@ -188,10 +193,37 @@ def test_a_run_after_is_refused_for_a_coalesced_task() -> None:
     later = ct.reindex.using(run_after=timezone.now() + dt.timedelta(minutes=5))
     with pytest.raises(InvalidArgument, match="run_after"):
         later.enqueue(1)
-    assert not Task.objects.exists()
+    assert not Task.objects.for_tenant("").exists()
 
 
 def test_groups_compare_exactly() -> None:
     # MySQL/MariaDB's default collations would make these one group (migration 0005 makes them exact).
     ids = {ct.grouped_by_value.enqueue(value).id for value in ("doc:A", "doc:a", "doc:a ", "doc:á")}
     assert len(ids) == 4
+
+
+def test_aenqueue_and_enqueue_many_coalesce_as_enqueue_does() -> None:
+    from asgiref.sync import async_to_sync
+
+    from django_taskclaim.tasks import enqueue_many
+
+    first = async_to_sync(ct.reindex.aenqueue)(9, version=1)
+    assert async_to_sync(ct.reindex.aenqueue)(9, version=2).id == first.id
+    results = enqueue_many(ct.reindex, [((9,), {"version": 3}), ((10,), {}), ((9,), {"version": 4})])
+    assert [r.id for r in results] == [first.id, results[1].id, first.id] and results[1].id != first.id
+    assert [r.payload["kwargs"] for r in rows("reindex")] == [{"version": 4}, {}]
+
+
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_coalesce_task_groups_are_per_tenant_in_the_tenants_database() -> None:
+    from django_taskclaim.claims import coalesce_task
+    from tests.routers import TenantHash, tenants_on
+
+    tenants = [tenants_on(alias, 1, "coal-")[0] for alias in TenantHash.databases]  # one per shard where sharded
+    made = {tenant: coalesce_task("g", tenant, {"n": 1}, queue="default", task_path="") for tenant in tenants}
+    for tenant, (task, created) in made.items():
+        assert created and task._state.db == Task.objects.for_tenant(tenant).db
+        again, created = coalesce_task("g", tenant, {"n": 2}, queue="default", task_path="")
+        assert (again.pk, again._state.db, again.payload, created) == (task.pk, task._state.db, {"n": 2}, False)
+    with pytest.raises(InvalidArgument, match=r"max_delay \(1 s\) is shorter than delay \(2 s\)"):
+        coalesce_task("g", "", queue="default", task_path="", delay=2, max_delay=1)
