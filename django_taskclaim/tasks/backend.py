@@ -155,10 +155,10 @@ class ClaimBackend(BaseTaskBackend):
             group, "", {"args": args, "kwargs": kwargs}, self.max_attempts_for(task.func), queue=task.queue_name,
             priority=task.priority, task_path=task.module_path, delay=coalescing.delay, max_delay=coalescing.max_delay,
             dispatch=self._dispatch(task), using=self.database_for(""))
-        if not created:
-            return result_of(row, self._attempts(row.pk, row._state.db), self.alias, task)
+        # Either way the task never started (a collapse takes only a task no claim took): no attempts to read.
         result = result_of(row, [], self.alias, task)
-        task_enqueued.send(type(self), task_result=result)
+        if created:
+            task_enqueued.send(type(self), task_result=result)
         return result
 
     @staticmethod
