@@ -101,7 +101,8 @@ def test_delay_moves_the_not_before_time_with_each_enqueue_up_to_max_delay() -> 
 
 
 def test_an_enqueue_rolled_back_with_the_callers_transaction_leaves_nothing() -> None:
-    with pytest.raises(RuntimeError), transaction.atomic():
+    # The transaction of the task database (the caller's own where the tasks are in its database).
+    with pytest.raises(RuntimeError), transaction.atomic(using=Task.objects.for_tenant("").db):
         ct.reindex.enqueue(3)
         raise RuntimeError("the caller's transaction rolls back")
     assert rows("reindex") == [] and not groups().exists()
