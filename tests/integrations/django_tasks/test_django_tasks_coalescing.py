@@ -84,20 +84,37 @@ def test_a_failed_attempt_retried_is_its_own_task_and_the_follow_up_stays_one() 
 
 
 def test_delay_moves_the_not_before_time_with_each_enqueue_up_to_max_delay() -> None:
+    thirty = dt.timedelta(seconds=30)
     ct.debounced.enqueue(1, version=1)
     [row] = rows("debounced")
-    first_wait = (row.run_after - row.created_at).total_seconds()
-    assert 29.9 <= first_wait <= 30.1  # by the database clock: 30 s after the enqueue
+    assert row.run_after == row.created_at + thirty  # by the database clock: 30 s after the enqueue
     ct.debounced.enqueue(1, version=2)
     [again] = rows("debounced")
-    assert again.run_after >= row.run_after and again.payload["kwargs"] == {"version": 2}
+    assert row.run_after <= again.run_after <= row.created_at + 2 * thirty  # moved, never past max_delay
+    assert again.payload["kwargs"] == {"version": 2} and again.created_at == row.created_at
     # max_delay caps it: capped's delay equals its max_delay, so a later enqueue cannot move it.
     ct.capped.enqueue(5)
     [capped] = rows("capped")
     ct.capped.enqueue(5)
     [still] = rows("capped")
-    assert still.run_after == capped.run_after == capped.created_at + dt.timedelta(seconds=30) or (
-        abs((still.run_after - capped.created_at).total_seconds() - 30) < 0.002)  # SQLite: milliseconds
+    assert still.run_after == capped.run_after == capped.created_at + thirty
+
+
+def test_task_enqueued_is_sent_for_a_new_task_only() -> None:
+    from django_taskclaim.tasks.compat import task_enqueued
+
+    heard: list[str] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        heard.append(task_result.id)
+
+    task_enqueued.connect(receiver)
+    try:
+        first = ct.reindex.enqueue(4, version=1)
+        ct.reindex.enqueue(4, version=2)
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert heard == [first.id]
 
 
 def test_an_enqueue_rolled_back_with_the_callers_transaction_leaves_nothing() -> None:
