@@ -9,6 +9,7 @@ from .lifecycle.api import (
     ClaimOutcome,
     claim,
     claim_next,
+    coalesce_task,
     default_owner,
     ensure,
     ensure_many,
@@ -23,6 +24,7 @@ from .lifecycle.transitions import in_transaction
 from .store.rows import Moved, TaskRow
 
 __all__ = [
-    "Claim", "ClaimOutcome", "Moved", "TaskRow", "claim", "claim_next", "complete_or_fail", "default_owner",
-    "ensure", "ensure_many", "ensure_task", "in_transaction", "insert_new", "reclaim_expired", "reclaim_expired_rows",
+    "Claim", "ClaimOutcome", "Moved", "TaskRow", "claim", "claim_next", "coalesce_task", "complete_or_fail",
+    "default_owner", "ensure", "ensure_many", "ensure_task", "in_transaction", "insert_new", "reclaim_expired",
+    "reclaim_expired_rows",
 ]

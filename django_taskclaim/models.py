@@ -23,7 +23,7 @@ from .lifecycle.api import ClaimOutcome
 from .lifecycle.claim import Claim
 from .status import TERMINAL, Outcome, Status
 from .store import DbNow, DbNowPlus, get_store
-from .values import canonical_json
+from .values import MAX_GROUP_LENGTH, canonical_json
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -373,3 +373,27 @@ class Attempt(models.Model):
             "outcome": self.outcome,
             "stale_writes": self.stale_writes,
         }
+
+
+class CoalesceGroup(models.Model):
+    """A coalescing group of Django tasks (``@coalesced``) and its latest task: the row an enqueue of
+    the group locks, so that deciding "this waiting task, or a new one" is atomic across processes.
+
+    ``task_id`` is a plain number, not a foreign key: the task may be purged (with a raw ``DELETE``)
+    while the group lives on, and a group whose task is gone, ended or started gets a new one.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.CharField(_("tenant"), max_length=255, blank=True, default="")
+    name = models.CharField(_("group"), max_length=MAX_GROUP_LENGTH)
+    task_id = models.BigIntegerField(_("latest task"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("coalescing group")
+        verbose_name_plural = _("coalescing groups")
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="taskclaim_group_tenant_name_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.name}" if self.tenant else self.name

@@ -240,3 +240,36 @@ def valid_run_after(value: Any) -> datetime | None:
     if not isinstance(value, datetime) or timezone.is_naive(value):
         raise InvalidArgument(f"run_after must be an aware datetime, not {value!r}")
     return value
+
+
+#: The longest coalescing group: its task's key is ``coalesce:<group>:<32 hex digits>`` (at most 255).
+MAX_GROUP_LENGTH = 200
+
+
+def group_name(value: Any) -> str:
+    """A coalescing group as stored: a string of 1 to :data:`MAX_GROUP_LENGTH` printable characters
+    (it goes into the task's key); ``InvalidArgument`` saying what is wrong otherwise."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"the group must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgument("the group is empty: it must name the work that coalesces")
+    if len(value) > MAX_GROUP_LENGTH:
+        raise InvalidArgument(f"the group is {len(value)} characters long; the limit is {MAX_GROUP_LENGTH}")
+    if not value.isprintable():
+        bad = next(ch for ch in value if not ch.isprintable())
+        raise InvalidArgument(f"the group contains the non-printable character {bad!r} at position {value.index(bad)}")
+    _check_encodable(value, "the group", InvalidArgument)
+    return value
+
+
+def coalesce_seconds(value: Any, name: str, maximum: float) -> float:
+    """``delay``/``max_delay`` of a coalesced enqueue as seconds from 0 to ``maximum``; else ``InvalidArgument``."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value) if abs(value) < 1e300 else math.inf  # an int beyond any float: too long
+    else:
+        raise InvalidArgument(f"{name} must be seconds or a timedelta, not {value!r}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= maximum:
+        raise InvalidArgument(f"{name} must be from 0 to {maximum:g} seconds, not {value!r}")
+    return seconds

@@ -26,7 +26,9 @@ from ..values import (
     DEFAULT_QUEUE,
     MAX_PATH_LENGTH,
     canonical_json,
+    coalesce_seconds,
     fingerprint_of,
+    group_name,
     lease_seconds,
     payload_json,
     positive_int,
@@ -167,6 +169,43 @@ def insert_new(
     except routing.UNREACHABLE as exc:
         routing.unreachable(exc, using, tenant)
     return None if row is None else to_task(row, using)
+
+
+#: The longest ``delay``/``max_delay`` of a coalesced enqueue: 30 days.
+MAX_COALESCE_DELAY = 30 * 86400.0
+
+
+def coalesce_task(
+    group: str, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *, queue: str,
+    task_path: str, priority: int = 0, delay: float | timedelta = 0, max_delay: float | timedelta | None = None,
+    dispatch: dict[str, Any] | None = None, using: str | None = None,
+) -> tuple[Any, bool]:
+    """Enqueue into a coalescing ``group``: its waiting task (enqueued, never started) now with
+    ``payload`` and "not before" now + ``delay`` (but never past its first enqueue + ``max_delay``),
+    else a new queued task, not before now + ``delay``, that becomes the group's waiting task.
+    ``(task, created)``. Its key is ``coalesce:<group>:<32 random hex digits>``.
+
+    Atomic across processes (``transitions.coalesce``): of racing calls of one group, each either
+    joins the one waiting task or, once it started, the one follow-up that the first of them made.
+    """
+    group = group_name(group)
+    _, tenant = resolve_identity("-", tenant)
+    key, _ = resolve_identity(f"coalesce:{group}:{secrets.token_hex(16)}", tenant)
+    wait = coalesce_seconds(delay, "delay", MAX_COALESCE_DELAY)
+    cap = None if max_delay is None else coalesce_seconds(max_delay, "max_delay", MAX_COALESCE_DELAY)
+    if cap is not None and cap < wait:
+        raise InvalidArgument(f"max_delay ({cap:g} s) is shorter than delay ({wait:g} s)")
+    using = routing.route(tenant, using)
+    stored = payload_json(payload)
+    try:
+        row, created = transitions.coalesce(
+            using, tenant=tenant, group=group, key=key, payload=stored, fingerprint=fingerprint_of(stored),
+            max_attempts=_max_attempts(max_attempts), queue=queue_name(queue), priority=valid_priority(priority),
+            task_path=validate_text(task_path, "task_path", MAX_PATH_LENGTH), delay=wait, max_delay=cap,
+            dispatch=None if dispatch is None else canonical_json(dispatch, "dispatch"))
+    except routing.UNREACHABLE as exc:
+        routing.unreachable(exc, using, tenant)
+    return to_task(row, using), created
 
 
 def ensure_many(

@@ -407,6 +407,22 @@ def ensure_many(using: str, tasks: Sequence[NewTask]) -> list[tuple[TaskRow, boo
     return _retried(using, once, store)
 
 
+def coalesce(
+    using: str, *, tenant: str, group: str, key: str, payload: str | None, fingerprint: str, max_attempts: int,
+    dispatch: str | None, queue: str, priority: int, task_path: str, delay: float, max_delay: float | None,
+) -> tuple[TaskRow, bool]:
+    """The group's waiting task with these arguments, or a new one: ``(row, created)``.
+
+    One transaction (a savepoint inside the caller's, whose commit it then waits for) whose first
+    statement takes the write lock on SQLite and the group's row lock elsewhere (``Store.coalesce``).
+    """
+    store = get_store(using)
+    return _write(using, lambda cursor: store.coalesce(
+        cursor, tenant=tenant, group=group, key=key, payload=payload, fingerprint=fingerprint,
+        max_attempts=max_attempts, dispatch=dispatch, queue=queue, priority=priority, task_path=task_path,
+        delay=delay, max_delay=max_delay), operator=True)
+
+
 # -- an owner's writes -----------------------------------------------------------------------
 def heartbeat(holder: Holder, lease: float) -> datetime | None:
     """Extend the lease from the database clock; ``None`` if fenced off."""

@@ -22,6 +22,7 @@ from ..checkspec import spec
 from ..status import Outcome, Status
 from .rows import (
     ATTEMPT,
+    GROUP,
     TASK,
     Claimed,
     Found,
@@ -392,6 +393,36 @@ class MySQLStore(SQLStore):
         new = [(task.tenant, task.key) for task, made in zip(tasks, inserted, strict=True) if made]
         found = {(row.tenant, row.key): row for row in self.read_tasks(cursor, new)}
         return [found[(task.tenant, task.key)] if made else None for task, made in zip(tasks, inserted, strict=True)]
+
+    # -- coalescing: the portable ``coalesce`` with MySQL's upsert and no RETURNING -------------
+    def plus_seconds(self, column: str) -> str:
+        return f"TIMESTAMPADD(MICROSECOND, %s, {column})"
+
+    def lock_group(self, cursor: Any, tenant: str, group: str) -> int | None:
+        # The upsert takes the row's exclusive lock whether it inserted or met the row; the locking
+        # read then reads the latest committed task id (READ COMMITTED) under that lock.
+        cursor.execute(f"INSERT INTO {GROUP} (tenant, name, task_id) VALUES (%s, %s, NULL) "
+                       "ON DUPLICATE KEY UPDATE task_id = task_id", [tenant, group])
+        cursor.execute(f"SELECT task_id FROM {GROUP} WHERE tenant = %s AND name = %s FOR UPDATE", [tenant, group])
+        found = cursor.fetchone()
+        return None if found[0] is None else int(found[0])
+
+    def refresh_waiting(self, cursor: Any, task_id: int, *, task_path: str, payload: str | None, fingerprint: str,
+                        delay: float, max_delay: float | None) -> TaskRow | None:
+        # InnoDB re-checks the WHERE on the latest committed version of the row it locks.
+        cursor.execute(f"UPDATE {TASK} SET {self.waiting_set(max_delay)} WHERE {self.waiting()}",
+                       [*self.coalesce_params(payload, fingerprint, delay, max_delay), task_id, task_path])
+        if cursor.rowcount != 1:
+            return None
+        [row] = self._rows_by_id(cursor, [task_id])
+        return row
+
+    def insert_waiting(self, cursor: Any, params: Sequence[Any]) -> TaskRow:
+        new_id = self._insert(cursor, self.waiting_values(), list(params))
+        if new_id is None:  # 128 random bits met an existing key
+            raise IntegrityError(f"coalesced task key {params[1]!r} exists already")
+        [row] = self._rows_by_id(cursor, [new_id])
+        return row
 
     # -- an owner's writes ----------------------------------------------------------------
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:

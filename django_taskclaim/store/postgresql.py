@@ -129,6 +129,9 @@ class PostgreSQLStore(SQLStore):
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
+    def plus_seconds(self, column: str) -> str:
+        return f"{column} + make_interval(secs => %s)"
+
     def system_check(self, alias: str, connection: Any) -> list[CheckMessage]:
         """E010: prepared statements cannot live behind a transaction-mode pooler.
 

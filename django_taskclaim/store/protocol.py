@@ -130,6 +130,17 @@ class Store(Protocol):
         ``cursor``'s transaction: for each task, in order, its new row, or ``None`` where its
         ``(tenant, key)`` exists (already, or named by an earlier task of ``tasks``)."""
 
+    def coalesce(
+        self, cursor: Any, *, tenant: str, group: str, key: str, payload: str | None, fingerprint: str,
+        max_attempts: int, dispatch: str | None, queue: str, priority: int, task_path: str, delay: float,
+        max_delay: float | None,
+    ) -> tuple[TaskRow, bool]:
+        """Inside a transaction the caller opened: the group's waiting task (pending, never claimed)
+        given ``payload`` and "not before" now + ``delay`` capped at its creation + ``max_delay``,
+        or a new queued task (``key``, not before now + ``delay``) that becomes the group's latest.
+        ``(row, created)``. Atomic across processes: the group's row is locked to the commit, and
+        the waiting task is taken only by a write whose guard the database re-checks on the row."""
+
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
         """The task ``(tenant, key)``, or ``None``."""
 

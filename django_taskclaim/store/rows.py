@@ -15,6 +15,8 @@ from ..status import Status
 
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
+#: Coalescing groups (``@coalesced`` Django tasks): each with the id of its latest task.
+GROUP = "django_taskclaim_coalescegroup"
 
 
 class TaskRow(NamedTuple):

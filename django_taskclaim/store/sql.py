@@ -26,6 +26,7 @@ from .rows import (
     ATTEMPT,
     ATTEMPT_COLUMNS,
     DATETIME_COLUMNS,
+    GROUP,
     JSON_COLUMNS,
     NO_ERROR,
     TASK,
@@ -548,6 +549,86 @@ class SQLStore:
             )
             found += (self.decode(r) for r in cursor.fetchall())
         return found
+
+    # -- coalescing (``@coalesced`` Django tasks) ------------------------------------------------
+    #: The smaller of two datetimes (SQLite's scalar ``min()``).
+    least = "LEAST"
+
+    def plus_seconds(self, column: str) -> str:
+        """SQL for the datetime ``column`` plus ``%s`` seconds (the parameter from :meth:`lease_param`)."""
+        raise NotImplementedError
+
+    def coalesce(
+        self, cursor: Any, *, tenant: str, group: str, key: str, payload: str | None, fingerprint: str,
+        max_attempts: int, dispatch: str | None, queue: str, priority: int, task_path: str, delay: float,
+        max_delay: float | None,
+    ) -> tuple[TaskRow, bool]:
+        """Inside a transaction: the group's waiting task with these arguments, or a new task.
+
+        The group's row is locked first (created if absent) and stays locked until the commit, so
+        enqueues of one group decide one after the other. Its latest task takes the arguments if it
+        still waits (:meth:`refresh_waiting`: a conditional write, re-checked on the row it locks, so
+        a claim that took the task first makes it match nothing); else a new task is inserted and
+        becomes the group's latest. ``(row, created)``.
+        """
+        latest = self.lock_group(cursor, tenant, group)
+        if latest is not None:
+            row = self.refresh_waiting(cursor, latest, task_path=task_path, payload=payload,
+                                       fingerprint=fingerprint, delay=delay, max_delay=max_delay)
+            if row is not None:
+                return row, False
+        row = self.insert_waiting(cursor, (tenant, key, max_attempts, payload, fingerprint, dispatch, queue,
+                                           priority, self.lease_param(delay), task_path))
+        cursor.execute(f"UPDATE {GROUP} SET task_id = %s WHERE tenant = %s AND name = %s", [row.id, tenant, group])
+        return row, True
+
+    def lock_group(self, cursor: Any, tenant: str, group: str) -> int | None:
+        """Create the group's row unless it exists, lock it to the end of the transaction: its latest task's id."""
+        self.execute(cursor, f"INSERT INTO {GROUP} (tenant, name, task_id) VALUES (%s, %s, NULL) "
+                             f"ON CONFLICT (tenant, name) DO UPDATE SET task_id = {GROUP}.task_id RETURNING task_id",
+                     [tenant, group])
+        found = cursor.fetchone()
+        return None if found[0] is None else int(found[0])
+
+    def waiting_set(self, max_delay: float | None) -> str:
+        """The SET of a collapse: the newest arguments, "not before" now + delay, capped at the first
+        enqueue (``created_at``) + ``max_delay`` (parameters: payload, fingerprint, delay[, max_delay])."""
+        not_before = self.lease_sql() if max_delay is None else f"{self.least}({self.lease_sql()}, "\
+                                                                f"{self.plus_seconds('created_at')})"
+        return (f"payload = {self.json_param}, payload_fingerprint = {self.param('text')}, run_after = {not_before}, "
+                f"updated_at = {self.now}")
+
+    def waiting(self) -> str:
+        """The group's latest task still waits: pending and never claimed (a claim raises its token,
+        and a retried or released task is pending again with its token up). Parameters: id, task path."""
+        return f"id = %s AND status = {PENDING} AND fencing_token = 0 AND task_path = %s"
+
+    def coalesce_params(self, payload: str | None, fingerprint: str, delay: float,
+                        max_delay: float | None) -> list[Any]:
+        params = [payload, fingerprint, self.lease_param(delay)]
+        return params if max_delay is None else [*params, self.lease_param(max_delay)]
+
+    def refresh_waiting(self, cursor: Any, task_id: int, *, task_path: str, payload: str | None, fingerprint: str,
+                        delay: float, max_delay: float | None) -> TaskRow | None:
+        """The task ``task_id`` with these arguments if it still waits (:meth:`waiting`); else ``None``."""
+        self.execute(cursor, f"UPDATE {TASK} SET {self.waiting_set(max_delay)} WHERE {self.waiting()} "
+                             f"RETURNING {self.returning()}",
+                     [*self.coalesce_params(payload, fingerprint, delay, max_delay), task_id, task_path])
+        found = cursor.fetchone()
+        return None if found is None else self.decode(found)
+
+    def waiting_values(self) -> str:
+        """A coalesced task's values: ``ensure()``'s, with "not before" now + the delay parameter."""
+        text = self.param("text")
+        return self.task_values(running=False, values=(
+            text, text, self.param("integer"), self.json_param, text, self.json_param, text,
+            self.param("smallint"), self.lease_sql(), text))
+
+    def insert_waiting(self, cursor: Any, params: Sequence[Any]) -> TaskRow:
+        """Insert a coalesced task (its key is new: 128 random bits); its row."""
+        self.execute(cursor, f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.waiting_values()}) "
+                             f"RETURNING {self.returning()}", list(params))
+        return self.decode(cursor.fetchone())
 
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
         self.execute(cursor, f"SELECT {self.columns()} FROM {TASK} WHERE tenant = %s AND {self.quote('key')} = %s",

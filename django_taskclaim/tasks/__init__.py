@@ -14,15 +14,19 @@ dead workers, retries with backoff, and exactly one task per declared identity.
         return "charged"
 
 Run the tasks with ``manage.py taskclaim_worker --queue default``; enqueue many at once with
-``enqueue_many(task, [(args, kwargs), ...])`` (one multi-row insert per 1,000). See docs/django-tasks.md.
+``enqueue_many(task, [(args, kwargs), ...])`` (one multi-row insert per 1,000). A task declared
+``@coalesced(group)`` is one task per group while it waits, and one follow-up while it runs.
+See docs/django-tasks.md.
 """
 
 from __future__ import annotations
 
 from ..execution import current_claim
 from .backend import ClaimBackend, enqueue_many
+from .coalescing import coalesced
 from .identity import AFTER_FAILURE, REUSE, RUN_AGAIN, claim_options, keyed
 
 __all__ = [
-    "AFTER_FAILURE", "REUSE", "RUN_AGAIN", "ClaimBackend", "claim_options", "current_claim", "enqueue_many", "keyed",
+    "AFTER_FAILURE", "REUSE", "RUN_AGAIN", "ClaimBackend", "claim_options", "coalesced", "current_claim",
+    "enqueue_many", "keyed",
 ]

@@ -21,11 +21,12 @@ from django.db import transaction
 
 from .. import routing
 from ..conf import settings
-from ..exceptions import InvalidTransition
+from ..exceptions import InvalidArgument, InvalidTransition
 from ..identity import resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE, RESULT_STATUS, UNFINISHED
 from ..values import lease_seconds, positive_int, timeout_seconds
+from .coalescing import Coalescing, coalescing_of, group_for
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, import_grace, options_of, same_call
 from .results import new_result, parse_result_id, result_of
@@ -93,6 +94,9 @@ class ClaimBackend(BaseTaskBackend):
         from ..claims import ensure_task
 
         self.validate_task(task)
+        coalescing = coalescing_of(task.func)
+        if coalescing is not None:
+            return self._coalesce(task, coalescing, args, kwargs)
         key, tenant, payload = self._call(task, identity_of(task.func), args, kwargs)
         row, created = ensure_task(
             key, tenant, payload, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
@@ -146,6 +150,9 @@ class ClaimBackend(BaseTaskBackend):
         from ..models import Task
 
         self.validate_task(task)
+        if coalescing_of(task.func) is not None:  # each call joins its group's task: one at a time
+            with transaction.atomic(using=self.database_for("")):
+                return [self.enqueue(task, args, dict(kwargs)) for args, kwargs in calls]
         identity = identity_of(task.func)
         # A generator: each call's arguments are encoded as they come, and kept no longer (every
         # call is still checked before the first insert).
@@ -164,6 +171,26 @@ class ClaimBackend(BaseTaskBackend):
             if created:
                 task_enqueued.send(sender, task_result=result)
         return results
+
+    def _coalesce(self, task: Any, coalescing: Coalescing, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """``enqueue`` of a ``@coalesced`` task: its group's waiting task, now with these arguments, or a
+        new task (see ``coalescing.coalesced``); ``task_enqueued`` is sent for a new task only."""
+        from ..claims import coalesce_task
+
+        if task.run_after is not None:
+            raise InvalidArgument(f"coalesced task {task.module_path!r}: run_after is not for a coalesced task; "
+                                  "its not-before time comes from coalesced(delay=..., max_delay=...)")
+        args, kwargs = normalize_json(args), normalize_json(kwargs)
+        group = group_for(task, coalescing, args, kwargs)
+        row, created = coalesce_task(
+            group, "", {"args": args, "kwargs": kwargs}, self.max_attempts_for(task.func), queue=task.queue_name,
+            priority=task.priority, task_path=task.module_path, delay=coalescing.delay, max_delay=coalescing.max_delay,
+            dispatch=self._dispatch(task), using=self.database_for(""))
+        # Either way the task never started (a collapse takes only a task no claim took): no attempts to read.
+        result = result_of(row, [], self.alias, task)
+        if created:
+            task_enqueued.send(type(self), task_result=result)
+        return result
 
     @staticmethod
     def _call(task: Any, identity: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, str, Any]:

@@ -46,6 +46,8 @@ def import_grace(value: object) -> float:
 
 _IDENTITY = "__taskclaim_identity__"
 _OPTIONS = "__taskclaim_options__"
+#: Where ``coalescing.coalesced`` keeps a task's coalescing (here, so that ``keyed`` can refuse it).
+COALESCED = "__taskclaim_coalesced__"
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ def keyed(identity: Callable[..., str | TaskKey], *, after_failure: str = REUSE)
 
     def decorate(func: F) -> F:
         _check_function(func, "keyed")
+        if getattr(func, COALESCED, None) is not None:
+            raise TypeError(f"{func.__module__}.{func.__qualname__} has both @keyed and @coalesced: a keyed "
+                            "task is one task per identity for ever, a coalesced one a task per group at a "
+                            "time; choose one")
         setattr(func, _IDENTITY, Identity(identity, after_failure))
         return func
 
