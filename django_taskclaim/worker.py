@@ -42,6 +42,7 @@ from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute
 from .models import Task
 from .status import Status
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
+from .wakeups import wait_for_work
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -259,7 +260,7 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 if drained:
                     break
                 if not claims:
-                    stop.wait(job.wait)
+                    wait_for_work(alias, job.queues, job.wait, stop)  # woken early by an enqueue (PostgreSQL)
                     continue
             claim = claims.pop(0)
             if _started(claim, previous, stats) and _still_ours(claim, stats):

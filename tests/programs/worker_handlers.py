@@ -45,3 +45,13 @@ def kills_itself_or_counts(claim: Claim) -> Any:
         os.kill(os.getpid(), signal.SIGKILL)
     Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
     return claim.key
+
+
+def stamps_its_start(claim: Claim) -> str:
+    """Write the time this task started (``time.time()``) to a file named by its key in
+    ``TASKCLAIM_TEST_STARTED_DIR``: the test compares it with the time it enqueued the task."""
+    started = time.time()
+    stamp = Path(os.environ["TASKCLAIM_TEST_STARTED_DIR"]) / claim.key
+    stamp.with_suffix(".part").write_text(repr(started))
+    stamp.with_suffix(".part").rename(stamp)  # whole, when the test sees it
+    return claim.key
