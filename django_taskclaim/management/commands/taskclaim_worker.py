@@ -6,7 +6,6 @@ runs the Django tasks that a ``ClaimBackend`` (``--backend``) enqueued.
 
 from __future__ import annotations
 
-import signal
 import threading
 from typing import Any
 
@@ -19,12 +18,14 @@ from django_taskclaim.management.arguments import (
     lease,
     owner_name,
     positive_int,
+    positive_seconds,
     queue_arg,
     task_database,
     tenant_name,
 )
-from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
-from django_taskclaim.values import MIN_LEASE
+from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
+from django_taskclaim.supervisor import OVERTIME, graceful_stop, supervise
+from django_taskclaim.values import MIN_LEASE, lease_seconds
 from django_taskclaim.worker import work
 from django_taskclaim.worker_runners import runner_without_handler
 
@@ -33,7 +34,8 @@ class Command(TaskClaimCommand):
     help = (
         "Claim queued tasks (due PENDING ones by priority, or RUNNING with an expired lease) of the "
         "named queues and run each: HANDLER(claim), or with no handler the Django task it names "
-        "(the tasks of a ClaimBackend); one commit per task. Stops on SIGTERM/SIGINT after the task in hand."
+        "(the tasks of a ClaimBackend); one commit per task. On SIGTERM/SIGINT stops claiming, finishes the "
+        "task in hand within --grace and gives back what it did not start."
     )
 
     def check(self, *args: Any, **kwargs: Any) -> None:
@@ -70,11 +72,19 @@ class Command(TaskClaimCommand):
                             help="Run the handler inside claim.fenced(): its writes commit with the completion.")
         parser.add_argument("--owner", type=owner_name, default=None,
                             help="Worker identity, 255 characters at most (default: host:pid:random).")
+        parser.add_argument("--processes", type=positive_int, default=None,
+                            help="Run this many worker processes under a supervisor that restarts one that "
+                                 "dies (default: none; this process is the one worker).")
+        parser.add_argument("--grace", type=positive_seconds, default=None,
+                            help="Seconds the tasks in hand have to finish after SIGTERM/SIGINT; then the "
+                                 "process exits (a supervisor kills its children) and they come back after "
+                                 "their lease (default: the lease).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
                lease: float | None, batch: int, max_tasks: int | None, until_drained: bool, atomic: bool,
-               owner: str | None, as_json: bool = False, database: str | None = None, **options: Any) -> None:
+               owner: str | None, as_json: bool = False, database: str | None = None, processes: int | None = None,
+               grace: float | None = None, **options: Any) -> None:
         runner: Any
         if tenant is not None:
             try:
@@ -89,14 +99,17 @@ class Command(TaskClaimCommand):
                 raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         else:
             runner, queue = self._handler(handler), queues or ["default"]
+        grace = lease_seconds(getattr(runner, "lease", None) if lease is None else lease) if grace is None else grace
+        if processes is not None:
+            self._supervise(processes, grace, as_json, dict(
+                options, handler=handler, queues=queues, backend=backend, tenant=tenant, lease=lease, batch=batch,
+                max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, owner=owner, as_json=as_json,
+                database=database, grace=grace))
+            return
         stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with graceful_stop(stop, grace):
             stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
                          max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop, using=database)
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
         summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
                    "unrecorded": stats.unrecorded}
         if as_json:
@@ -104,6 +117,22 @@ class Command(TaskClaimCommand):
         else:
             self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
                               f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded")
+
+    def _supervise(self, processes: int, grace: float, as_json: bool, options: dict[str, Any]) -> None:
+        """Run the worker in ``processes`` child processes (``django_taskclaim.supervisor``)."""
+        for name in ("stdout", "stderr", "processes"):  # streams stay here; each child is one worker
+            options.pop(name, None)
+        options["skip_checks"] = True  # checked here, once
+
+        def report(**event: Any) -> None:  # --json: one line per start, death, restart and stop, as they happen
+            if as_json:
+                self.stdout.write(dumps(event))
+                self.stdout.flush()
+
+        code = supervise(options, processes, grace, report)
+        if code:
+            why = "a worker was still busy after the grace" if code == OVERTIME else "a worker refused its options"
+            raise CommandError(f"taskclaim_worker: {why} (exit code {code})", returncode=code)
 
     @staticmethod
     def _handler(handler: str) -> Any:
