@@ -17,6 +17,7 @@ at its first wait and opened again after it is lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -143,6 +144,11 @@ class _Waker:
             logger.info("wake-ups of database %r heard again", self.alias, extra={"database": self.alias})
         self.lost = False
         return True
+
+    def __del__(self) -> None:
+        # The thread that waited ended (a worker's lane): its listening session ends with it.
+        with contextlib.suppress(Exception):  # at interpreter exit, or a connection already gone
+            self.drop()
 
     def drop(self) -> None:
         if self.listener is not None:

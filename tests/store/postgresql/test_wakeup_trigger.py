@@ -9,16 +9,16 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from django_taskclaim.models import Task
-from django_taskclaim.store.listening import Listener
+from django_taskclaim.store.listening import Listener, can_listen
 from django_taskclaim.tasks import enqueue_many
 from tests.conftest import expire
 from tests.testapp import tasks
 
 pytestmark = [
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY: PostgreSQL only"),
+    pytest.mark.skipif(not can_listen("default"), reason="LISTEN/NOTIFY: PostgreSQL, not behind a transaction pooler"),
     pytest.mark.django_db(transaction=True),
 ]
 
