@@ -248,9 +248,11 @@ def _ended(slot: _Slot, stopping: list[str], backoff: Backoff, report: Callable[
 
 
 def run_child(options: dict[str, Any], parent: int) -> None:
-    """A child's life: die with the supervisor, set Django up, run the worker command. A stop
-    signal that comes before the worker can handle it waits (blocked) until it can
-    (:func:`graceful_stop`), rather than killing a child half set up."""
+    """A child's life: die with the supervisor, set Django up, run the worker command. From here
+    the stop signals wait (blocked) until the worker can handle them (:func:`graceful_stop`),
+    rather than kill a child half set up; one that comes earlier, while the interpreter starts
+    (spawn's exec resets the signal mask), kills it before it claimed anything: the supervisor
+    counts that as a clean stop."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     _die_with(parent)
     import django

@@ -61,7 +61,9 @@ def test_a_child_killed_is_started_again_and_sigterm_stops_them_all_with_exit_0(
     boss.signal(signal.SIGTERM)
     assert boss.wait(60) == 0, boss.stderr()
     stopped = [e for e in boss.events if e.get("event") == "worker_stopped"]
-    assert sorted(e["exitcode"] for e in stopped) == [0, 0]
+    # 0, or SIGTERM's own default for a child still starting (its interpreter not yet set up: it
+    # had claimed nothing); the supervisor counts both as clean.
+    assert len(stopped) == 2 and all(e["exitcode"] in (0, -signal.SIGTERM) for e in stopped), stopped
     assert all(gone(pid) for pid in first | {again["pid"]})
 
 
@@ -139,3 +141,25 @@ def test_children_do_not_outlive_a_supervisor_killed_with_sigkill(processes: Sup
     children = [boss.event("worker_started", timeout=60)["pid"] for _ in range(2)]
     boss.kill()
     wait_until(lambda: all(gone(pid) for pid in children), timeout=30, what="the children to exit")
+
+
+def test_a_child_that_does_not_stop_by_itself_is_killed_after_the_grace(processes: Supervisor, tmp_path: Path) -> None:
+    """Each child holds a task in hand; one is frozen (SIGSTOP: it cannot even run its own grace
+    timer) and is SIGKILLed by the supervisor a second after the grace; the other finishes its
+    task and stops cleanly."""
+    for i in range(2):
+        Task.objects.ensure(f"t{i}", queue="default")
+    boss = supervisor(processes, GATED, "--processes", "2", "--grace", "1",
+                      env={"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)})
+    started = wait_until(lambda: len(set(started_tasks(tmp_path).values())) == 2 and started_tasks(tmp_path),
+                         timeout=60, what="each child to start a task")
+    frozen_key, frozen = sorted(started.items())[0]
+    os.kill(frozen, signal.SIGSTOP)
+    boss.signal(signal.SIGTERM)
+    assert boss.event("stopping", timeout=30)["signal"] == "SIGTERM"
+    (tmp_path / "gate").touch()
+    assert boss.wait(30) == OVERTIME, boss.stderr()
+    stopped = {e["pid"]: e["how"] for e in boss.events if e.get("event") == "worker_stopped"}
+    assert stopped == {pid: "signal SIGKILL" if pid == frozen else "exit code 0" for pid in started.values()}
+    assert Task.objects.get(key=frozen_key).status == Task.Status.RUNNING  # back when its lease expires
+    assert Task.objects.exclude(key=frozen_key).get().status == Task.Status.SUCCEEDED
