@@ -23,7 +23,10 @@ them. Phases:
    system's bulk call): django_taskclaim.tasks.ClaimBackend (``taskclaim_worker``, ``enqueue_many``)
    vs django-tasks-db (Python 3.11, Django 5.2) and django-ox (Python 3.12, Django 6.1), each peer
    in its own virtualenv, made on first use (``--smoke`` runs this phase only when ``--phases``
-   names it).
+   names it);
+7. enqueue-to-start latency on an idle system (``latency``), p50 and p99: one worker per system at its
+   defaults, tasks enqueued one at a time by another process (``benchmarks.latency``; not in ``--smoke``
+   unless ``--phases`` names it).
 
 Every comparison runs 3 interleaved rounds; each target is the lowest of its per-round ratios.
 """
@@ -42,7 +45,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, SMOKE, WORKER_BATCH, WORKER_DRAIN, Results, Sizes
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("bykey", "drain", "size", "race", "audit", "tasks")
+PHASES = ("bykey", "drain", "size", "race", "audit", "tasks", "latency")
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
 
@@ -342,6 +345,11 @@ class Bench:
 
         tasks_phase.run(self.url, self.sizes, self.results.tasks, peers=self.tasks_peers, log=log)
 
+    def latency(self) -> None:
+        from . import latency
+
+        latency.run(self.url, self.sizes.idle_samples, self.results.idle, peers=self.tasks_peers, log=log)
+
     def audit(self) -> None:
         from .workers import bykey_app, run_workers
 
@@ -484,7 +492,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.tasks_drain is not None and args.tasks_drain < 1:
         parser.error("--tasks-drain must be positive")
     if args.phases is None:
-        args.phases = ",".join(p for p in PHASES if not (args.smoke and p == "tasks"))
+        args.phases = ",".join(p for p in PHASES if not (args.smoke and p in ("tasks", "latency")))
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
@@ -551,6 +559,7 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         ("audit", bench.audit, "attempt audit trail on vs off"),
         ("tasks", bench.tasks_api, f"Django Tasks API: drain of {sizes.tasks_drain:,} tasks at "
                                    f"W={sizes.tasks_workers}, bulk enqueue of {sizes.tasks_bulk:,}"),
+        ("latency", bench.latency, f"enqueue-to-start latency on an idle system, {sizes.idle_samples} tasks"),
     ):
         if name not in phases:
             continue

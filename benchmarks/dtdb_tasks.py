@@ -16,3 +16,17 @@ EXECUTED: list[int] = []
 @task()
 def noop(i: int) -> None:
     EXECUTED.append(i)
+
+
+@task()
+def stamp(i: int) -> None:
+    """The latency phase's task: write the time it started to the file ``i`` in the folder
+    ``TASKCLAIM_BENCH_STAMPS`` (whole, by a rename), where the enqueuing process reads it."""
+    import os
+    import time
+    from pathlib import Path
+
+    started = time.time()
+    path = Path(os.environ["TASKCLAIM_BENCH_STAMPS"]) / str(i)
+    path.with_suffix(".part").write_text(repr(started))
+    path.with_suffix(".part").rename(path)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .results import Results, Sizes
 
-from . import tasks_report
+from . import latency, tasks_report
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, WORKER_BATCH, WORKER_DRAIN
 
 APP = APP_DRAIN  # every configuration of ours in the drain is named APP…
@@ -337,6 +337,8 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
         add("|---:|---:|---:|")
         add(f"| {r.audit['on']:,.0f} | {r.audit['off']:,.0f} | {_fmt_ratio(_ratio(r.audit['on'], r.audit['off']))} |")
         add("")
+    for line in latency.report(r.idle):
+        add(line)
     if r.phase_seconds:
         add("Phase durations: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.phase_seconds.items()) + ".")
         add("")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 APP_DRAIN = "django-taskclaim"
 WORKER_BATCH = 16  # the worker's batch in the drain's second configuration (procrastinate's top concurrency)
@@ -34,11 +35,14 @@ class Sizes:
     tasks_workers: int = 4
     tasks_drain: int = 5_000
     tasks_bulk: int = 10_000
+    #: The latency phase: tasks enqueued one at a time to an idle worker, per system.
+    idle_samples: int = 200
 
 
 SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
               table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
-              audit_workers=2, audit_seconds=0.3, peers=False, tasks_workers=2, tasks_drain=100, tasks_bulk=200)
+              audit_workers=2, audit_seconds=0.3, peers=False, tasks_workers=2, tasks_drain=100, tasks_bulk=200,
+              idle_samples=20)
 
 
 @dataclass
@@ -81,6 +85,8 @@ class Results:
     #: How many queues the table-size phase's tasks were spread over.
     size_queues: int = 0
     audit: dict[str, float] = field(default_factory=dict)
+    #: The latency phase (benchmarks.latency): latencies, skipped, versions.
+    idle: dict[str, Any] = field(default_factory=dict)
     tasks: TasksResults = field(default_factory=TasksResults)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

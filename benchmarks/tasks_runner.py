@@ -5,6 +5,7 @@
     python -m benchmarks.tasks_runner SYSTEM bulk N HOW       # empty the tables, time N enqueues
     python -m benchmarks.tasks_runner SYSTEM worker COMMAND [ARG ...]
     python -m benchmarks.tasks_runner SYSTEM count
+    python -m benchmarks.tasks_runner SYSTEM latency N        # N tasks one at a time to an idle worker
 
 SYSTEM is a key of ``benchmarks.tasks_systems.SYSTEMS``; ``TASKCLAIM_BENCH_URL`` names the
 database. Each step prints one ``@@result`` line of JSON; a worker first prints ``@@ready`` and
@@ -131,6 +132,37 @@ def worker(command: str, args: list[str]) -> dict[str, Any]:
     return {"executed": list(EXECUTED), "start": start, "end": end}
 
 
+#: Tasks enqueued before the latency phase measures (connections, imports and caches warm).
+LATENCY_WARMUP = 5
+
+
+def latency(samples: int) -> dict[str, Any]:
+    """Enqueue ``stamp`` tasks one at a time to the system's idle worker (started beside this
+    process), each after a pause of 50–150 ms once the task before it started (the worker waits
+    for work meanwhile, as on an idle system, at a random point of whatever loop it runs); the
+    seconds from just before each ``enqueue()`` (which commits) to the task's own recorded start."""
+    import random
+    from pathlib import Path
+
+    from benchmarks.dtdb_tasks import stamp
+
+    where = Path(os.environ["TASKCLAIM_BENCH_STAMPS"])
+    pauses = random.Random(0)
+    found: list[float] = []
+    for i in range(LATENCY_WARMUP + samples):
+        time.sleep(pauses.uniform(0.05, 0.15))  # the idle time being measured, not a synchronisation
+        enqueued = time.time()
+        stamp.enqueue(i)
+        path, deadline = where / str(i), enqueued + 60
+        while not path.exists():
+            if time.time() > deadline:
+                raise RuntimeError(f"task {i} did not start within 60 s")
+            time.sleep(0.001)  # a poll of the file the task writes
+        if i >= LATENCY_WARMUP:
+            found.append(float(path.read_text()) - enqueued)
+    return {"latencies": found}
+
+
 def count(system: str) -> dict[str, Any]:
     from benchmarks.tasks_systems import counts
 
@@ -156,6 +188,8 @@ def main(argv: list[str]) -> int:
             out = worker(rest[0], rest[1:])
         elif role == "count":
             out = count(system)
+        elif role == "latency":
+            out = latency(int(rest[0]))
         else:
             raise SystemExit(f"unknown role {role!r}")
     say(RESULT + json.dumps(out))

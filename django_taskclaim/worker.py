@@ -46,6 +46,7 @@ from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute,
 from .models import Task
 from .status import Status
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
+from .wakeups import wait_for_work
 from .worker_pool import Pool
 
 logger = logging.getLogger("django_taskclaim")
@@ -317,7 +318,7 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 if drained:
                     break
                 if not claims:
-                    stop.wait(job.wait)
+                    wait_for_work(alias, job.queues, job.wait, stop)  # woken early by an enqueue (PostgreSQL)
                     continue
             claim = claims.pop(0)
             if _started(claim, previous, stats) and _still_ours(claim, stats):
@@ -366,7 +367,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
             if drained:
                 break
             if not claims:
-                stop.wait(job.wait)
+                wait_for_work(alias, job.queues, job.wait, stop)  # woken early by an enqueue (PostgreSQL)
     except BaseException:  # interrupted (KeyboardInterrupt): the tasks in flight end, nothing more starts
         stop.set()
         raise

@@ -64,6 +64,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.django_db(*marker.args, **marker.kwargs, databases="__all__"), append=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_listener_left() -> Iterator[None]:
+    """A ``work()`` run in the test's thread may leave a listening session (wake-ups, PostgreSQL):
+    closed after each test, so that none holds the test database at its end."""
+    yield
+    from django_taskclaim import wakeups
+
+    wakeups.close()
+
+
 @pytest.fixture
 def processes(worker_env: dict[str, str]) -> Iterator[Supervisor]:
     """Child processes on the test database (``devtools.processes``); any still running at the end are killed."""

@@ -69,6 +69,8 @@ else:
 # TASKCLAIM_TEST_CONFIG names one supported Django setup; worker processes inherit it.
 TEST_CONFIG = os.environ.get("TASKCLAIM_TEST_CONFIG", "default")
 _default: dict[str, Any] = DATABASES["default"]
+if "TASKCLAIM_TEST_POLL_INTERVAL" in os.environ:  # a worker process that must not find work by polling
+    TASKCLAIM_POLL_INTERVAL = float(os.environ["TASKCLAIM_TEST_POLL_INTERVAL"])
 if "TASKCLAIM_TEST_PREPARED" in os.environ:  # "0" or "1": a test's child process, either way
     TASKCLAIM_PREPARED_STATEMENTS = os.environ["TASKCLAIM_TEST_PREPARED"] == "1"
 if TEST_CONFIG == "pool":

@@ -57,3 +57,24 @@ def paced_effect(claim: Claim) -> None:
     with claim.fenced():
         Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
         claim.complete({"by": os.getpid()})
+
+
+def stamps_its_start(claim: Claim) -> str:
+    """Write the time this task started (``time.time()``) to a file named by its key in
+    ``TASKCLAIM_TEST_STARTED_DIR``: the test compares it with the time it enqueued the task."""
+    started = time.time()
+    stamp = Path(os.environ["TASKCLAIM_TEST_STARTED_DIR"]) / claim.key
+    stamp.with_suffix(".part").write_text(repr(started))
+    stamp.with_suffix(".part").rename(stamp)  # whole, when the test sees it
+    return claim.key
+
+
+def waits_for_the_gate(claim: Claim) -> str:
+    """Tell the test this attempt began (``_started``), then hold the task in hand until the file
+    ``gate`` exists in ``TASKCLAIM_TEST_STARTED_DIR`` (the test opens it, or never does)."""
+    _started(claim)
+    gate = Path(os.environ["TASKCLAIM_TEST_STARTED_DIR"]) / "gate"
+    while not gate.exists():
+        time.sleep(0.01)  # the handler's own pace: it waits for the test's file
+    Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+    return claim.key

@@ -6,7 +6,6 @@ runs the Django tasks that a ``ClaimBackend`` (``--backend``) enqueued.
 
 from __future__ import annotations
 
-import signal
 import threading
 from typing import Any
 
@@ -24,8 +23,9 @@ from django_taskclaim.management.arguments import (
     task_database,
     tenant_name,
 )
-from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
-from django_taskclaim.values import MIN_LEASE
+from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
+from django_taskclaim.supervisor import OVERTIME, graceful_stop, supervise
+from django_taskclaim.values import MIN_LEASE, lease_seconds
 from django_taskclaim.worker import HandlerRunner, work
 from django_taskclaim.worker_runners import runner_without_handler
 
@@ -34,7 +34,8 @@ class Command(TaskClaimCommand):
     help = (
         "Claim queued tasks (due PENDING ones by priority, or RUNNING with an expired lease) of the "
         "named queues and run each: HANDLER(claim), or with no handler the Django task it names "
-        "(the tasks of a ClaimBackend); one commit per task. Stops on SIGTERM/SIGINT after the task in hand."
+        "(the tasks of a ClaimBackend); one commit per task. On SIGTERM/SIGINT stops claiming, finishes the "
+        "task in hand within --grace and gives back what it did not start."
     )
 
     def check(self, *args: Any, **kwargs: Any) -> None:
@@ -81,12 +82,20 @@ class Command(TaskClaimCommand):
                             help="Worker identity, 255 characters at most (default: host:pid:random).")
         parser.add_argument("--schedule", action="store_true",
                             help="Also fire the ticks of TASKCLAIM_SCHEDULES, in a thread (as taskclaim_scheduler).")
+        parser.add_argument("--processes", type=positive_int, default=None,
+                            help="Run this many worker processes under a supervisor that restarts one that "
+                                 "dies (default: none; this process is the one worker).")
+        parser.add_argument("--grace", type=positive_seconds, default=None,
+                            help="Seconds the tasks in hand have to finish after SIGTERM/SIGINT; then the "
+                                 "process exits (a supervisor kills its children) and they come back after "
+                                 "their lease (default: the lease).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
                lease: float | None, batch: int, max_tasks: int | None, until_drained: bool, atomic: bool,
                owner: str | None, as_json: bool = False, database: str | None = None, concurrency: int = 1,
-               timeout: float | None = None, schedule: bool = False, **options: Any) -> None:
+               timeout: float | None = None, schedule: bool = False, processes: int | None = None,
+               grace: float | None = None, **options: Any) -> None:
         runner: Any
         if tenant is not None:
             try:
@@ -104,21 +113,26 @@ class Command(TaskClaimCommand):
                 raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         else:
             runner, queue = self._handler(handler, atomic), queues or ["default"]
+        grace = lease_seconds(getattr(runner, "lease", None) if lease is None else lease) if grace is None else grace
+        if processes is not None:
+            self._supervise(processes, grace, as_json, dict(
+                options, handler=handler, queues=queues, backend=backend, tenant=tenant, lease=lease, batch=batch,
+                max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, owner=owner, as_json=as_json,
+                database=database, grace=grace, concurrency=concurrency, timeout=timeout, schedule=schedule))
+            return
         stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         scheduler = None
-        try:
-            if schedule:  # a scheduler loop in a thread, stopped with the worker (the same event)
-                scheduler = self._schedule(stop)
-            stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
-                         max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop, using=database,
-                         concurrency=concurrency, timeout=timeout)
-        finally:
-            stop.set()
-            if scheduler is not None:
-                scheduler.join(5)  # its round in hand (a statement a tick) ends; it closes its connection
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+        with graceful_stop(stop, grace):
+            try:
+                if schedule:  # a scheduler loop in a thread, stopped with the worker (the same event)
+                    scheduler = self._schedule(stop)
+                stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
+                             max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop,
+                             using=database, concurrency=concurrency, timeout=timeout)
+            finally:
+                stop.set()
+                if scheduler is not None:
+                    scheduler.join(5)  # its round in hand (a statement a tick) ends; it closes its connection
         summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
                    "unrecorded": stats.unrecorded}
         if stats.timed_out:  # only where timeouts struck: the report of a worker without any is unchanged
@@ -129,6 +143,22 @@ class Command(TaskClaimCommand):
             self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
                               f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded"
                               + (f", {stats.timed_out} timed out" if stats.timed_out else ""))
+
+    def _supervise(self, processes: int, grace: float, as_json: bool, options: dict[str, Any]) -> None:
+        """Run the worker in ``processes`` child processes (``django_taskclaim.supervisor``)."""
+        for name in ("stdout", "stderr", "processes"):  # streams stay here; each child is one worker
+            options.pop(name, None)
+        options["skip_checks"] = True  # checked here, once
+
+        def report(**event: Any) -> None:  # --json: one line per start, death, restart and stop, as they happen
+            if as_json:
+                self.stdout.write(dumps(event))
+                self.stdout.flush()
+
+        code = supervise(options, processes, grace, report)
+        if code:
+            why = "a worker was still busy after the grace" if code == OVERTIME else "a worker refused its options"
+            raise CommandError(f"taskclaim_worker: {why} (exit code {code})", returncode=code)
 
     @staticmethod
     def _schedule(stop: threading.Event) -> threading.Thread:
