@@ -52,8 +52,9 @@ from .sql import (
     word,
 )
 
-#: The first task a reserving queue claim starts: the first to run of those it picked (``in_claim_order``).
-_FIRST = f"first AS (SELECT t.id FROM picked p JOIN {TASK} t ON t.id = p.id ORDER BY t.priority DESC, t.id LIMIT 1), "
+#: The first task a reserving queue claim starts: the first to run of those it picked (``in_claim_order``),
+#: by the priority ``picked`` carries (a join back to the task table would be planned as a scan of it).
+_FIRST = "first AS (SELECT id FROM picked ORDER BY priority DESC, id LIMIT 1), "
 #: The attempt row of a reserved claim started by ``s`` (parameters: owner, delivery id).
 _START_ATTEMPT = (f", sa AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT s.id, s.fencing_token, %s, %s, "
                   f"statement_timestamp(), NULL, {RUNNING}, 0, {NO_ERROR} FROM s)")
@@ -389,33 +390,38 @@ class PostgreSQLStore(SQLStore):
         expired_also = f"{also} AND t.id <> %s" if exclude else also
         due = f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also}"
         if each_queue is None:  # one queue: the queued index gives its tasks in claim order
-            pending = (f"SELECT t.id FROM {TASK} t WHERE {due} AND {where} "
+            pending = (f"SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {where} "
                        f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
         else:
             # Several: each queue's first tasks from the queued index (as one queue's), then the first
             # of those. One sort of the whole backlog of the queues instead would cost every claim
             # time in proportion to the tasks waiting. The candidates of each queue are locked for the
             # statement (its transaction), and those not picked are left as they were.
-            pending = (f"SELECT c.id FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL (SELECT t.id, t.priority "
-                       f"FROM {TASK} t WHERE {due} AND {each_queue} ORDER BY t.priority DESC, t.id LIMIT %s "
-                       f"FOR UPDATE SKIP LOCKED) c ORDER BY c.priority DESC, c.id LIMIT %s")
+            pending = (f"SELECT c.id, c.priority FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL "
+                       f"(SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {each_queue} "
+                       f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED) c "
+                       f"ORDER BY c.priority DESC, c.id LIMIT %s")
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
         # never queue behind each other. The UPDATEs re-check the claim predicate. An expired
         # task on its last attempt ends FAILED here (as reclaim would end it): a queue without
-        # a reclaim sweep strands nothing.
+        # a reclaim sweep strands nothing. The claim updates the picked rows by their ids, an
+        # array of them: a prepared statement's generic plan cannot know that ``picked`` holds
+        # ``limit`` rows at most, and joined against it, planned the update as a scan of the whole
+        # task table on every claim (tests/store/postgresql/test_postgresql.py).
         sql = (
-            f"WITH {prefix}expired AS MATERIALIZED (SELECT t.id, t.attempts < t.max_attempts AS again "
+            f"WITH {prefix}expired AS MATERIALIZED (SELECT t.id, t.priority, t.attempts < t.max_attempts AS again "
             f"FROM {TASK} t WHERE t.status = {RUNNING} AND t.lease_expires_at < {now} AND {where}{expired_also} "
             f"ORDER BY t.id LIMIT %s FOR UPDATE SKIP LOCKED), "
             f"exhausted AS (UPDATE {TASK} x SET status = {FAILED}, error = '{EXHAUSTED_ERROR}', "
             f"lease_expires_at = NULL, updated_at = {now} FROM expired e WHERE x.id = e.id AND NOT e.again "
             f"AND x.status = {RUNNING} RETURNING {self.returning('x')}), "
             f"pending AS MATERIALIZED ({pending}), "
-            f"picked AS (SELECT id FROM (SELECT id FROM expired WHERE again UNION ALL SELECT id FROM pending) u "
+            f"picked AS (SELECT id, priority FROM (SELECT id, priority FROM expired WHERE again "
+            f"UNION ALL SELECT id, priority FROM pending) u "
             f"LIMIT %s), "
             f"{_FIRST if reserve else ''}"
             f"claimed AS (UPDATE {TASK} q SET {self.reserving_set('q') if reserve else self.claim_set('q')} "
-            f"FROM picked p WHERE q.id = p.id AND {claimable('q', now)} RETURNING {self.returning('q')})"
+            f"WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         if audit:
             sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "
