@@ -346,19 +346,6 @@ class MySQLStore(SQLStore):
             self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
         return moved
 
-    def complete_and_claim_next(
-        self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
-        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
-        path: str, reserve: float | None = None,
-    ) -> tuple[str | None, list[Claimed], list[Moved]]:
-        status = self.complete(cursor, task_id, token, result, result_ref, audit)
-        if status is None:
-            return None, [], []
-        claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                             delivery_id=delivery_id, audit=audit, queues=queues, path=path,
-                                             exclude=task_id, reserve=reserve)
-        return status, claimed, exhausted
-
     def ensure(
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
         max_attempts: int, dispatch: str | None, queue: str | None = None, priority: int = 0,

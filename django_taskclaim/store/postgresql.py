@@ -336,11 +336,12 @@ class PostgreSQLStore(SQLStore):
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
         delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
+        exclude: int | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
         reserving = reserve is not None and limit > 1
         sql, params = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit,
                                         delivery_id=delivery_id, audit=audit, queues=queues, path=path,
-                                        reserve=reserve if reserving else None)
+                                        exclude=exclude, reserve=reserve if reserving else None)
         sql = self.statement(("claim_next", sql), lambda: sql + _queue_results(audit, reserving=reserving))
         self.execute(cursor, sql, params)
         return _claimed_and_exhausted(self, cursor.fetchall())

@@ -422,9 +422,15 @@ class SQLStore:
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
         delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
+        exclude: int | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
+        """The portable queue claim; task ``exclude`` (the one a completion just ended) is never
+        taken, expired or not."""
         now, t = self.now, TASK
-        where, params = self.queue_filter(queues, path, tenant), [*queues, *([tenant] if tenant is not None else [])]
+        where = self.queue_filter(queues, path, tenant)
+        params: list[Any] = [*queues, *([tenant] if tenant is not None else [])]
+        if exclude is not None:
+            where, params = f"{where} AND {t}.id <> %s", [*params, exclude]
         exhausted = self.fail_exhausted_queued(cursor, where, params, audit)
         # Expired leases first (older work), then the due pending tasks, the highest priority first.
         cursor.execute(
@@ -463,13 +469,14 @@ class SQLStore:
         lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
         path: str, reserve: float | None = None,
     ) -> tuple[str | None, list[Claimed], list[Moved]]:
-        # Inside the lifecycle's one transaction: one commit for both.
+        # Inside the lifecycle's one transaction: one commit for both (SQLite and MySQL; PostgreSQL
+        # fuses them into one statement).
         status = self.complete(cursor, task_id, token, result, result_ref, audit)
         if status is None:
             return None, [], []
         claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
                                              delivery_id=delivery_id, audit=audit, queues=queues, path=path,
-                                             reserve=reserve)
+                                             exclude=task_id, reserve=reserve)
         return status, claimed, exhausted
 
     def ensure(
