@@ -417,18 +417,6 @@ class MySQLStore(SQLStore):
         self.carry_start(cursor, start, audit)
         return status
 
-    def lock(self, cursor: Any, task_id: int, token: int) -> bool:
-        # Exclusive, not a share lock (which would let a duplicate's audit row in meanwhile): the
-        # owner's own write in the block would then have to upgrade it, and deadlock with a claim,
-        # a heartbeat or an operator queued for the row.
-        cursor.execute(f"SELECT 1 FROM {TASK} WHERE {owned()} FOR UPDATE", [task_id, token])
-        return cursor.fetchone() is not None
-
-    def row_free(self, cursor: Any, task_id: int) -> int | None:
-        cursor.execute(f"SELECT fencing_token FROM {TASK} WHERE id = %s FOR UPDATE SKIP LOCKED", [task_id])
-        found = cursor.fetchone()
-        return None if found is None else int(found[0])
-
     # -- the sweeper and operators ---------------------------------------------------------
     def _moved(self, cursor: Any, ids: Sequence[int]) -> list[Moved]:
         return [Moved(r.id, r.key, r.tenant, r.fencing_token, r.status) for r in self._rows_by_id(cursor, ids)]

@@ -150,7 +150,7 @@ class PostgreSQLStore(SQLStore):
 
     def estimated_rows(self, cursor: Any, table: str) -> int | None:
         # pg_class.reltuples, kept by ANALYZE and autovacuum: -1 (or NULL) before the first.
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        cursor.execute(self.sql("estimated_rows"), [table])
         row = cursor.fetchone()
         return None if row is None or row[0] is None or row[0] < 0 else int(row[0])
 
@@ -161,7 +161,7 @@ class PostgreSQLStore(SQLStore):
         # Transaction-local (is_local = true): behind PgBouncer in transaction mode, or in
         # Django's pool, a session-level setting would outlive us on another client's session.
         if seconds is not None:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(seconds * 1000)}ms"])
+            cursor.execute(self.sql("limit_lock_waits"), [f"{int(seconds * 1000)}ms"])
 
     def column_list(self, table: str) -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
@@ -587,17 +587,6 @@ class PostgreSQLStore(SQLStore):
             start.tried, start.expires = True, self.to_datetime(row[1])
         return str(row[0])
 
-    def lock(self, cursor: Any, task_id: int, token: int) -> bool:
-        # A row lock, not a write: NO KEY UPDATE does not block the attempt table's FK checks.
-        self.execute(cursor, f"SELECT 1 FROM {TASK} WHERE {owned()} FOR NO KEY UPDATE", [task_id, token])
-        return cursor.fetchone() is not None
-
-    def row_free(self, cursor: Any, task_id: int) -> int | None:
-        # SKIP LOCKED answers "does a transaction hold the row?" without waiting for it.
-        cursor.execute(f"SELECT fencing_token FROM {TASK} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED", [task_id])
-        row = cursor.fetchone()
-        return None if row is None else int(row[0])
-
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
         now, t = self.now, TASK
         limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
@@ -637,12 +626,7 @@ class PostgreSQLStore(SQLStore):
         return int(cursor.fetchone()[0])
 
     def reset(self, cursor: Any, ids: Sequence[int]) -> int:
-        cursor.execute(
-            f"UPDATE {TASK} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
-            f"lease_expires_at = NULL, updated_at = {self.now} "
-            f"WHERE id = ANY(%s::bigint[]) AND status IN ({FAILED}, {CANCELLED})",
-            [list(ids)],
-        )
+        cursor.execute(self.sql("reset"), [list(ids)])
         return int(cursor.rowcount)
 
     def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
@@ -654,11 +638,7 @@ class PostgreSQLStore(SQLStore):
         # savepoint inside the caller's transaction), so no lock outlives the probe.
         using = cursor.db.alias
         with transaction.atomic(using=using):
-            cursor.execute(
-                f"SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) AND id NOT IN "
-                f"(SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) FOR SHARE SKIP LOCKED) ORDER BY id",
-                [list(ids), list(ids)],
-            )
+            cursor.execute(self.sql("held"), [list(ids), list(ids)])
             held = [r[0] for r in cursor.fetchall()]
             transaction.set_rollback(True, using=using)
         return held

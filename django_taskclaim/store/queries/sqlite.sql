@@ -1,0 +1,2 @@
+-- SQLite: only the statements whose SQL differs from common.sql. None so far: SQLite runs the
+-- common ones as written.
