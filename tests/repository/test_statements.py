@@ -73,9 +73,11 @@ def test_no_statement_is_written_twice() -> None:
 def test_the_files_are_the_ones_the_loader_reads_and_ship_in_the_package_data() -> None:
     import tomllib
 
+    from django_taskclaim.store import VENDORS
     from django_taskclaim.store.queries import COMMON, VENDOR_FILES
 
     assert {p.stem for p in QUERIES.glob("*.sql")} == {COMMON, *VENDOR_FILES}
+    assert set(VENDOR_FILES) == set(VENDORS), "a file of statements per store in store.VENDORS"
     with (STORE.parents[1] / "pyproject.toml").open("rb") as f:
         data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["django_taskclaim"]
     assert "store/queries/*.sql" in data, data
