@@ -274,14 +274,10 @@ class MySQLStore(SQLStore):
         return {r[0]: self.to_datetime(r[1]) for r in cursor.fetchall()}
 
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
-        cursor.execute(
-            f"UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
-            f"updated_at = {self.now} WHERE {owned()}",
-            [self.lease_param(start.lease), start.task_id, start.token],
-        )
+        cursor.execute(self.sql("start"), [self.lease_param(start.lease), start.task_id, start.token])
         if cursor.rowcount != 1:
             return None
-        cursor.execute(f"SELECT lease_expires_at FROM {TASK} WHERE id = %s", [start.task_id])
+        cursor.execute(self.sql("read_lease"), [start.task_id, start.token])
         expires = self.to_datetime(cursor.fetchone()[0])
         if audit:
             self.insert_attempt(cursor, start.task_id, start.token, start.owner, start.delivery_id)
@@ -382,13 +378,10 @@ class MySQLStore(SQLStore):
 
     # -- an owner's writes ----------------------------------------------------------------
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
-        cursor.execute(
-            f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} WHERE {owned()}",
-            [self.lease_param(lease), task_id, token],
-        )
+        cursor.execute(self.sql("heartbeat"), [self.lease_param(lease), task_id, token])
         if cursor.rowcount != 1:
             return None
-        cursor.execute(f"SELECT lease_expires_at FROM {TASK} WHERE {owned()}", [task_id, token])
+        cursor.execute(self.sql("read_lease"), [task_id, token])
         found = cursor.fetchone()
         return None if found is None else self.to_datetime(found[0])
 

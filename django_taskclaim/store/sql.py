@@ -573,24 +573,14 @@ class SQLStore:
 
     # -- an owner's writes ----------------------------------------------------------------
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
-        self.execute(
-            cursor,
-            f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
-            f"WHERE {owned()} RETURNING lease_expires_at",
-            [self.lease_param(lease), task_id, token],
-        )
+        self.execute(cursor, self.sql("heartbeat"), [self.lease_param(lease), task_id, token])
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
         """Start a reserved claim: its attempt counted, its attempt row opened, its lease the full
         one from now; the lease's expiry, or ``None`` when the claim no longer holds the task."""
-        self.execute(
-            cursor,
-            f"UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
-            f"updated_at = {self.now} WHERE {owned()} RETURNING lease_expires_at",
-            [self.lease_param(start.lease), start.task_id, start.token],
-        )
+        self.execute(cursor, self.sql("start"), [self.lease_param(start.lease), start.task_id, start.token])
         row = cursor.fetchone()
         if row is None:
             return None

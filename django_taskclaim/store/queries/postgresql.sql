@@ -40,3 +40,11 @@ SELECT id FROM django_taskclaim_task
 WHERE id = ANY(%s::bigint[])
   AND id NOT IN (SELECT id FROM django_taskclaim_task WHERE id = ANY(%s::bigint[]) FOR SHARE SKIP LOCKED)
 ORDER BY id
+
+-- name: heartbeat
+-- Renew the claim's lease (seconds, task id, token) from the database clock: the new expiry, no
+-- row when the claim no longer holds the task. Changes no indexed column: a HOT update.
+UPDATE django_taskclaim_task
+SET lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING lease_expires_at
