@@ -14,7 +14,7 @@ from .values import validate_text
 
 IDEMPOTENCY_KEY = "Idempotency-Key"
 FENCING_KEY = "Taskclaim-Fencing-Key"
-FENCING_TOKEN = "Taskclaim-Fencing-Token"
+FENCING_TOKEN = "Taskclaim-Fencing-Token"  # noqa: S105 (a header name)
 #: The longest effect name: a label ("charge", "email:welcome"), not a payload.
 MAX_EFFECT_LENGTH = 200
 #: Every key starts with the contract's version, so a later formula cannot collide with this one.
