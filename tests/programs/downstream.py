@@ -8,16 +8,17 @@ of 127.0.0.1 (wsgiref, one request at a time); says ``ready`` with its port.
 session); says ``done`` with the status, the body and whether it was replayed. The view holds
 inside its transaction when HEADERS_JSON has ``X-Test-Hold``, until a line comes on stdin.
 
-``... worker KEY URL LEASE``: claims KEY, says ``claimed`` and, inside ``keepalive()``, waits
-for a line (the test SIGSTOPs it meanwhile, past its lease), then POSTs to URL with the
-claim's headers for effect ``charge`` and says ``answered`` with the status: a worker that
-does not know it was replaced.
+``... worker KEY URL LEASE``: claims KEY, says ``claimed`` and, inside ``keepalive()``, stops
+itself (SIGSTOP) until the test continues it past its lease; then waits for a line and POSTs
+to URL with the claim's headers for effect ``charge``, and says ``answered`` with the status: a
+worker that does not know it was replaced.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -73,8 +74,11 @@ def worker(key: str, url: str, lease: float) -> None:
     claim = Task.objects.claim(key, owner=f"worker-{os.getpid()}", lease=lease).claim
     assert claim is not None, f"{key} was not claimable"
     try:
-        with claim.keepalive():
+        # The first heartbeat comes one interval after the block starts: the worker stops itself
+        # before it, so no heartbeat's transaction is left holding a lock while it is stopped.
+        with claim.keepalive(interval=lease / 2):
             emit(event="claimed", token=claim.token)
+            os.kill(os.getpid(), signal.SIGSTOP)  # paused past its lease, until the test's SIGCONT
             sys.stdin.readline()
             status, body = post(url, claim.headers("charge"))
             emit(event="answered", status=status, body=body.decode())

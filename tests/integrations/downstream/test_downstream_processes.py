@@ -44,6 +44,11 @@ def waiting_for_a_lock(pid: int) -> bool:
         return int(cursor.fetchone()[0]) > 0
 
 
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (state T in /proc)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def test_two_concurrent_calls_with_one_key_run_the_view_once(processes: Supervisor) -> None:
     headers = {"Idempotency-Key": idempotency_key("", "job", "charge"),
                "Taskclaim-Fencing-Key": idempotency_key("", "job"), "Taskclaim-Fencing-Token": "1"}
@@ -70,7 +75,8 @@ def test_a_worker_woken_past_its_lease_is_refused_downstream_over_http(processes
     url = f"http://127.0.0.1:{server.event('ready', timeout=60)['port']}/downstream/pay/payment-9/"
     old = processes.start(PROGRAM, "worker", "payment-9", url, "2")
     assert old.event("claimed", timeout=60)["token"] == 1
-    old.stop()  # SIGSTOP: no heartbeat, no call, until its lease has run out
+    # It SIGSTOPs itself (before its first heartbeat): no heartbeat, no call, until its lease has run out.
+    wait_until(lambda: stopped(old.pid), timeout=60, what="the worker stopped")
     new = wait_until(lambda: Task.objects.claim("payment-9", owner="new", lease=30).claim, timeout=60,
                      what="the stopped worker's lease to expire")
     assert new.token == 2
