@@ -3,8 +3,9 @@ docs/configurations.md).
 
 django-taskclaim's tables live in the database named by ``TASKCLAIM_DATABASE``; so does the
 test app's ``Effect``, the model the workers write inside ``claim.fenced()``: a fenced write
-commits atomically with the completion only when both are in one database. Every other app
-stays in "default".
+commits atomically with the completion only when both are in one database. So do the records
+of ``django_taskclaim.downstream``, which commit with the ``Effect`` rows of a fenced view.
+Every other app stays in "default".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from django_taskclaim.conf import settings
 from django_taskclaim.routing import fenced_database
 
-WITH_TASKS = {"django_taskclaim", "testapp"}
+WITH_TASKS = {"django_taskclaim", "taskclaim_downstream", "testapp"}
 
 
 class TaskDatabaseRouter:

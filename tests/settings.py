@@ -131,6 +131,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_celery_results",
     "django_taskclaim",
+    "django_taskclaim.downstream",
     "tests.testapp",
 ]
 # Django's Tasks framework: built in from Django 6.0, the django_tasks backport (an app) before.

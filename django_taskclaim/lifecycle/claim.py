@@ -18,6 +18,8 @@ from django.db import connections, transaction
 from .. import signals
 from ..conf import settings
 from ..exceptions import InvalidArgument, InvalidResult, StaleClaim, TaskClaimError
+from ..idempotency import fencing_headers
+from ..idempotency import idempotency_key as _idempotency_key
 from ..identity import resolve_identity
 from ..routing import UNREACHABLE, route, unreachable
 from ..status import Status
@@ -419,6 +421,20 @@ class Claim(KeepaliveMixin):
         """Raise ``StaleClaim`` unless this claim still owns the task. Call it before an external effect."""
         if not transitions.check(self):
             self._refuse("check")
+
+    # -- effects beyond the database (issue 34; the contract: docs/downstream.md) ------------
+    def idempotency_key(self, effect: str = "") -> str:
+        """The key a downstream recognises this task's call ``effect`` by, whichever attempt sends it.
+
+        ``tc1-`` and a SHA-256 of tenant, key and effect; no token or owner, so a retry by
+        another worker sends the same key. Pure: no query, usable from any thread.
+        """
+        return _idempotency_key(self.tenant, self.key, effect)
+
+    def headers(self, effect: str = "") -> dict[str, str]:
+        """The HTTP headers of a call to a downstream: ``Idempotency-Key`` for ``effect``, and the
+        task's ``Taskclaim-Fencing-Key`` with this claim's ``Taskclaim-Fencing-Token``."""
+        return fencing_headers(self.tenant, self.key, self.token, effect)
 
     @contextmanager
     def fenced(self) -> Iterator[Claim]:
