@@ -180,7 +180,7 @@ class Relay:
     timeout: float = 10.0
     max_attempts: int = 10
     backoff: float = 1.0
-    idle: float = 1.0
+    idle: float = 0.5
     stop: threading.Event | None = None
 
     def __post_init__(self) -> None:
