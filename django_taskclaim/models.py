@@ -375,6 +375,22 @@ class Attempt(models.Model):
         }
 
 
+class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
+    """The outbox's figures for operators."""
+
+    def stats(self) -> dict[str, Any]:
+        """Messages by status (``pending``, ``delivered``, ``failed``) and ``oldest_pending_age``:
+        the seconds the oldest pending message has waited since it was recorded, by the database
+        clock (``None`` with none pending). One query."""
+        pending = Q(status=MessageStatus.PENDING)
+        found = self.order_by().aggregate(
+            **{status: Count("pk", filter=Q(status=status)) for status in MessageStatus.values},
+            db_now=Max(DbNow()), oldest=Min("created_at", filter=pending))
+        oldest, db_now = found.pop("oldest"), found.pop("db_now")
+        found["oldest_pending_age"] = None if oldest is None else max(0.0, (db_now - oldest).total_seconds())
+        return found
+
+
 class OutboxMessage(models.Model):
     """An outgoing HTTP request recorded by ``claim.outbox.http()`` inside ``fenced()``, in the same
     transaction as the completion; delivered afterwards by ``manage.py taskclaim_relay``.
@@ -409,6 +425,8 @@ class OutboxMessage(models.Model):
     lease_expires_at = models.DateTimeField(_("relay lease expires at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
     delivered_at = models.DateTimeField(_("answered at"), null=True, blank=True)
+
+    objects = OutboxQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("outbox message")
