@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from django.db import close_old_connections, transaction
@@ -106,8 +106,8 @@ def record_answer(using: str, message: Leased, *, delivered: bool, final: bool, 
     return bool(_held(using, message).update(**values))
 
 
-def give_back(using: str, message: Leased) -> bool:
-    """Hand a claimed message back undelivered (its attempt uncounted): the relay had no time left."""
+def release_message(using: str, message: Leased) -> bool:
+    """Release a claimed message undelivered (its attempt uncounted): the relay had no time left."""
     return bool(_held(using, message).update(lease_expires_at=None, attempts=F("attempts") - 1))
 
 
@@ -146,7 +146,8 @@ def deliver(message: Leased, *, timeout: float) -> Answer:
     if message.body is not None:
         data = json.dumps(message.body, ensure_ascii=False).encode()
         headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(message.url, data=data, headers=headers, method=message.method)
+    # http(s) only: claim.outbox.http() validated the URL (validate_url) when it was recorded.
+    request = urllib.request.Request(message.url, data=data, headers=headers, method=message.method)  # noqa: S310
     try:
         with _OPENER.open(request, timeout=timeout) as response:
             return Answer(response.status, _excerpt(response))
@@ -181,14 +182,13 @@ class Relay:
     max_attempts: int = 10
     backoff: float = 1.0
     idle: float = 0.5
-    stop: threading.Event | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.databases = tuple(self.databases)
         self.owner = f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.counts = {"delivered": 0, "failed": 0, "retried": 0, "lost": 0}
         self._round = 0
-        self.stop = self.stop or threading.Event()
 
     def run_once(self) -> int:
         """One round over every database: the messages claimed (0 when none was due)."""
@@ -200,8 +200,8 @@ class Relay:
             claimed += len(messages)
             for message in messages:
                 # A delivery that could outlast the lease would overlap the next relay's: give it back.
-                if time.monotonic() - started + self.timeout + 1.0 > self.lease or self.stop.is_set():  # type: ignore[union-attr]
-                    give_back(alias, message)
+                if time.monotonic() - started + self.timeout + 1.0 > self.lease or self.stop.is_set():
+                    release_message(alias, message)
                     continue
                 self._deliver(alias, message)
         return claimed
@@ -228,7 +228,6 @@ class Relay:
 
     def run(self, *, until_drained: bool = False) -> None:
         """Deliver until stopped (or, with ``until_drained``, until no message is pending)."""
-        assert self.stop is not None
         while not self.stop.is_set():
             close_old_connections()
             if self.run_once():
@@ -238,4 +237,4 @@ class Relay:
             self.stop.wait(self.idle)
 
 
-__all__ = ["Answer", "Leased", "Relay", "backoff", "claim_messages", "deliver", "give_back", "record_answer"]
+__all__ = ["Answer", "Leased", "Relay", "backoff", "claim_messages", "deliver", "release_message", "record_answer"]

@@ -42,7 +42,8 @@ def test_a_message_recorded_with_the_completion() -> None:
         message_id = claim.outbox.http("POST", "http://127.0.0.1:9/charge", json={"cents": 100}, effect="charge")
         claim.complete({"ok": True})
     message = OutboxMessage.objects.get(pk=message_id)
-    assert (message.tenant, message.task_key, message.token, message.effect) == ("acme", "order:1", claim.token, "charge")
+    assert (message.tenant, message.task_key, message.token, message.effect) == (
+        "acme", "order:1", claim.token, "charge")
     assert message.status == OutboxMessage.Status.PENDING
     assert message.idempotency_key == contract_key("acme", "order:1", "charge")
     assert (message.method, message.url, message.body) == ("POST", "http://127.0.0.1:9/charge", {"cents": 100})

@@ -35,9 +35,11 @@ class Command(TaskClaimCommand):
         parser.add_argument("--timeout", type=positive_seconds, default=10.0,
                             help="Seconds an HTTP request may take (default: %(default)r).")
         parser.add_argument("--max-attempts", type=positive_int, default=10,
-                            help="Deliveries of a message before a retryable answer fails it (default: %(default)r).")
+                            help="Deliveries of a message before a retryable answer fails it "
+                                 "(default: %(default)r).")
         parser.add_argument("--backoff", type=positive_seconds, default=1.0,
-                            help="Seconds before the first retry, doubled each time, at most 600 (default: %(default)r).")
+                            help="Seconds before the first retry, doubled each time, at most 600 "
+                                 "(default: %(default)r).")
         parser.add_argument("--until-drained", action="store_true",
                             help="Stop once no message is pending (none due, none under delivery elsewhere).")
         self.add_json_argument(parser)
