@@ -106,15 +106,15 @@ def recorded(key: str, effect: str = "") -> OutboxMessage:
 
 def test_a_relay_claims_a_message_once_and_a_stale_relay_cannot_record() -> None:
     message = recorded("order:6")
-    [first] = claim_messages("default", owner="relay-a", lease=30, batch=10)
+    [first] = claim_messages(Task.objects.db, owner="relay-a", lease=30, batch=10)
     assert first.id == message.id and first.relay_token == 1
-    assert claim_messages("default", owner="relay-b", lease=30, batch=10) == []  # leased to relay-a
+    assert claim_messages(Task.objects.db, owner="relay-b", lease=30, batch=10) == []  # leased to relay-a
     OutboxMessage.objects.filter(pk=message.pk).update(lease_expires_at=None)  # relay-a's lease ran out
-    [second] = claim_messages("default", owner="relay-b", lease=30, batch=10)
+    [second] = claim_messages(Task.objects.db, owner="relay-b", lease=30, batch=10)
     assert second.relay_token == 2
     # relay-a comes back with its answer: refused, relay-b's claim stands.
-    assert not record_answer("default", first, delivered=True, final=True, status_code=200, excerpt="late")
-    assert record_answer("default", second, delivered=True, final=True, status_code=201, excerpt="ok")
+    assert not record_answer(Task.objects.db, first, delivered=True, final=True, status_code=200, excerpt="late")
+    assert record_answer(Task.objects.db, second, delivered=True, final=True, status_code=201, excerpt="ok")
     message.refresh_from_db()
     assert (message.status, message.answer_status, message.answer_excerpt) == ("delivered", 201, "ok")
-    assert claim_messages("default", owner="relay-c", lease=30, batch=10) == []
+    assert claim_messages(Task.objects.db, owner="relay-c", lease=30, batch=10) == []

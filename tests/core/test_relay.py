@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.core.management import CommandError, call_command
 
+from django_taskclaim import routing
 from django_taskclaim.models import OutboxMessage, Task
 from django_taskclaim.relay import Relay, backoff
 from django_taskclaim.store import DbNow
@@ -62,7 +63,7 @@ def record(url: str, key: str, method: str = "POST") -> int:
 def test_answers_decide_delivered_retried_or_failed(server: str) -> None:
     ids = {path: record(server + path, path) for path in ANSWERS}
     closed = record("http://127.0.0.1:9/nothing-listens", "closed")
-    relay = Relay(["default"], lease=30, timeout=5, backoff=60, max_attempts=3)
+    relay = Relay(routing.databases(), lease=30, timeout=5, backoff=60, max_attempts=3)
     assert relay.run_once() == len(ANSWERS) + 1
     got = {m.pk: m for m in OutboxMessage.objects.all()}
     assert (got[ids["/ok"]].status, got[ids["/ok"]].answer_status, got[ids["/ok"]].answer_excerpt) == (
@@ -81,7 +82,7 @@ def test_answers_decide_delivered_retried_or_failed(server: str) -> None:
 
 def test_the_request_carries_the_contracts_headers_and_body(server: str) -> None:
     record(server + "/ok", "order:9", method="PUT")
-    Relay(["default"], lease=30, timeout=5).run_once()
+    Relay(routing.databases(), lease=30, timeout=5).run_once()
     [(method, path, headers, body)] = Handler.requests
     assert (method, path, body) == ("PUT", "/ok", b'{"key": "order:9"}')
     token = Task.objects.get(key="order:9").fencing_token
@@ -93,7 +94,7 @@ def test_the_request_carries_the_contracts_headers_and_body(server: str) -> None
 
 def test_retries_end_in_failure_after_max_attempts(server: str) -> None:
     message_id = record(server + "/down", "flaky")
-    relay = Relay(["default"], lease=30, timeout=5, backoff=0.001, max_attempts=2)
+    relay = Relay(routing.databases(), lease=30, timeout=5, backoff=0.001, max_attempts=2)
     relay.run_once()
     OutboxMessage.objects.filter(pk=message_id).update(next_try_at=None)  # due again now
     relay.run_once()
@@ -119,3 +120,14 @@ def test_until_drained_exits_and_reports(server: str) -> None:
 def test_a_timeout_not_shorter_than_the_lease_is_refused() -> None:
     with pytest.raises(CommandError, match="--timeout"):
         call_command("taskclaim_relay", "--lease", "5", "--timeout", "5")
+
+
+def test_a_message_the_lease_cannot_cover_is_released_unsent(server: str) -> None:
+    """A delivery that could outlast the relay's lease (the timeout with a second to spare) is not
+    started: the message goes back, its attempt uncounted, for a relay with time left."""
+    message_id = record(server + "/ok", "late")
+    relay = Relay(routing.databases(), lease=10, timeout=9.5)
+    assert relay.run_once() == 1
+    message = OutboxMessage.objects.get(pk=message_id)
+    assert (message.status, message.attempts, message.lease_expires_at) == ("pending", 0, None)
+    assert Handler.requests == []
