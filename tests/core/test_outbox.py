@@ -118,3 +118,24 @@ def test_a_relay_claims_a_message_once_and_a_stale_relay_cannot_record() -> None
     message.refresh_from_db()
     assert (message.status, message.answer_status, message.answer_excerpt) == ("delivered", 201, "ok")
     assert claim_messages(Task.objects.db, owner="relay-c", lease=30, batch=10) == []
+
+
+def test_recorded_inside_afenced_too() -> None:
+    """The awaitable twin: ``afenced(func)`` runs ``func`` inside ``fenced()`` on the ORM thread."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    def publish(claim: object) -> int:
+        message_id = claim.outbox.http("POST", "http://127.0.0.1:9/a", json=[1])  # type: ignore[attr-defined]
+        claim.complete("done")  # type: ignore[attr-defined]
+        return int(message_id)
+
+    async def main() -> int:
+        claim = (await sync_to_async(Task.objects.claim)("order:7", lease=30)).claim
+        assert claim is not None
+        return await claim.afenced(publish, claim)
+
+    message_id = asyncio.run(main())
+    assert OutboxMessage.objects.get(pk=message_id).body == [1]
+    assert Task.objects.get(key="order:7").status == "succeeded"
