@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 APP_DRAIN = "django-taskclaim"
 WORKER_BATCH = 16  # the worker's batch in the drain's second configuration (procrastinate's top concurrency)
@@ -34,11 +35,17 @@ class Sizes:
     tasks_workers: int = 4
     tasks_drain: int = 5_000
     tasks_bulk: int = 10_000
+    # The outbox phase (benchmarks/outbox_phase.py): a drain of this many tasks with and without a
+    # message each, by this many workers, then as many relays delivering the messages.
+    outbox_tasks: int = 3_000
+    outbox_workers: int = 4
+    outbox_relay_batch: int = 10
 
 
 SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
               table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
-              audit_workers=2, audit_seconds=0.3, peers=False, tasks_workers=2, tasks_drain=100, tasks_bulk=200)
+              audit_workers=2, audit_seconds=0.3, peers=False, tasks_workers=2, tasks_drain=100, tasks_bulk=200,
+              outbox_tasks=100, outbox_workers=2)
 
 
 @dataclass
@@ -82,5 +89,7 @@ class Results:
     size_queues: int = 0
     audit: dict[str, float] = field(default_factory=dict)
     tasks: TasksResults = field(default_factory=TasksResults)
+    #: The outbox phase: drain_plain, drain_outbox (tasks/s), relay (messages/s), sent_twice, its sizes.
+    outbox: dict[str, Any] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

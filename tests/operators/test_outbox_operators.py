@@ -30,10 +30,11 @@ def messages() -> dict[str, int]:
         with claim.fenced():
             ids[name] = claim.outbox.http("POST", f"http://127.0.0.1:9/{name}", json={"n": name})
             claim.complete(None)
-    leased: dict[int, Leased] = {m.id: m for m in claim_messages(Task.objects.db, owner="r#1", lease=30, batch=10)}
-    assert record_answer(Task.objects.db, leased[ids["delivered"]], delivered=True, final=True, status_code=200, excerpt="")
-    assert record_answer(Task.objects.db, leased[ids["failed"]], delivered=False, final=True, status_code=400, excerpt="no")
-    assert record_answer(Task.objects.db, leased[ids["pending"]], delivered=False, final=False, status_code=503, excerpt="")
+    db = Task.objects.db
+    leased: dict[int, Leased] = {m.id: m for m in claim_messages(db, owner="r#1", lease=30, batch=10)}
+    assert record_answer(db, leased[ids["delivered"]], delivered=True, final=True, status_code=200, excerpt="")
+    assert record_answer(db, leased[ids["failed"]], delivered=False, final=True, status_code=400, excerpt="no")
+    assert record_answer(db, leased[ids["pending"]], delivered=False, final=False, status_code=503, excerpt="")
     OutboxMessage.objects.filter(pk=ids["pending"]).update(created_at=timezone.now() - dt.timedelta(minutes=10))
     return ids
 
