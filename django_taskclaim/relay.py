@@ -25,13 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, transaction
 from django.db.models import F, Q
 
 from .lifecycle.outbox import outbox_headers
 from .models import OutboxMessage
 from .status import MessageStatus
-from .store import DbNow, DbNowPlus
+from .store import DbNow, DbNowPlus, get_store
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -68,6 +68,10 @@ def claim_messages(using: str, *, owner: str, lease: float, batch: int) -> list[
     the rows read back are those this call's ``UPDATE`` moved), each for ``lease`` seconds."""
     messages = OutboxMessage.objects.using(using)
     with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            # SQLite: the write lock first, as every transaction of the store's that reads before it
+            # writes (a read's lock cannot become the write lock while another connection writes).
+            get_store(using).begin_write(cursor)
         # SKIP LOCKED: another relay's rows under claim are passed by (ignored where the database
         # has no row locks: SQLite's one writer serialises the claims).
         ids = list(messages.filter(_CLAIMABLE).order_by("id").select_for_update(skip_locked=True)

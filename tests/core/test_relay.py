@@ -10,10 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from django_taskclaim import routing
 from django_taskclaim.models import OutboxMessage, Task
-from django_taskclaim.relay import Relay, backoff
+from django_taskclaim.relay import Relay, backoff, claim_messages
 from django_taskclaim.store import DbNow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -131,3 +132,47 @@ def test_a_message_the_lease_cannot_cover_is_released_unsent(server: str) -> Non
     message = OutboxMessage.objects.get(pk=message_id)
     assert (message.status, message.attempts, message.lease_expires_at) == ("pending", 0, None)
     assert Handler.requests == []
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's one writer")
+def test_a_relay_claims_while_another_connection_writes_on_sqlite(server: str) -> None:
+    """The relay's claim reads, then writes: on SQLite a transaction that read first cannot take the
+    write lock while another connection holds it ("database is locked" at once, without the busy
+    timeout). It takes the write lock first, and waits its turn."""
+    record(server + "/ok", "waiting")
+    in_block, done, updating = threading.Event(), threading.Event(), threading.Event()
+    got: list[object] = []
+
+    def writer() -> None:  # an owner recording its message, inside fenced(): the write lock held
+        claim = Task.objects.claim("writer", lease=30).claim
+        assert claim is not None
+        with claim.fenced():
+            claim.outbox.http("POST", server + "/ok")
+            in_block.set()
+            done.wait(30)
+            claim.complete(None)
+        connection.close()
+
+    def relay() -> None:
+        connection.ensure_connection()
+        connection.connection.set_trace_callback(lambda sql: updating.set() if sql.startswith("UPDATE") else None)
+        try:
+            got.append(claim_messages(Task.objects.db, owner="r#1", lease=30, batch=10))
+        except Exception as exc:
+            got.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer)]
+    threads[0].start()
+    assert in_block.wait(30)
+    threads.append(threading.Thread(target=relay))
+    threads[1].start()
+    assert updating.wait(30)  # the relay's transaction has sent its first write
+    done.set()
+    for thread in threads:
+        thread.join(30)
+    [claimed] = got
+    assert isinstance(claimed, list), claimed
+    # It waited for the writer's commit, so it found the writer's message too.
+    assert sorted(m.task_key for m in claimed) == ["waiting", "writer"]
