@@ -125,6 +125,7 @@ def test_recorded_inside_afenced_too() -> None:
     import asyncio
 
     from asgiref.sync import sync_to_async
+    from django.db import connections
 
     def publish(claim: object) -> int:
         message_id = claim.outbox.http("POST", "http://127.0.0.1:9/a", json=[1])  # type: ignore[attr-defined]
@@ -132,9 +133,12 @@ def test_recorded_inside_afenced_too() -> None:
         return int(message_id)
 
     async def main() -> int:
-        claim = (await sync_to_async(Task.objects.claim)("order:7", lease=30)).claim
-        assert claim is not None
-        return await claim.afenced(publish, claim)
+        try:
+            claim = (await sync_to_async(Task.objects.claim)("order:7", lease=30)).claim
+            assert claim is not None
+            return await claim.afenced(publish, claim)
+        finally:
+            await sync_to_async(connections.close_all)()  # the ORM thread's session
 
     message_id = asyncio.run(main())
     assert OutboxMessage.objects.get(pk=message_id).body == [1]
