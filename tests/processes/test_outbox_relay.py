@@ -11,6 +11,7 @@ import pytest
 from devtools.processes import Supervisor
 from django_taskclaim.lifecycle.outbox import idempotency_key
 from django_taskclaim.models import OutboxMessage, Task
+from tests.conftest import expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,3 +64,23 @@ def test_relays_killed_mid_delivery_each_message_takes_effect_once(processes: Su
     messages = OutboxMessage.objects.order_by("id")
     assert [(m.status, m.answer_status) for m in messages] == [("delivered", 200)] * TASKS
     assert sorted(m.attempts for m in messages) == [1] * (TASKS - HELD) + [2] * HELD
+
+
+def test_an_owner_paused_past_its_lease_records_no_message(processes: Supervisor, spawn) -> None:  # type: ignore[no-untyped-def]
+    """A worker SIGSTOPped after its claim, whose lease runs out and whose task is taken over and
+    completed with a message of the new owner's: woken, its fenced() block is refused and its
+    message never exists — only the new owner's is there to deliver."""
+    url = "http://127.0.0.1:9/publish"
+    owner = spawn("outbox-owner", "report", "--lease", "30", "--url", url)
+    assert owner.event("claimed", timeout=60)["token"] == 1
+    owner.stop()
+    expire(Task.objects.get(key="report"))  # its lease ran out while it was paused
+    thief = Task.objects.claim("report", owner="thief", lease=30).claim
+    assert thief is not None and thief.token == 2
+    with thief.fenced():
+        thief.outbox.http("POST", url, json={"by": "thief"}, effect="publish")
+        thief.complete({"by": "thief"})
+    owner.send("go")
+    owner.cont()
+    assert owner.finish(60) == {"event": "stale", "token": 1}
+    assert list(OutboxMessage.objects.values_list("token", "body")) == [(2, {"by": "thief"})]
