@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from django.db import close_old_connections, connections, transaction
 from django.db.models import F, Q
 
+from .exceptions import InvalidArgument
 from .lifecycle.outbox import outbox_headers
 from .models import OutboxMessage
 from .status import MessageStatus
@@ -189,6 +190,11 @@ class Relay:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
+        if self.timeout + 1.0 >= self.lease:
+            # Every delivery must end within the lease, or another relay may send the message too.
+            raise InvalidArgument(
+                f"the HTTP timeout ({self.timeout:g} s) must be shorter than the relay's lease ({self.lease:g} s) "
+                "by more than a second: a delivery must end before another relay may send the message again")
         self.databases = tuple(self.databases)
         self.owner = f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.counts = {"delivered": 0, "failed": 0, "retried": 0, "lost": 0}

@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from django_taskclaim import routing
+from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.models import OutboxMessage, Task
 from django_taskclaim.relay import Relay, backoff, claim_messages
 from django_taskclaim.store import DbNow
@@ -119,15 +120,19 @@ def test_until_drained_exits_and_reports(server: str) -> None:
 
 
 def test_a_timeout_not_shorter_than_the_lease_is_refused() -> None:
-    with pytest.raises(CommandError, match="--timeout"):
+    with pytest.raises(CommandError, match="--timeout") as raised:
         call_command("taskclaim_relay", "--lease", "5", "--timeout", "5")
+    assert raised.value.returncode == 2
+    with pytest.raises(InvalidArgument, match="shorter than the relay's lease"):
+        Relay(routing.databases(), lease=5, timeout=4.5)
 
 
 def test_a_message_the_lease_cannot_cover_is_released_unsent(server: str) -> None:
     """A delivery that could outlast the relay's lease (the timeout with a second to spare) is not
     started: the message goes back, its attempt uncounted, for a relay with time left."""
     message_id = record(server + "/ok", "late")
-    relay = Relay(routing.databases(), lease=10, timeout=9.5)
+    relay = Relay(routing.databases(), lease=10, timeout=8.5)
+    relay.lease = 9.0  # the lease shortened under it: its first delivery could outlast it
     assert relay.run_once() == 1
     message = OutboxMessage.objects.get(pk=message_id)
     assert (message.status, message.attempts, message.lease_expires_at) == ("pending", 0, None)

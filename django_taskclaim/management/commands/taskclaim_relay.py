@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_taskclaim import routing
+from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.management.arguments import lease, positive_int, positive_seconds, task_database
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.relay import Relay
@@ -47,13 +48,12 @@ class Command(TaskClaimCommand):
     def handle(self, *args: Any, database: str | None, lease: float, batch: int, timeout: float,
                max_attempts: int, backoff: float, until_drained: bool, as_json: bool = False,
                **options: Any) -> None:
-        if timeout + 1.0 >= lease:
-            raise CommandError(f"--timeout ({timeout:g} s) must be shorter than --lease ({lease:g} s) by more than "
-                               "a second: a delivery must end before another relay may send the message again",
-                               returncode=USAGE_ERROR)
         stop = threading.Event()
-        relay = Relay(routing.databases(database), lease=lease, batch=batch, timeout=timeout,
-                      max_attempts=max_attempts, backoff=backoff, stop=stop)
+        try:
+            relay = Relay(routing.databases(database), lease=lease, batch=batch, timeout=timeout,
+                          max_attempts=max_attempts, backoff=backoff, stop=stop)
+        except InvalidArgument as exc:  # --timeout not shorter than --lease
+            raise CommandError(f"--timeout/--lease: {exc}", returncode=USAGE_ERROR) from exc
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             relay.run(until_drained=until_drained)
