@@ -18,7 +18,10 @@ them. Phases:
    over 8 queues and five priorities: by key, ``claim_next`` on one queue, and on all eight at once;
 4. contention: 32 processes racing on each of 500 keys, vs the bare claim statement's race;
 5. the cost of the attempt audit trail (TASKCLAIM_AUDIT on vs off);
-6. the Django Tasks API (``tasks``): 5,000 no-op tasks enqueued with ``Task.enqueue()`` and drained
+6. the outbox (``outbox``): a drain with and without one ``claim.outbox.http()`` message per task
+   (one more row in the completion's commit), and W = 4 relays delivering them to a no-op HTTP
+   endpoint (benchmarks/outbox_phase.py);
+7. the Django Tasks API (``tasks``): 5,000 no-op tasks enqueued with ``Task.enqueue()`` and drained
    by 4 worker processes, and 10,000 enqueues in one transaction (``Task.enqueue()`` and each
    system's bulk call): django_taskclaim.tasks.ClaimBackend (``taskclaim_worker``, ``enqueue_many``)
    vs django-tasks-db (Python 3.11, Django 5.2) and django-ox (Python 3.12, Django 6.1), each peer
@@ -45,7 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, SMOKE, WORKER_BATCH, WORKER_DRAIN, Results, Sizes
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("bykey", "drain", "size", "race", "audit", "tasks", "latency")
+PHASES = ("bykey", "drain", "size", "race", "audit", "tasks", "latency", "outbox")
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
 
@@ -350,6 +353,11 @@ class Bench:
 
         latency.run(self.url, self.sizes.idle_samples, self.results.idle, peers=self.tasks_peers, log=log)
 
+    def outbox(self) -> None:
+        from . import outbox_phase
+
+        outbox_phase.run(self, log)
+
     def audit(self) -> None:
         from .workers import bykey_app, run_workers
 
@@ -557,6 +565,8 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         ("size", bench.table_size, "claim latency by table size"),
         ("race", bench.contention, f"contention: {sizes.racers} processes × {sizes.race_keys} keys"),
         ("audit", bench.audit, "attempt audit trail on vs off"),
+        ("outbox", bench.outbox, f"outbox: a drain of {sizes.outbox_tasks:,} tasks with and without a message "
+                                 f"each, then {sizes.outbox_workers} relays"),
         ("tasks", bench.tasks_api, f"Django Tasks API: drain of {sizes.tasks_drain:,} tasks at "
                                    f"W={sizes.tasks_workers}, bulk enqueue of {sizes.tasks_bulk:,}"),
         ("latency", bench.latency, f"enqueue-to-start latency on an idle system, {sizes.idle_samples} tasks"),

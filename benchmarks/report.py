@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from .results import Results, Sizes
 
 from . import latency, tasks_report
+from .outbox_phase import markdown as outbox_markdown
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, WORKER_BATCH, WORKER_DRAIN
 
 APP = APP_DRAIN  # every configuration of ours in the drain is named APP…
@@ -339,6 +340,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
         add("")
     for line in latency.report(r.idle):
         add(line)
+    lines.extend(outbox_markdown(r.outbox))
     if r.phase_seconds:
         add("Phase durations: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.phase_seconds.items()) + ".")
         add("")

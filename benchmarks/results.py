@@ -37,12 +37,17 @@ class Sizes:
     tasks_bulk: int = 10_000
     #: The latency phase: tasks enqueued one at a time to an idle worker, per system.
     idle_samples: int = 200
+    # The outbox phase (benchmarks/outbox_phase.py): a drain of this many tasks with and without a
+    # message each, by this many workers, then as many relays delivering the messages.
+    outbox_tasks: int = 3_000
+    outbox_workers: int = 4
+    outbox_relay_batch: int = 10
 
 
 SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
               table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
               audit_workers=2, audit_seconds=0.3, peers=False, tasks_workers=2, tasks_drain=100, tasks_bulk=200,
-              idle_samples=20)
+              idle_samples=20, outbox_tasks=100, outbox_workers=2)
 
 
 @dataclass
@@ -88,5 +93,7 @@ class Results:
     #: The latency phase (benchmarks.latency): latencies, skipped, versions.
     idle: dict[str, Any] = field(default_factory=dict)
     tasks: TasksResults = field(default_factory=TasksResults)
+    #: The outbox phase: drain_plain, drain_outbox (tasks/s), relay (messages/s), sent_twice, its sizes.
+    outbox: dict[str, Any] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

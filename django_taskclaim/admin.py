@@ -31,7 +31,7 @@ from . import contrib, outages, routing
 from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
 from .lifecycle.api import reclaim_expired_rows
-from .models import HELD_REASON, Attempt, Task, TaskQuerySet, held_ids
+from .models import HELD_REASON, Attempt, OutboxMessage, Task, TaskQuerySet, held_ids
 from .store import DbNow, get_store
 
 logger = logging.getLogger("django_taskclaim")
@@ -451,3 +451,38 @@ class TaskAdmin(QueuedWorkAdminMixin, admin.ModelAdmin):
             "Cancelled %(count)d task.", "Cancelled %(count)d tasks.", done,
         ) % {"count": done}, messages.SUCCESS)
         self._skipped(request, selected - done, str(_("already finished")))
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(admin.ModelAdmin):
+    """The outbox, read-only: what waits for a relay, what was delivered, what failed and why."""
+
+    list_display = ("id", "method", "url_display", "task_key", "tenant", "effect", "status", "attempts",
+                    "answer_status", "next_try_at", "created_at", "delivered_at")
+    list_filter = (TaskDatabaseFilter, "status", "method")
+    search_fields = ("task_key", "idempotency_key", "url")
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in self.model._meta.fields]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # A message lives in its task's database (recorded in the same transaction).
+        return super().get_queryset(request).using(database_of(request))
+
+    @admin.display(description=_("URL"), ordering="url")
+    def url_display(self, obj: OutboxMessage) -> str:
+        return obj.url if len(obj.url) <= 80 else obj.url[:79] + "…"
+
+    # Read-only: a message changes only by a relay's fenced record of an answer.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

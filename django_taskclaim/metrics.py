@@ -38,6 +38,10 @@ by ``TASKCLAIM_ROUTER``, one series per database):
   tick of each schedule of ``TASKCLAIM_SCHEDULES`` that is due but has no task has waited (the first
   tick after the newest one enqueued); 0 when none is missing. An enqueued tick waiting for a
   worker shows in ``taskclaim_queue_oldest_due_seconds`` instead
+- ``taskclaim_outbox_messages{status}`` (gauge, queried per scrape): outbox messages by status,
+  ``pending`` (waiting for a relay, or under delivery), ``delivered``, ``failed``
+- ``taskclaim_outbox_oldest_pending_seconds`` (gauge, queried per scrape): how long the oldest
+  pending outbox message has waited since it was recorded, by the database clock (0 with none)
 - ``taskclaim_database_up`` (gauge, per scrape): 1 when the task database answered, 0 when it
   could not be reached (its other gauges are then missing from the scrape; the others' are there)
 """
@@ -70,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from . import routing, signals
-from .models import Task, held_ids
+from .models import OutboxMessage, Task, held_ids
 from .status import Outcome
 
 logger = logging.getLogger("django_taskclaim")
@@ -80,6 +84,8 @@ HELD_HELP = "Running tasks whose lease expired but whose row an open transaction
 DEPTH_HELP = "Queued tasks by queue: due (pending, runnable now), deferred (pending, later), running"
 OLDEST_HELP = "Seconds the oldest due task of each queue has waited, by the database clock"
 LAG_HELP = "Seconds the oldest due tick of each schedule without a task has waited (0: none missing)"
+OUTBOX_HELP = "Outbox messages by status: pending (waiting for a relay or under delivery), delivered, failed"
+OUTBOX_OLDEST_HELP = "Seconds the oldest pending outbox message has waited since it was recorded, by the database clock"
 UP_HELP = "1 when the task database answered this scrape's queries, 0 when it could not be reached"
 
 
@@ -103,10 +109,12 @@ class DatabaseCollector(Collector):
             GaugeMetricFamily(f"{NAMESPACE}_queue_depth", DEPTH_HELP, labels=["queue", "state", "database"]),
             GaugeMetricFamily(f"{NAMESPACE}_queue_oldest_due_seconds", OLDEST_HELP, labels=["queue", "database"]),
             GaugeMetricFamily(f"{NAMESPACE}_database_up", UP_HELP, labels=["database"]),
+            GaugeMetricFamily(f"{NAMESPACE}_outbox_messages", OUTBOX_HELP, labels=["status", "database"]),
+            GaugeMetricFamily(f"{NAMESPACE}_outbox_oldest_pending_seconds", OUTBOX_OLDEST_HELP, labels=["database"]),
         )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        by_status, expired_leases, held_leases, depth, oldest, up = families = self._families()
+        by_status, expired_leases, held_leases, depth, oldest, up, outbox, outbox_oldest = families = self._families()
         for alias in routing.databases(self.using):
             try:
                 found = self._read(alias)
@@ -118,7 +126,7 @@ class DatabaseCollector(Collector):
                 up.add_metric([alias], 0)
                 continue
             up.add_metric([alias], 1)
-            counts, expired, held, queues = found
+            counts, expired, held, queues, messages = found
             for status in Task.Status.values:
                 by_status.add_metric([status, alias], counts.get(status, 0))
             expired_leases.add_metric([alias], expired - held)
@@ -127,15 +135,20 @@ class DatabaseCollector(Collector):
                 for state in ("due", "deferred", "running"):
                     depth.add_metric([q["queue"], state, alias], q[state])
                 oldest.add_metric([q["queue"], alias], q["oldest_due_age"] or 0.0)
+            for status in OutboxMessage.Status.values:
+                outbox.add_metric([status, alias], messages[status])
+            outbox_oldest.add_metric([alias], messages["oldest_pending_age"] or 0.0)
         yield from families
 
     @staticmethod
-    def _read(alias: str) -> tuple[dict[str, int], int, int, list[dict[str, Any]]]:
-        """Of database ``alias``: tasks by status, expired leases, held ones, the queues' figures."""
+    def _read(alias: str) -> tuple[dict[str, int], int, int, list[dict[str, Any]], dict[str, Any]]:
+        """Of database ``alias``: tasks by status, expired leases, held ones, the queues' figures,
+        the outbox's."""
         tasks = Task.objects.db_manager(alias).get_queryset()
         counts = dict(tasks.order_by().values_list("status").annotate(n=Count("pk")))
         expired = list(tasks.expired().values_list("pk", flat=True))
-        return counts, len(expired), len(held_ids(alias, expired)), tasks.queue_stats()
+        outbox = OutboxMessage.objects.using(alias).stats()
+        return counts, len(expired), len(held_ids(alias, expired)), tasks.queue_stats(), outbox
 
 
 

@@ -21,7 +21,7 @@ from .identity import resolve_identity
 from .lifecycle import api, transitions
 from .lifecycle.api import ClaimOutcome
 from .lifecycle.claim import Claim
-from .status import TERMINAL, Outcome, Status
+from .status import TERMINAL, MessageStatus, Outcome, Status
 from .store import DbNow, DbNowPlus, get_store
 from .values import MAX_GROUP_LENGTH, canonical_json
 
@@ -397,3 +397,73 @@ class CoalesceGroup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name}" if self.tenant else self.name
+
+
+class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
+    """The outbox's figures for operators."""
+
+    def stats(self) -> dict[str, Any]:
+        """Messages by status (``pending``, ``delivered``, ``failed``) and ``oldest_pending_age``:
+        the seconds the oldest pending message has waited since it was recorded, by the database
+        clock (``None`` with none pending). One query."""
+        pending = Q(status=MessageStatus.PENDING)
+        found = self.order_by().aggregate(
+            **{status: Count("pk", filter=Q(status=status)) for status in MessageStatus.values},
+            db_now=Max(DbNow()), oldest=Min("created_at", filter=pending))
+        oldest, db_now = found.pop("oldest"), found.pop("db_now")
+        found["oldest_pending_age"] = None if oldest is None else max(0.0, (db_now - oldest).total_seconds())
+        return found
+
+
+class OutboxMessage(models.Model):
+    """An outgoing HTTP request recorded by ``claim.outbox.http()`` inside ``fenced()``, in the same
+    transaction as the completion; delivered afterwards by ``manage.py taskclaim_relay``.
+
+    The relay claims a message as a worker claims a task: a lease and a token of its own
+    (``relay_token``), and every record of an answer conditioned on that token.
+    """
+
+    Status = MessageStatus
+
+    id = models.BigAutoField(primary_key=True)
+    # The task whose claim recorded it, and that claim's fencing token (sent downstream).
+    tenant = models.CharField(_("tenant"), max_length=255, blank=True, default="")
+    task_key = models.CharField(_("task key"), max_length=255)
+    token = models.BigIntegerField(_("fencing token"))
+    effect = models.CharField(_("effect"), max_length=255, blank=True, default="")
+    idempotency_key = models.CharField(_("idempotency key"), max_length=68)
+    method = models.CharField(_("method"), max_length=8)
+    url = models.CharField(_("URL"), max_length=2048)
+    body = models.JSONField(_("JSON body"), null=True, blank=True)
+    status = models.CharField(_("status"), max_length=16, choices=MessageStatus.choices,
+                              default=MessageStatus.PENDING)
+    # Deliveries started (counted when a relay claims it, so a message that kills its relays ends).
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    # Not before this time by the database clock (NULL: at once); moved on by a retry's backoff.
+    next_try_at = models.DateTimeField(_("next try"), null=True, blank=True)
+    answer_status = models.PositiveIntegerField(_("last answer's status code"), null=True, blank=True)
+    answer_excerpt = models.TextField(_("last answer (excerpt)"), blank=True, default="")
+    # The relay's claim: who delivers it now, until when, with which token.
+    relay_owner = models.CharField(_("relay"), max_length=255, blank=True, default="")
+    relay_token = models.BigIntegerField(_("relay token"), default=0)
+    lease_expires_at = models.DateTimeField(_("relay lease expires at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    delivered_at = models.DateTimeField(_("answered at"), null=True, blank=True)
+
+    objects = OutboxQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        ordering = ["-id"]
+        constraints = [
+            check_constraint(name="taskclaim_outbox_status_valid", condition=Q(status__in=MessageStatus.values)),
+        ]
+        indexes = [
+            # Match the relay's claim: pending messages, the oldest first.
+            models.Index(fields=["id"], condition=Q(status=MessageStatus.PENDING), name="taskclaim_outbox_pending_idx"),
+            models.Index(fields=["idempotency_key"], name="taskclaim_outbox_idem_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.url[:80]} ({self.status})"

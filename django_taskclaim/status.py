@@ -30,6 +30,15 @@ class Outcome(models.TextChoices):
     DUPLICATE = "duplicate", _("Duplicate delivery (not executed)")
 
 
+class MessageStatus(models.TextChoices):
+    """Where an outbox message stands (``OutboxMessage.Status``): waiting for (or under) delivery,
+    delivered (a 2xx answer), or failed for good (a final answer, or its attempts used up)."""
+
+    PENDING = "pending", _("Pending")
+    DELIVERED = "delivered", _("Delivered")
+    FAILED = "failed", _("Failed")
+
+
 #: Statuses a task never leaves on its own (an operator may reset FAILED and CANCELLED).
 TERMINAL: tuple[str, ...] = (Status.SUCCEEDED.value, Status.FAILED.value, Status.CANCELLED.value)
 #: Statuses an operator's reset returns to PENDING.

@@ -27,6 +27,7 @@ from ..store.rows import Claimed, Start, TaskRow
 from ..values import DEFAULT_QUEUE, clean_text, lease_seconds, positive_int, queue_names, to_json, validate_text
 from . import transitions
 from .keepalive import KeepaliveMixin
+from .outbox import Outbox
 from .readonly import writes_only_to
 
 logger = logging.getLogger("django_taskclaim")
@@ -135,6 +136,8 @@ class Claim(KeepaliveMixin):
         self._successor: Claim | None = None
         self._carried: Start | None = None
         self._ending_sent = 0.0  # when the ending that carried a start was sent (monotonic)
+        # fenced() blocks open on this claim whose token check passed: the outbox records only then.
+        self._fences = 0
 
     @classmethod
     def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "", *, sent: float,
@@ -436,6 +439,12 @@ class Claim(KeepaliveMixin):
         task's ``Taskclaim-Fencing-Key`` with this claim's ``Taskclaim-Fencing-Token``."""
         return fencing_headers(self.tenant, self.key, self.token, effect)
 
+    @property
+    def outbox(self) -> Outbox:
+        """Messages to send once this claim's ``fenced()`` block commits (:mod:`.outbox`):
+        ``claim.outbox.http(method, url, json=..., effect=...)``, recorded in the block's transaction."""
+        return Outbox(self)
+
     @contextmanager
     def fenced(self) -> Iterator[Claim]:
         """A transaction whose writes commit only if this claim still owns the task.
@@ -463,11 +472,14 @@ class Claim(KeepaliveMixin):
                     held = self._row_held
                     # Inside an outer transaction the lock outlives this block: keepalive may rest.
                     self._row_held = held or nested
+                    self._fences += 1
                     try:
                         yield self
                     except BaseException:
                         self._row_held = held  # the savepoint rolled back, and its lock with it
                         raise
+                    finally:
+                        self._fences -= 1
                 else:
                     refused = True
         except BaseException:

@@ -149,6 +149,25 @@ def fenced_owner(args: argparse.Namespace) -> None:
         emit(event="stale", token=claim.token)
 
 
+def outbox_owner(args: argparse.Namespace) -> None:
+    """Claim, say so, wait for a line on stdin (the test pauses the process meanwhile), then record
+    an outbox message to ``--url`` with the completion inside ``fenced()``."""
+    from django_taskclaim.exceptions import StaleClaim
+    from django_taskclaim.models import Task
+
+    claim = Task.objects.claim(args.key, owner=f"owner-{os.getpid()}", lease=args.lease).claim
+    assert claim is not None
+    emit(event="claimed", token=claim.token)
+    sys.stdin.readline()
+    try:
+        with claim.fenced():
+            message = claim.outbox.http("POST", args.url, json={"by": os.getpid()}, effect="publish")
+            claim.complete({"message": message})
+        emit(event="committed", token=claim.token, message=message)
+    except StaleClaim:
+        emit(event="stale", token=claim.token)
+
+
 def _lock_wait(seconds: float) -> None:
     """How long this connection waits for a lock held by another (a row lock, SQLite's write lock)."""
     from django.db import connection
@@ -223,6 +242,10 @@ def main() -> None:
         p = sub.add_parser(mode)
         p.add_argument("key")
         p.add_argument("--lease", type=float, default=30)
+    p = sub.add_parser("outbox-owner")
+    p.add_argument("key")
+    p.add_argument("--lease", type=float, default=30)
+    p.add_argument("--url", required=True)
     p = sub.add_parser("drain")
     p.add_argument("--lease", type=float, default=30)
     p.add_argument("--work-ms", type=float, default=0)
@@ -237,7 +260,8 @@ def main() -> None:
     args = parser.parse_args()
     setup()
     {"race": race, "drain": drain, "clock": clock, "fenced-owner": fenced_owner, "taker": taker,
-     "cycles": cycles, "request": request}[args.mode](args)
+     "cycles": cycles, "request": request,
+     "outbox-owner": outbox_owner}[args.mode](args)
 
 
 if __name__ == "__main__":

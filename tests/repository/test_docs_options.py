@@ -25,6 +25,7 @@ SECTIONS = {
     "taskclaim_audit": [("operations.md", "### `taskclaim_audit`")],
     "taskclaim_purge": [("operations.md", "### `taskclaim_purge`")],
     "taskclaim_scheduler": [("operations.md", "### `taskclaim_scheduler`")],
+    "taskclaim_relay": [("outbox.md", "## The relay: `manage.py taskclaim_relay`")],
 }
 
 
