@@ -35,7 +35,9 @@ def test_nothing_outside_the_store_names_a_database() -> None:
     askers = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE)
-        if relative.parts[0] in ("store", "migrations"):
+        # downstream/ is the app a *receiving* service installs without the task tables, and so
+        # without the store: its one question (SQLite's write lock first) is its own.
+        if relative.parts[0] in ("store", "migrations") or relative.parts[:2] == ("downstream", "rows.py"):
             continue
         askers += [f"{relative}:{n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
                    if VENDOR_QUESTION.search(line)]
