@@ -33,6 +33,21 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class IoWorker:
+    """How a system's worker runs many tasks at once in one process (the I/O-bound phase,
+    ``benchmarks.iodrain_phase``): ``manage.py COMMAND`` with these options."""
+
+    command: str
+    drain: tuple[str, ...]  # exit once nothing is left to run
+    serve: tuple[str, ...]  # run until SIGTERM
+    concurrency: str  # the option: tasks in flight in one process
+    lease: str  # the option: seconds a claim lasts unless renewed (renewed every third of it)
+    table: str  # the table its tasks live in (read by the driver, in plain SQL)
+    running: str  # the status of a task in flight there
+    succeeded: str  # the status of a task done
+
+
+@dataclass(frozen=True)
 class System:
     key: str
     name: str
@@ -42,6 +57,7 @@ class System:
     drains: tuple[Drain, ...]  # swept: in every round the best is the system's figure
     bulks: tuple[tuple[str, str], ...]  # (label, how): "loop" is Task.enqueue() per task
     settings: tuple[tuple[str, object], ...] = ()  # Django settings of its processes besides the common ones
+    io: IoWorker | None = None  # None: not in the I/O-bound phase
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +82,10 @@ OURS_SYSTEM = System(
     # A worker that finds nothing to claim while others still hold tasks looks again after this
     # (the default, 0.5 s, suits an idle queue): the peers' own loops run with no sleep either.
     settings=(("TASKCLAIM_POLL_INTERVAL", 0.01),),
+    # Issue 32: `--concurrency N` tasks in flight per process (sync ones on N threads, async ones
+    # on one event loop); the phase skips ours, saying so, where the option does not exist yet.
+    io=IoWorker("taskclaim_worker", ("--queue", QUEUE, "--until-drained"), ("--queue", QUEUE), "--concurrency",
+                "--lease", "django_taskclaim_task", "running", "succeeded"),
 )
 # ---------------------------------------------------------------------------------------------
 
@@ -105,6 +125,11 @@ OX_SYSTEM = System(
         for c in OX_CONCURRENCY
     ),
     bulks=(("django-ox (Task.enqueue)", "loop"), ("django-ox (enqueue_many)", "ox_many")),
+    # ox_worker runs --concurrency threads, each one task at a time, an async task on a loop of
+    # its own (asgiref's async_to_sync); one UPDATE renews every lease in flight each
+    # LOCK_TIMEOUT / 3 (--lock-timeout).
+    io=IoWorker("ox_worker", ("--batch",), (), "--concurrency", "--lock-timeout", "django_ox_oxtask", "RUNNING",
+                "SUCCESSFUL"),
 )
 
 SYSTEMS: dict[str, System] = {s.key: s for s in (OURS_SYSTEM, DTDB_SYSTEM, OX_SYSTEM)}
