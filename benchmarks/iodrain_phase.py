@@ -84,7 +84,9 @@ def run(url: str, sizes: Sizes, results: IoResults, *, peers: bool, private_serv
         for key in order:
             for name in [n for n, k in results.system_of.items() if k == key]:
                 kind = results.kind_of[name]
-                task = (kind,) if kind == CEILING else (kind, json.dumps([sizes.io_wait]))
+                io = SYSTEMS[key].io
+                assert io is not None
+                task = (kind, json.dumps([] if kind == CEILING else [sizes.io_wait]), io.bulk)
                 executed, value = drain_with(runner, key, name, worker_args(SYSTEMS[key], sizes.io_concurrency),
                                              sizes.io_workers, sizes.io_tasks, task)
                 if len(set(executed)) != sizes.io_tasks:
@@ -187,7 +189,7 @@ def inflight(runner: Runner, key: str, sizes: Sizes, results: IoResults, counter
     # slots are all taken is not charged the benchmark's eager poll.
     env = {"TASKCLAIM_BENCH_SETTINGS": json.dumps({"TASKCLAIM_POLL_INTERVAL": 0.5})}
     counter.track(True)
-    runner.call(key, "prepare", "1", "async", json.dumps([0]))  # the warm-up task
+    runner.call(key, "prepare", "1", "async", json.dumps([0]), io.bulk)  # the warm-up task
     proc, err = runner.start(key, "worker", *worker_args(system, n, serve=True, lease=sizes.io_lease), env=env)
     try:
         await_ready(proc, err, what, time.monotonic() + READY_TIMEOUT)
@@ -196,7 +198,7 @@ def inflight(runner: Runner, key: str, sizes: Sizes, results: IoResults, counter
         proc.stdin.flush()
         _await_count(runner.url, io.table, io.succeeded, 1, time.monotonic() + 60, proc, what)
         idle = statistics.median(_sample_rss(proc.pid, 1.0))
-        runner.call(key, "enqueue", str(n), "hold", json.dumps([gate, 300.0]))
+        runner.call(key, "enqueue", str(n), "hold", json.dumps([gate, 300.0]), io.bulk)
         _await_count(runner.url, io.table, io.running, n, time.monotonic() + 60 + n / 10, proc, what)
         before = counter.snapshot(io.table)
         started = time.monotonic()

@@ -1,8 +1,8 @@
 """One step of the Django Tasks phase, in a child process under a system's own interpreter.
 
     python -m benchmarks.tasks_runner SYSTEM setup
-    python -m benchmarks.tasks_runner SYSTEM prepare N [KIND [ARGS]]  # empty the tables, enqueue N, analyse
-    python -m benchmarks.tasks_runner SYSTEM enqueue N KIND [ARGS]    # enqueue N more, nothing emptied
+    python -m benchmarks.tasks_runner SYSTEM prepare N [KIND [ARGS [HOW]]]  # empty the tables, enqueue N, analyse
+    python -m benchmarks.tasks_runner SYSTEM enqueue N KIND [ARGS [HOW]]    # enqueue N more, nothing emptied
     python -m benchmarks.tasks_runner SYSTEM bulk N HOW       # empty the tables, time N enqueues
     python -m benchmarks.tasks_runner SYSTEM worker COMMAND [ARG ...]
     python -m benchmarks.tasks_runner SYSTEM count
@@ -12,7 +12,8 @@ SYSTEM is a key of ``benchmarks.tasks_systems.SYSTEMS``; ``TASKCLAIM_BENCH_URL``
 database. Each step prints one ``@@result`` line of JSON; a worker first prints ``@@ready`` and
 waits for a line on its standard input (the driver's start signal, sent to all workers at once).
 KIND names a task of ``benchmarks.io_tasks.KINDS`` (default ``noop``), ARGS a JSON list of the
-arguments it takes after the task's index.
+arguments it takes after the task's index, HOW ``loop`` (``Task.enqueue()``, the default) or the
+system's bulk call (``benchmarks.tasks_systems.bulk_enqueue``).
 Needs only the standard library, Django and the system, so it runs in the peers' virtualenvs.
 """
 
@@ -76,31 +77,30 @@ def truncate(system: str) -> list[str]:
     return names
 
 
-def prepare(system: str, count: int, kind: str = "noop", args: str = "[]") -> dict[str, Any]:
+def prepare(system: str, count: int, kind: str = "noop", args: str = "[]", how: str = "loop") -> dict[str, Any]:
     """Empty the system's tables, enqueue ``count`` tasks of ``kind`` (no-op ones by default)
-    through ``Task.enqueue()`` (one transaction, for speed: the drain is what is measured), then
-    ``VACUUM ANALYZE``."""
+    through ``Task.enqueue()`` or the system's bulk call (``how``: one transaction, for speed: the
+    drain is what is measured), then ``VACUUM ANALYZE``."""
     from django.db import connection
 
     names = truncate(system)
-    enqueue(count, kind, args)
+    enqueue(system, count, kind, args, how)
     with connection.cursor() as cursor:
         for name in names:
             cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(name)}")
     return {"enqueued": count}
 
 
-def enqueue(count: int, kind: str, args: str = "[]") -> dict[str, Any]:
+def enqueue(system: str, count: int, kind: str, args: str = "[]", how: str = "loop") -> dict[str, Any]:
     """Enqueue ``count`` tasks of ``kind``, task ``i`` called with ``i`` and the JSON list ``args``,
-    through ``Task.enqueue()`` in one transaction."""
+    in one transaction, the way ``how`` says (``benchmarks.tasks_systems.bulk_enqueue``)."""
     from django.db import transaction
 
     from benchmarks.io_tasks import KINDS
+    from benchmarks.tasks_systems import bulk_enqueue
 
-    task, extra = KINDS[kind], json.loads(args)
     with transaction.atomic():
-        for i in range(count):
-            task.enqueue(i, *extra)
+        bulk_enqueue(system, how, KINDS[kind], count, tuple(json.loads(args)))
     return {"enqueued": count}
 
 
@@ -175,9 +175,9 @@ def main(argv: list[str]) -> int:
 
         django.setup()
         if role == "prepare":
-            out = prepare(system, int(rest[0]), *rest[1:3])
+            out = prepare(system, int(rest[0]), *rest[1:4])
         elif role == "enqueue":
-            out = enqueue(int(rest[0]), *rest[1:3])
+            out = enqueue(system, int(rest[0]), *rest[1:4])
         elif role == "accepts":
             out = accepts(rest[0], rest[1:])
         elif role == "bulk":

@@ -45,6 +45,7 @@ class IoWorker:
     table: str  # the table its tasks live in (read by the driver, in plain SQL)
     running: str  # the status of a task in flight there
     succeeded: str  # the status of a task done
+    bulk: str  # how its tasks are enqueued before a drain (untimed): its own bulk call (bulk_enqueue)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ OURS_SYSTEM = System(
     # Issue 32: `--concurrency N` tasks in flight per process (sync ones on N threads, async ones
     # on one event loop); the phase skips ours, saying so, where the option does not exist yet.
     io=IoWorker("taskclaim_worker", ("--queue", QUEUE, "--until-drained"), ("--queue", QUEUE), "--concurrency",
-                "--lease", "django_taskclaim_task", "running", "succeeded"),
+                "--lease", "django_taskclaim_task", "running", "succeeded", "ours_many"),
 )
 # ---------------------------------------------------------------------------------------------
 
@@ -129,7 +130,7 @@ OX_SYSTEM = System(
     # its own (asgiref's async_to_sync); one UPDATE renews every lease in flight each
     # LOCK_TIMEOUT / 3 (--lock-timeout).
     io=IoWorker("ox_worker", ("--batch",), (), "--concurrency", "--lock-timeout", "django_ox_oxtask", "RUNNING",
-                "SUCCESSFUL"),
+                "SUCCESSFUL", "ox_many"),
 )
 
 SYSTEMS: dict[str, System] = {s.key: s for s in (OURS_SYSTEM, DTDB_SYSTEM, OX_SYSTEM)}
@@ -173,18 +174,19 @@ def counts(key: str) -> tuple[int, int]:
     return done, Task.objects.filter(status__in=[Task.Status.PENDING, Task.Status.RUNNING]).count()
 
 
-def bulk_enqueue(key: str, how: str, task: object, count: int) -> None:
-    """Enqueue ``count`` calls of ``task`` (inside the caller's transaction) the way ``how`` says."""
+def bulk_enqueue(key: str, how: str, task: object, count: int, extra: tuple[object, ...] = ()) -> None:
+    """Enqueue ``count`` calls of ``task`` (inside the caller's transaction) the way ``how`` says,
+    call ``i`` with the arguments ``(i, *extra)``."""
     if how == "loop":
         for i in range(count):
-            task.enqueue(i)  # type: ignore[attr-defined]
+            task.enqueue(i, *extra)  # type: ignore[attr-defined]
     elif how == "ox_many" and key == OX:
         from django_ox.bulk import enqueue_many
 
-        enqueue_many(task, [((i,), {}) for i in range(count)])
+        enqueue_many(task, [((i, *extra), {}) for i in range(count)])
     elif how == "ours_many" and key == OURS:
         from django_taskclaim.tasks import enqueue_many as ours
 
-        ours(task, [((i,), {}) for i in range(count)])
+        ours(task, [((i, *extra), {}) for i in range(count)])
     else:
         raise ValueError(f"{SYSTEMS[key].name} has no bulk enqueue {how!r}")
