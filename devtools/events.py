@@ -12,10 +12,16 @@ from typing import IO, Any
 Event = dict[str, Any]
 
 
+_EMITTING = threading.Lock()
+
+
 def emit(**event: Any) -> None:
-    """Print ``event`` as one JSON line on stdout and flush, so a parent sees it at once."""
-    sys.stdout.write(json.dumps(event, default=str) + "\n")
-    sys.stdout.flush()
+    """Print ``event`` as one JSON line on stdout and flush, so a parent sees it at once (whole
+    lines, whichever thread of a worker running several tasks at once emits it)."""
+    line = json.dumps(event, default=str) + "\n"
+    with _EMITTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def parse_line(line: str) -> Event | None:

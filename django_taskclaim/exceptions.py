@@ -59,6 +59,13 @@ class WorkerLost(TaskClaimError):
     result as the error of such an attempt."""
 
 
+class TimedOut(TaskClaimError):
+    """An attempt ran past its timeout (``OPTIONS["TIMEOUT"]``, ``@claim_options(timeout=...)``, a
+    handler worker's ``--timeout``): its claim was fenced off at that moment (nothing the body writes
+    in ``fenced()`` afterwards commits) and the attempt recorded with this error; the task is retried
+    or failed by its policy. Never raised into the body: a sync body runs on until it returns."""
+
+
 class TaskCancelled(TaskClaimError):
     """The task was cancelled (an operator's ``cancel``) before it ended. Never raised: named in
     a Django task's result as its last error, since the framework has no cancelled state."""

@@ -69,6 +69,15 @@ def lease_seconds(lease: float | int | timedelta | None) -> float:
     return seconds
 
 
+def timeout_seconds(value: Any, name: str) -> float:
+    """A timeout as seconds: a positive number (an ``int``, ``float`` or ``timedelta``), else
+    :class:`InvalidArgument` naming the option ``name``."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < float("inf"):
+        raise InvalidArgument(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(seconds)
+
+
 def positive_int(value: Any, name: str, maximum: int = MAX_INT) -> int:
     """Return ``value`` if it is an integer from 1 to ``maximum``, else raise :class:`InvalidArgument`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -23,6 +23,8 @@ or ``manage.py taskclaim_worker myapp.jobs.handle``.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -31,17 +33,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
 from . import outages, routing
 from .conf import settings
-from .exceptions import StaleClaim
+from .exceptions import InvalidArgument, StaleClaim, TimedOut
 from .lifecycle.api import claim_next, default_owner
 from .lifecycle.claim import Claim
-from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, execute
+from .lifecycle.deadlines import watch
+from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute, execute
 from .models import Task
 from .status import Status
-from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names
+from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
+from .worker_pool import Pool
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -62,10 +67,12 @@ class WorkerStats:
     unrecorded: int = 0
     #: Tasks released unrun and uncharged (a Django task this worker cannot import yet).
     released: int = 0
+    #: Attempts that ran past their timeout: fenced off then, recorded as failed with ``TimedOut``.
+    timed_out: int = 0
 
     @property
     def handled(self) -> int:
-        return self.succeeded + self.failed + self.fenced_off + self.unrecorded
+        return self.succeeded + self.failed + self.fenced_off + self.unrecorded + self.timed_out
 
     def count(self, executed: Executed) -> None:
         """Count a task by what committed: its end as written, by the handler or the worker."""
@@ -73,6 +80,8 @@ class WorkerStats:
             self.add("released")
         elif executed.ending == Status.SUCCEEDED:
             self.add("succeeded")
+        elif isinstance(executed.claim.lost_reason, TimedOut):
+            self.add("timed_out")  # whatever the body's own ending met after the fencing
         elif executed.ending == FENCED_OFF:
             self.add("fenced_off")
         else:
@@ -98,19 +107,50 @@ class Runner:
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         raise NotImplementedError
 
+    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
+        """:meth:`execute` for a task whose body is a coroutine function (:meth:`is_async`)."""
+        raise NotImplementedError
+
+    def is_async(self, claim: Claim) -> bool:
+        """Whether ``claim``'s body is a coroutine function: run by :meth:`aexecute` on an event loop."""
+        return False
+
+    def timeout_for(self, claim: Claim) -> float | None:
+        """Seconds an attempt of ``claim``'s task may run before its claim is fenced off (its own
+        timeout; ``None``: the worker's ``timeout``, if any)."""
+        return None
+
+    def policy_for(self, claim: Claim) -> Policy:
+        """How a failure of ``claim``'s task is recorded (a timeout's: retried or not, after what delay)."""
+        return Policy()
+
     def describe(self) -> str:
         """What this runner runs, for the worker's start-up line."""
         return type(self).__name__
 
 
 class HandlerRunner(Runner):
-    """``handler(claim)`` under the execution protocol (``atomic``: inside ``claim.fenced()``)."""
+    """``handler(claim)`` under the execution protocol (``atomic``: inside ``claim.fenced()``); a
+    coroutine function ``handler`` is awaited (never atomic: Django's transactions cannot span awaits)."""
 
     def __init__(self, handler: Handler, *, atomic: bool = False) -> None:
         self.handler, self.policy = handler, Policy(atomic=atomic)
+        self.coroutine = inspect.iscoroutinefunction(handler)
+        if self.coroutine and atomic:
+            raise InvalidArgument("atomic=True runs the handler inside claim.fenced(), a transaction that cannot "
+                             "span awaits: an async handler writes its effects with claim.afenced()")
 
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         return execute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
+
+    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
+        return await aexecute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
+
+    def is_async(self, claim: Claim) -> bool:
+        return self.coroutine
+
+    def policy_for(self, claim: Claim) -> Policy:
+        return self.policy
 
     def describe(self) -> str:
         name = getattr(self.handler, "__qualname__", None) or repr(self.handler)
@@ -122,7 +162,8 @@ def work(
     handler: Handler | Runner, *, owner: str | None = None, lease: float | timedelta | None = None,
     tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int = 1,
     poll: float | None = None, max_tasks: int | None = None, until_drained: bool = False, atomic: bool = False,
-    stop: threading.Event | None = None, using: str | None = None,
+    stop: threading.Event | None = None, using: str | None = None, concurrency: int = 1,
+    timeout: float | timedelta | None = None,
 ) -> WorkerStats:
     """Run ``handler(claim)`` on the tasks queued in ``queue`` (one name or several) until
     ``stop`` is set (or idle, or ``max_tasks``).
@@ -137,6 +178,13 @@ def work(
     ``atomic=True`` runs each handler inside ``claim.fenced()`` and completes it there: its
     database writes commit with the completion, once, or not at all.
 
+    ``concurrency``: up to that many tasks in flight at once (:mod:`django_taskclaim.worker_pool`):
+    sync bodies each on a thread of its own, coroutine functions on one event loop. Free slots are
+    filled by claims of at most ``batch`` tasks each, every task started as it gets its slot.
+    ``timeout``: seconds an attempt may run (unless its task says otherwise) before its claim is
+    fenced off and the attempt recorded as failed with ``TimedOut`` (:mod:`~django_taskclaim.lifecycle.deadlines`):
+    an async body is cancelled, a sync one runs on harmlessly, holding its slot until it returns.
+
     Over several task databases (no ``tenant``, no ``using``) each database is served by a thread
     of its own (a *lane*: its own connection, its claims, handlers and completions, one task at a
     time), so that a database that is down or hung (a server stopped with SIGSTOP answers nothing,
@@ -145,12 +193,15 @@ def work(
     runner = handler if isinstance(handler, Runner) else HandlerRunner(handler, atomic=atomic)
     seconds = lease_seconds(runner.lease if lease is None else lease)
     positive_int(batch, "batch")
+    positive_int(concurrency, "concurrency")
+    seconds_max = None if timeout is None else timeout_seconds(timeout, "timeout")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
     job = _Job(runner=runner, owner=owner or default_owner(), lease=seconds, tenant=tenant, queues=queue_names(queue),
                batch=batch, wait=settings.POLL_INTERVAL if poll is None else poll, until_drained=until_drained,
-               stop=stop or threading.Event(), budget=_Budget(max_tasks))
-    _log_start(runner, job.owner, job.queues, tenant, using, seconds, batch)
+               stop=stop or threading.Event(), budget=_Budget(max_tasks), concurrency=concurrency,
+               timeout=seconds_max)
+    _log_start(runner, job.owner, job.queues, tenant, using, seconds, batch, concurrency)
     lanes = routing.databases(using) if tenant is None else ()
     if len(lanes) < 2:
         _serve(job, using, routing.route(tenant, using) if tenant is not None else routing.databases(using)[0])
@@ -198,6 +249,9 @@ class _Job:
     until_drained: bool
     stop: threading.Event
     budget: _Budget
+    concurrency: int = 1
+    #: The worker's ``timeout`` (seconds), for tasks that set none of their own.
+    timeout: float | None = None
     stats: WorkerStats = field(default_factory=lambda: WorkerStats())
 
 
@@ -232,7 +286,11 @@ def _serve_lanes(job: _Job, aliases: Sequence[str]) -> None:
 
 def _serve(job: _Job, using: str | None, alias: str) -> None:
     """The worker's loop on database ``using`` (``alias``, for what is said about it being down);
-    ``using=None`` with a tenant: the tenant's database."""
+    ``using=None`` with a tenant: the tenant's database. One task at a time; several with
+    ``concurrency`` (:func:`_serve_pool`)."""
+    if job.concurrency > 1:
+        _serve_pool(job, using, alias)
+        return
     runner, stats, stop = job.runner, job.stats, job.stop
     claims: list[Claim] = []
     previous: Claim | None = None  # the task run last, whose ending may have started the next
@@ -266,13 +324,86 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 more = 0 if claims or stop.is_set() else job.budget.take(job.batch)
                 claim.then_start(claims[0] if claims and not stop.is_set() else None)
                 previous = claim
-                done = _run(runner, claim, stats, _finisher(more, job.tenant, job.queues, runner.path))
+                done = _run(runner, claim, stats, _finisher(more, job.tenant, job.queues, runner.path), job.timeout)
                 job.budget.refund(more - len(done))
                 claims += done
             if job.budget.spent() and not claims:
                 break
     finally:  # stopped (or interrupted) with claims in hand: release them untouched
         _release_all(claims, previous)
+
+
+def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
+    """:func:`_serve` with up to ``job.concurrency`` tasks in flight: one claimer (this thread) fills
+    the free slots, at most ``job.batch`` tasks a statement, reserving all but the first; each task
+    starts (its attempt counted) as it takes its slot, at once, so a reservation is never held
+    longer than that. Stopped: nothing more is claimed, and the tasks in flight finish."""
+    pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim), arun=lambda claim: _aslot(job, claim),
+                is_async=job.runner.is_async)
+    stop, runner = job.stop, job.runner
+    try:
+        while not stop.is_set() and not pool.errors:
+            free = pool.free()
+            if not free:
+                pool.wait(job.wait)  # until a task in flight returns
+                continue
+            close_old_connections()
+            room = job.budget.take(min(free, job.batch))
+            if not room:
+                break  # max_tasks claimed, by this lane or others
+            claims, drained = [], False
+            try:
+                claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues, path=runner.path,
+                                    using=using, reserve=True)
+                outages.up(alias)
+                drained = (not claims and job.until_drained and pool.free() == job.concurrency
+                           and not _unfinished(job.tenant, job.queues, runner.path, using))
+            except _UNREACHABLE as exc:
+                outages.down(alias, exc)
+            job.budget.refund(room - len(claims))
+            for claim in claims:
+                pool.submit(claim)
+            if drained:
+                break
+            if not claims:
+                stop.wait(job.wait)
+    except BaseException:  # interrupted (KeyboardInterrupt): the tasks in flight end, nothing more starts
+        stop.set()
+        raise
+    finally:
+        pool.close()
+
+
+def _slot(job: _Job, claim: Claim) -> None:
+    """One sync task in its slot: started now (a reserved one given back instead when the worker is
+    stopping), then run, counted; its lease renewed with the other tasks in flight, one statement a
+    round for all (:mod:`~django_taskclaim.lifecycle.renewal`)."""
+    claim.renew_together = True
+    if job.stop.is_set() and claim.reserved:
+        _release_unstarted(claim)
+    elif _started(claim, None, job.stats):
+        _run(job.runner, claim, job.stats, _finisher(0, None, [], ""), job.timeout)
+
+
+async def _aslot(job: _Job, claim: Claim) -> None:
+    """:func:`_slot` for a coroutine body, on the pool's event loop (ORM calls on its sync thread)."""
+    claim.renew_together = True
+    if job.stop.is_set() and claim.reserved:
+        await sync_to_async(_release_unstarted)(claim)
+    elif await sync_to_async(_started)(claim, None, job.stats):
+        try:
+            executed = await _aexecute(job.runner, claim, _finisher(0, None, [], ""),
+                                       _timeout(job.runner, claim, job.timeout))
+        except _UNREACHABLE as exc:
+            _unrecorded(claim, job.stats, exc)
+            return
+        _counted(executed, job.stats)
+
+
+def _release_unstarted(claim: Claim) -> None:
+    """Release a reserved claim unrun: its attempt count unchanged."""
+    with suppress(StaleClaim, *_UNREACHABLE):
+        claim.release()
 
 
 def _release_all(claims: list[Claim], previous: Claim | None) -> None:
@@ -308,26 +439,64 @@ def _started(claim: Claim, previous: Claim | None, stats: WorkerStats) -> bool:
 
 
 def _log_start(runner: Runner, owner: str, queues: list[str], tenant: str | None, using: str | None, lease: float,
-               batch: int) -> None:
+               batch: int, concurrency: int = 1) -> None:
     """The worker's one start-up line: what it runs, from which queues and databases, how."""
     aliases = [routing.route(tenant, using)] if tenant is not None else list(routing.databases(using))
     whose = "" if tenant is None else f"; tenant {tenant!r}"
-    logger.info("worker %r started: %s, queues %s; databases %s%s; lease %gs; batch %d (one task at a time)",
-                owner, runner.describe(), ", ".join(queues), ", ".join(aliases), whose, lease, batch,
+    at_once = "one task at a time" if concurrency == 1 else f"up to {concurrency} tasks at once"
+    logger.info("worker %r started: %s, queues %s; databases %s%s; lease %gs; batch %d (%s)",
+                owner, runner.describe(), ", ".join(queues), ", ".join(aliases), whose, lease, batch, at_once,
                 extra={"owner": owner, "runner": runner.describe(), "queues": queues, "databases": aliases,
-                       "tenant": tenant, "lease": lease, "batch": batch})
+                       "tenant": tenant, "lease": lease, "batch": batch, "concurrency": concurrency})
 
 
-def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish) -> list[Claim]:
-    """Run one task by the execution protocol; the claims its completion made."""
+def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish, timeout: float | None = None) -> list[Claim]:
+    """Run one task by the execution protocol (an async one on an event loop of its own, here; each
+    under its timeout); the claims its completion made."""
     try:
-        executed = runner.execute(claim, finish)
+        seconds = _timeout(runner, claim, timeout)
+        if runner.is_async(claim):
+            executed = async_to_sync(_aexecute)(runner, claim, finish, seconds)
+        elif seconds is None:
+            executed = runner.execute(claim, finish)
+        else:
+            with watch(claim, seconds, runner.policy_for(claim)):
+                executed = runner.execute(claim, finish)
     except _UNREACHABLE as exc:
-        # Not even a new connection could record the end: the claim runs out and the task
-        # comes back after its lease, by the rules.
-        logger.warning("the end of a task could not be recorded: %s: %s", claim.named(), exc, extra=claim.log_extra())
-        stats.add("unrecorded")
-        return []
+        return _unrecorded(claim, stats, exc)
+    return _counted(executed, stats)
+
+
+def _unrecorded(claim: Claim, stats: WorkerStats, exc: BaseException) -> list[Claim]:
+    # Not even a new connection could record the end: the claim runs out and the task
+    # comes back after its lease, by the rules.
+    logger.warning("the end of a task could not be recorded: %s: %s", claim.named(), exc, extra=claim.log_extra())
+    stats.add("unrecorded")
+    return []
+
+
+def _timeout(runner: Runner, claim: Claim, timeout: float | None) -> float | None:
+    own = runner.timeout_for(claim)
+    return timeout if own is None else own
+
+
+async def _aexecute(runner: Runner, claim: Claim, finish: Finish, seconds: float | None) -> Executed:
+    """Await ``claim``'s coroutine body; past ``seconds`` its claim is fenced off, then the body cancelled."""
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    cancel = None if task is None else (lambda: loop.call_soon_threadsafe(task.cancel))
+    try:
+        with watch(claim, seconds, runner.policy_for(claim), cancel):
+            return await runner.aexecute(claim, finish)
+    except asyncio.CancelledError:
+        if not isinstance(claim.lost_reason, TimedOut):
+            raise  # not our cancellation: a shutdown
+        # Cancelled after its body had returned: the timeout's fencing is the attempt's end.
+        return Executed(claim, claim.ended() or FENCED_OFF, error=claim.lost_reason)
+
+
+def _counted(executed: Executed, stats: WorkerStats) -> list[Claim]:
+    """Count a task by how it ended; the claims its completion made. A shutdown is raised."""
+    claim = executed.claim
     stats.count(executed)
     if executed.released and not isinstance(executed.error, Exception):
         raise executed.error  # type: ignore[misc]  # a shutdown: the claim is back, the worker stops

@@ -121,6 +121,10 @@ class Claim(KeepaliveMixin):
         self._row_held = False
         # The keepalive thread beating now, whose own short transactions hold nothing after.
         self._beating: threading.Thread | None = None
+        #: Kept alive with the process's other claims of its database, one statement a round for
+        #: all (:mod:`~django_taskclaim.lifecycle.renewal`), not by a heartbeat thread of its own.
+        #: A worker running several tasks at once sets it on each.
+        self.renew_together = False
         #: Claimed for later and not started yet (a batch's task after its first): its attempt is
         #: not counted and it holds a short reservation, until :meth:`start` (or the ending of the
         #: task run before it, :meth:`then_start`) starts it. Never run a reserved claim.

@@ -38,7 +38,7 @@ from django.db import connections, transaction
 from .. import signals
 from ..exceptions import StaleClaim
 from ..store import get_store
-from . import transitions
+from . import renewal, transitions
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -64,6 +64,8 @@ class KeepaliveMixin:
         _row_held: bool
         _deadline: float
         _beating: threading.Thread | None
+        renew_together: bool
+        lease_expires_at: datetime | None
 
         @property
         def lost(self) -> threading.Event: ...
@@ -104,10 +106,12 @@ class KeepaliveMixin:
                 await asyncio.to_thread(thread.join)
         self._raise_if_lost()
 
-    def _begin(self, interval: float | None, outer: bool) -> _Beats:
+    def _begin(self, interval: float | None, outer: bool) -> _Beats | renewal.Member:
         every = self.lease / 3 if interval is None else interval
         if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < float("inf"):
             raise ValueError(f"keepalive interval must be a positive number of seconds, not {every!r}")
+        if self.renew_together and not outer:
+            return renewal.join(self, every)  # one statement a round with the process's other claims
         beats = _Beats(self, every, outer)
         _starter().add(beats)
         return beats

@@ -395,6 +395,13 @@ def heartbeat(holder: Holder, lease: float) -> datetime | None:
         cursor, holder.task_id, holder.token, lease)))
 
 
+def heartbeat_many(using: str, held: Sequence[tuple[int, int]], lease: float) -> dict[int, datetime]:
+    """Renew the leases of the ``(task id, token)`` pairs of ``held`` together (one statement on
+    PostgreSQL and SQLite, two on MySQL): ``{task id: new expiry}`` of those renewed."""
+    return _reconnecting(using, lambda: _plain(using, lambda cursor: get_store(using).heartbeat_many(
+        cursor, held, lease)))
+
+
 def _status(status: str | None) -> str | None:
     return status
 

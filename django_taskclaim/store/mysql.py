@@ -405,6 +405,25 @@ class MySQLStore(SQLStore):
         found = cursor.fetchone()
         return None if found is None else self.to_datetime(found[0])
 
+    def heartbeat_many(self, cursor: Any, held: Sequence[tuple[int, int]], lease: float) -> dict[int, datetime]:
+        """No ``RETURNING``: the update, then a read of the pairs it renewed (by the primary key: the
+        update locks only the rows it names), a chunk of 400 at most."""
+        renewed: dict[int, datetime] = {}
+        for chunk in chunks(held, 400):
+            ids = placeholders(len(chunk))
+            pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
+            flat = [*(pk for pk, _ in chunk), *(v for pair in chunk for v in pair)]
+            cursor.execute(
+                f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
+                f"WHERE id IN ({ids}) AND status = {RUNNING} AND ({pairs})",
+                [self.lease_param(lease), *flat],
+            )
+            if cursor.rowcount:
+                cursor.execute(f"SELECT id, lease_expires_at FROM {TASK} WHERE id IN ({ids}) "
+                               f"AND status = {RUNNING} AND ({pairs})", flat)
+                renewed.update((int(pk), expires) for pk, expires in self._expiries(cursor))
+        return renewed
+
     def finish(
         self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
         outcomes: tuple[str, str], audit: bool, known: str | None = None, *,

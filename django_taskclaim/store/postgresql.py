@@ -604,6 +604,20 @@ class PostgreSQLStore(SQLStore):
         )
         return [Moved(*r) for r in cursor.fetchall()]
 
+    def heartbeat_many(self, cursor: Any, held: Sequence[tuple[int, int]], lease: float) -> dict[int, datetime]:
+        """One statement for any number of claims: the (id, token) pairs as two arrays, joined."""
+        if not held:
+            return {}
+        t = TASK
+        cursor.execute(
+            f"UPDATE {t} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
+            f"FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token) "
+            f"WHERE {t}.id = h.id AND {t}.fencing_token = h.token AND {t}.status = {RUNNING} "
+            f"RETURNING {t}.id, {t}.lease_expires_at",
+            [self.lease_param(lease), [pk for pk, _ in held], [token for _, token in held]],
+        )
+        return {int(pk): expires for pk, expires in cursor.fetchall()}
+
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
         if not held:
             return []

@@ -143,6 +143,10 @@ class Store(Protocol):
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
         """Extend the lease from the database clock; the new expiry, or ``None`` if fenced off."""
 
+    def heartbeat_many(self, cursor: Any, held: Sequence[tuple[int, int]], lease: float) -> dict[int, datetime]:
+        """Renew every ``(id, token)`` of ``held`` still RUNNING under that token, in one statement per
+        round: ``{id: new expiry}`` of those renewed (the others were fenced off)."""
+
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
         """A reserved claim starts: attempt count + 1, its attempt row opened, the full lease from
         now, in one unit of work; the new expiry, or ``None`` if the token no longer owns the task."""

@@ -25,7 +25,7 @@ from ..exceptions import InvalidTransition
 from ..identity import resolve_identity
 from ..retries import Backoff
 from ..status import RESETTABLE, RESULT_STATUS, UNFINISHED
-from ..values import lease_seconds, positive_int
+from ..values import lease_seconds, positive_int, timeout_seconds
 from .compat import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
 from .identity import RUN_AGAIN, identity_of, import_grace, options_of, same_call
 from .results import new_result, parse_result_id, result_of
@@ -71,6 +71,15 @@ class ClaimBackend(BaseTaskBackend):
             return own
         value = self.options.get("BACKOFF")
         return settings.RETRY_BACKOFF if value is None else Backoff.of(value, "OPTIONS['BACKOFF']")
+
+    def timeout_for(self, func: Any) -> float | None:
+        """Seconds an attempt of ``func`` may run before its claim is fenced off: its
+        ``claim_options(timeout=...)``, else ``OPTIONS["TIMEOUT"]``, else none."""
+        own = None if func is None else options_of(func).timeout
+        if own is not None:
+            return own
+        value = self.options.get("TIMEOUT")
+        return None if value is None else timeout_seconds(value, "OPTIONS['TIMEOUT']")
 
     @property
     def import_grace(self) -> float:

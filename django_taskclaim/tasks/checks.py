@@ -13,7 +13,7 @@ from ..checkspec import spec
 from ..conf import settings
 from ..exceptions import InvalidArgument, TaskClaimError
 from ..retries import Backoff
-from ..values import lease_seconds, positive_int
+from ..values import lease_seconds, positive_int, timeout_seconds
 from .compat import FRAMEWORK
 from .identity import import_grace
 
@@ -22,12 +22,14 @@ KNOWN_OPTIONS = {
     "LEASE": "seconds a worker's claim lasts between heartbeats (default TASKCLAIM_DEFAULT_LEASE)",
     "MAX_ATTEMPTS": "claims a task may get before it ends FAILED (default TASKCLAIM_MAX_ATTEMPTS)",
     "BACKOFF": "retry backoff: a dict of Backoff's fields (default TASKCLAIM_RETRY_BACKOFF)",
+    "TIMEOUT": "seconds an attempt may run before its claim is fenced off and it is recorded as failed "
+               "with TimedOut (default: none)",
     "IMPORT_GRACE": "seconds after its enqueue during which a task a worker cannot import is released "
                     "uncharged, not failed (default 600: a rolling deploy's old workers)",
 }
 
 E201 = spec("django_taskclaim.E201", "Task backend {alias!r}: {problem}.",
-        "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS, BACKOFF and IMPORT_GRACE.")
+        "Fix TASKS[{alias!r}]['OPTIONS']: known options are LEASE, MAX_ATTEMPTS, BACKOFF, TIMEOUT and IMPORT_GRACE.")
 W201 = spec("django_taskclaim.W201", "Task backend {alias!r} stores {where}.",
         "enqueue() inside transaction.atomic() on {default!r} does not commit or roll back with the "
         "task: a task can outlive a rolled-back caller (or the caller's rows be missing when it runs). "
@@ -72,6 +74,7 @@ def options_problems(backend: Any) -> list[str]:
     for name, read in (("LEASE", lambda v: lease_seconds(v)),
                        ("MAX_ATTEMPTS", lambda v: positive_int(v, "OPTIONS['MAX_ATTEMPTS']")),
                        ("BACKOFF", lambda v: Backoff.of(v, "OPTIONS['BACKOFF']")),
+                       ("TIMEOUT", lambda v: timeout_seconds(v, "OPTIONS['TIMEOUT']")),
                        ("IMPORT_GRACE", lambda v: import_grace(v))):
         if backend.options.get(name) is not None:
             try:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ..exceptions import InvalidArgument
 from ..identity import TaskKey
 from ..retries import Backoff
-from ..values import canonical_json, lease_seconds, positive_int
+from ..values import canonical_json, lease_seconds, positive_int, timeout_seconds
 from .compat import normalize_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,6 +64,8 @@ class ClaimOptions:
     lease: float | None = None
     max_attempts: int | None = None
     backoff: Backoff | None = None
+    #: Seconds an attempt may run before its claim is fenced off (``TimedOut``).
+    timeout: float | None = None
 
 
 def keyed(identity: Callable[..., str | TaskKey], *, after_failure: str = REUSE) -> Callable[[F], F]:
@@ -99,11 +101,14 @@ def keyed(identity: Callable[..., str | TaskKey], *, after_failure: str = REUSE)
 
 def claim_options(
     *, lease: float | timedelta | None = None, max_attempts: int | None = None,
-    backoff: Backoff | dict[str, float] | None = None,
+    backoff: Backoff | dict[str, float] | None = None, timeout: float | timedelta | None = None,
 ) -> Callable[[F], F]:
-    """Set a task's lease (seconds), ``max_attempts`` and retry ``backoff`` (a ``Backoff`` or
-    a dict of its fields), over the backend's ``OPTIONS`` and the ``TASKCLAIM_*`` settings."""
+    """Set a task's lease (seconds), ``max_attempts``, retry ``backoff`` (a ``Backoff`` or
+    a dict of its fields) and ``timeout`` (seconds an attempt may run before its claim is fenced
+    off and it is recorded as failed with ``TimedOut``), over the backend's ``OPTIONS`` and the
+    ``TASKCLAIM_*`` settings."""
     options = ClaimOptions(
+        timeout=None if timeout is None else timeout_seconds(timeout, "claim_options(timeout=...)"),
         lease=None if lease is None else lease_seconds(lease),
         max_attempts=None if max_attempts is None else positive_int(max_attempts, "max_attempts"),
         backoff=None if backoff is None else Backoff.of(backoff, "claim_options(backoff=...)"),

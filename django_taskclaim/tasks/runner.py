@@ -11,15 +11,17 @@ its traceback kept on the attempt row), a dead worker's task taken over after it
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from datetime import datetime
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.utils.dateparse import parse_datetime
 
 from ..claims import Claim
 from ..exceptions import InvalidArgument, InvalidResult, StaleClaim
-from ..execution import FENCED_OFF, Executed, Finish, Policy, error_text, execute, record_failure
+from ..execution import FENCED_OFF, Executed, Finish, Policy, aexecute, error_text, execute, record_failure
 from ..status import Status
 from ..worker import Runner
 from .compat import TaskContext, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
@@ -78,11 +80,49 @@ class TaskRunner(Runner):
         """The lease the task at ``path`` declares for itself (``None``: the worker's)."""
         return options_of(self._task(path).func).lease
 
+    def is_async(self, claim: Claim) -> bool:
+        """Whether the task is a coroutine function (one this worker cannot import runs the sync way)."""
+        try:
+            return inspect.iscoroutinefunction(self._task(claim.task_path).func)
+        except Exception:
+            return False
+
+    def timeout_for(self, claim: Claim) -> float | None:
+        """The task's ``claim_options(timeout=...)``, else the backend's ``OPTIONS["TIMEOUT"]``."""
+        try:
+            func = self._task(claim.task_path).func
+        except Exception:
+            return None
+        return self.backend.timeout_for(func)
+
+    def policy_for(self, claim: Claim) -> Policy:
+        return self._policy(claim.task_path)
+
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         try:
             task = self._task(claim.task_path)
         except Exception as exc:  # not importable here: a newer release's task, or one that is gone
             return self._not_importable(claim, exc)
+        sender, result, call_args, kwargs, store = self._prepare(claim, task, finish)
+        executed = execute(claim, task.call, call_args, kwargs, policy=self._policy(claim.task_path), finish=store)
+        if executed.ending != FENCED_OFF:
+            self._finished(sender, result, executed)
+        return executed
+
+    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
+        """:meth:`execute` for a coroutine function task, awaited on the caller's event loop."""
+        task = self._task(claim.task_path)  # importable: is_async() said so
+        sender, result, call_args, kwargs, store = await sync_to_async(self._prepare)(claim, task, finish)
+        executed = await aexecute(claim, task.func, call_args, kwargs, policy=self._policy(claim.task_path),
+                                  finish=store)
+        if executed.ending != FENCED_OFF:
+            await sync_to_async(self._finished)(sender, result, executed)
+        return executed
+
+    def _prepare(self, claim: Claim, task: Any, finish: Finish) -> tuple[type, Any, tuple[Any, ...], dict[str, Any],
+                                                                         Finish]:
+        """What running ``task`` needs: its lease set, its result and ``task_started`` sent, its
+        arguments, and how its return value is stored."""
         if (lease := self._own_lease(claim.task_path)) is not None and lease != claim.lease:
             claim.heartbeat(lease)  # the task's own lease, from now on
         payload = claim.payload or {}
@@ -99,10 +139,7 @@ class TaskRunner(Runner):
                 raise InvalidResult(f"the task's return value is not JSON: {exc}") from exc
             return finish(held, value)
 
-        executed = execute(claim, task.call, call_args, kwargs, policy=self._policy(claim.task_path), finish=store)
-        if executed.ending != FENCED_OFF:
-            self._finished(sender, result, executed)
-        return executed
+        return sender, result, call_args, kwargs, store
 
     def _not_importable(self, claim: Claim, error: Exception) -> Executed:
         """A task whose function this worker cannot import. During a rolling deploy a worker of the

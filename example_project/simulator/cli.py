@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         "'manage.py taskclaim_worker --queue testgen' workers: no message queue",
     )
     p.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=4,
+        help="jobs each --worker agent runs at once (taskclaim_worker --concurrency; "
+        "default: %(default)r)",
+    )
+    p.add_argument(
         "--redis-url",
         default=os.environ.get("REDIS_URL", ""),
         help="Redis broker for --celery (default: $REDIS_URL)",

@@ -25,13 +25,14 @@ class WorkerDriver(QueueDriver):
     deliveries_note = "none: Django tasks, each claimed by a taskclaim_worker from the task table"
 
     def agent_command(self, name: str) -> list[str]:
-        return ["example_project.simulator.work_agent", "--name", name]
+        return ["example_project.simulator.work_agent", "--name", name, "--concurrency", str(self.args.concurrency)]
 
     def banner(self) -> str:
         a = self.args
         return (
             f"django-taskclaim demo (--worker): {a.jobs} jobs enqueued through Django's Tasks framework, "
-            f"{a.agents} taskclaim_worker agents, lease {a.lease:g}s, work {a.work_seconds:g}s"
+            f"{a.agents} taskclaim_worker agents of {a.concurrency} jobs at once, lease {a.lease:g}s, "
+            f"work {a.work_seconds:g}s"
         )
 
     def on_event(self, agent: Agent, ev: dict[str, Any]) -> None:

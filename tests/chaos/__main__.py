@@ -70,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds of fault injection (default: %(default)s)")
     p.add_argument("--workers", type=positive(int), default=6,
                    help="worker processes (default: %(default)s)")
+    p.add_argument("--concurrency", type=positive(int), default=1,
+                   help="tasks each worker process has in hand at once, each on a thread "
+                        "(default: %(default)s)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the nemesis (default: random, printed)")
     p.add_argument("--db", choices=("sqlite", "postgresql", "mariadb"), default="postgresql",

@@ -84,6 +84,8 @@ class Options:
     replication: str = "sync"
     standby_lag: float = 0.0
     unsafe: bool = False
+    #: Tasks each worker has in hand at once (``tests.chaos.worker --concurrency``).
+    concurrency: int = 1
     keep: bool = False
     verbose: bool = False
 
@@ -239,6 +241,7 @@ class Harness:
         child = self.processes.start(
             "tests.chaos.worker", "--tag", tag, "--lease", str(self.opts.lease), "--steps", str(self.opts.steps),
             "--work-ms", str(self.opts.work_ms), "--give-up", str(self.opts.give_up),
+            "--concurrency", str(self.opts.concurrency),
             *(["--unsafe"] if self.opts.unsafe else []),
             env=env, stderr=os.path.join(self.rundir, f"{tag}.stderr"),
         )
@@ -290,7 +293,7 @@ class Harness:
         if cap is not None and len(self.log.enqueued) >= cap:
             return
         backlog = self.db(lambda: Task.objects.pending().count())
-        want = 4 * self.opts.workers - backlog
+        want = 4 * self.opts.workers * self.opts.concurrency - backlog
         if cap is not None:
             want = min(want, cap - len(self.log.enqueued))
         for _ in range(max(want, 0)):

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         fault_interval=args.fault_interval, crash=args.crash, give_up=args.give_up,
         skew=args.skew, quiet=args.quiet,
         faults=args.faults, failover_interval=args.failover_interval, replication=args.replication,
-        standby_lag=args.standby_lag,
+        standby_lag=args.standby_lag, concurrency=args.concurrency,
         unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
     )
     harness = build(Harness, opts)

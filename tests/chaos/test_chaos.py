@@ -251,6 +251,22 @@ def test_short_run_injects_every_fault_and_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_short_run_of_workers_with_several_tasks_in_hand_passes(tmp_path: Path) -> None:
+    """``--concurrency 4``: each worker process holds four claims at once, so every SIGKILL and
+    SIGSTOP strikes four; the checker still finds every effect once, within its claim."""
+    require_binaries()
+    code, out, report = chaos(
+        tmp_path, "--duration", "8", "--workers", "3", "--concurrency", "4", "--seed", "12",
+        "--faults", "pause,kill", "--fault-interval", "0.7", timeout=180)
+    assert code == 0, out
+    assert report["ok"] and not report["violations"], out
+    assert report["faults"].get("kill", 0) > 0 and report["faults"].get("pause", 0) > 0, out
+    figures = report["figures"]
+    assert figures["effects_accepted"] == figures["tasks_enqueued"] > 0, out
+    assert figures["lost"] == figures["duplicated"] == figures["overlaps"] == 0, out
+
+
+@pytest.mark.slow
 def test_short_run_fails_when_effects_are_not_fenced(tmp_path: Path) -> None:
     """The checker is not a rubber stamp: effects written outside fenced() are caught doubled."""
     if DB != "sqlite":

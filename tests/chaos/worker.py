@@ -6,6 +6,10 @@ step writes the final effect and ``claim.complete()`` in the same fenced transac
 exactly-once recipe). It prints one JSON line per event on stdout, which the harness reads
 (the "replies").
 
+With ``--concurrency N`` it runs N such loops at once, each on a thread with its own database
+connection (as ``taskclaim_worker --concurrency`` runs sync tasks), so that a SIGKILL or SIGSTOP of
+the process strikes N claims in hand at once.
+
 Faults it takes part in:
 
 - ``CHAOS_CRASH="after_claim=0.02,before_commit=0.02,after_commit=0.02"``: SIGKILL itself at
@@ -96,14 +100,36 @@ class Worker:
     def run(self) -> None:
         from django.db import Error, connection
 
-        from django_taskclaim.models import Task
-
         threading.Thread(target=self.listen, daemon=True).start()
         try:
             connection.ensure_connection()
         except Error as exc:
             self.reconnect("start", exc)
         emit(event="start", pid=os.getpid(), owner=self.owner, wall=time.time())
+        if self.args.concurrency == 1:
+            self.loop()
+        else:  # --concurrency N: N loops at once, each on a thread of its own with its own connection
+            slots = [threading.Thread(target=self.slot, name=f"slot-{i}") for i in range(self.args.concurrency)]
+            for thread in slots:
+                thread.start()
+            for thread in slots:
+                thread.join()
+        emit(event="exit")
+
+    def slot(self) -> None:
+        from django.db import connection
+
+        try:
+            self.loop()
+        finally:
+            connection.close()
+
+    def loop(self) -> None:
+        """Claim and execute until told to stop (one task in hand at a time on this thread)."""
+        from django.db import Error
+
+        from django_taskclaim.models import Task
+
         while not self.stopping.is_set():
             try:
                 self.apply_controls()
@@ -123,7 +149,6 @@ class Worker:
                 info = {"task": claim.task_id, "key": claim.key, "token": claim.token, "owner": self.owner}
                 self.maybe_crash("after_claim", **info)
                 self.execute(claim, info)
-        emit(event="exit")
 
     def work(self) -> None:
         time.sleep(self.args.work_ms / 1000 * self.rng.uniform(0.5, 1.5))  # simulated work
@@ -239,6 +264,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--work-ms", type=float, default=100)
     parser.add_argument("--idle", type=float, default=0.05)
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="tasks in hand at once: as many claim-and-execute loops, each on a thread")
     parser.add_argument("--give-up", type=float, default=0.0,
                         help="probability that an execution fails (retry) or releases instead")
     parser.add_argument("--unsafe", action="store_true",

@@ -322,3 +322,34 @@ def test_claim_next_in_user_code_skips_a_hung_database(shard_server: PostgresSer
     assert (late.key, late.using) == ("m-b", B)
     assert Task.objects.db_manager(B).get(key="m-b").attempts == 1  # the late visit's claim was given back
     assert threading.active_count() < 10
+
+
+def test_a_concurrent_worker_serves_each_database_with_a_pool_of_its_own() -> None:
+    """``work(concurrency=3)`` over two task databases: a lane per database, each with three slots
+    (six tasks in flight at once, three in each database), every task once, in its tenant's database."""
+    from django_taskclaim.worker import work
+
+    for n in range(12):
+        Task.objects.ensure(f"pool-{n}", tenant=ON_A[n % 3], queue="default")
+        Task.objects.ensure(f"pool-{n}", tenant=ON_B[n % 3], queue="default")
+    lock, in_flight, most = threading.Lock(), {A: 0, B: 0}, {A: 0, B: 0}
+    six = threading.Barrier(6, timeout=30)
+
+    arrived = [0]
+
+    def handler(claim: Any) -> str:
+        with lock:
+            in_flight[claim.using] += 1
+            most[claim.using] = max(most[claim.using], in_flight[claim.using])
+            arrived[0] += 1
+            first = arrived[0] <= 6
+        if first:
+            six.wait()  # the first six: three in each database at once
+        with lock:
+            in_flight[claim.using] -= 1
+        return claim.using
+
+    stats = work(handler, owner="pools", concurrency=3, until_drained=True, poll=0.05)
+    assert stats.succeeded == 24 and most == {A: 3, B: 3}
+    for alias in (A, B):
+        assert set(Task.objects.db_manager(alias).values_list("status", "result")) == {("succeeded", alias)}

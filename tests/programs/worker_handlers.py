@@ -45,3 +45,15 @@ def kills_itself_or_counts(claim: Claim) -> Any:
         os.kill(os.getpid(), signal.SIGKILL)
     Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
     return claim.key
+
+
+def paced_effect(claim: Claim) -> None:
+    """For the pool's drain under faults (tests/processes/test_worker_pool_faults.py): I/O-bound work
+    (a short wait), then the effect and the completion in one ``fenced()`` block. A key named
+    ``late…`` runs past the worker's ``--timeout`` first: its write then must not commit."""
+    time.sleep(float(os.environ.get("TASKCLAIM_TEST_WORK", "0.05")))  # a model or an API call
+    if claim.key.startswith("late"):
+        time.sleep(float(os.environ.get("TASKCLAIM_TEST_LATE", "3")))  # past the worker's --timeout
+    with claim.fenced():
+        Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+        claim.complete({"by": os.getpid()})

@@ -19,13 +19,14 @@ from django_taskclaim.management.arguments import (
     lease,
     owner_name,
     positive_int,
+    positive_seconds,
     queue_arg,
     task_database,
     tenant_name,
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.values import MIN_LEASE
-from django_taskclaim.worker import work
+from django_taskclaim.worker import HandlerRunner, work
 from django_taskclaim.worker_runners import runner_without_handler
 
 
@@ -61,7 +62,15 @@ class Command(TaskClaimCommand):
         parser.add_argument("--lease", type=lease, default=None,
                             help=f"Lease in seconds, from {MIN_LEASE:g} to TASKCLAIM_MAX_LEASE "
                                  "(default: TASKCLAIM_DEFAULT_LEASE, or the backend's LEASE).")
-        parser.add_argument("--batch", type=positive_int, default=1, help="Tasks claimed at a time (default: 1).")
+        parser.add_argument("--batch", type=positive_int, default=1,
+                            help="Tasks claimed at a time, at most (default: 1).")
+        parser.add_argument("--concurrency", type=positive_int, default=1,
+                            help="Tasks in flight at once in this process: sync ones on as many threads, "
+                                 "async ones on one event loop (default: 1).")
+        parser.add_argument("--timeout", type=positive_seconds, default=None,
+                            help="With a handler: seconds an attempt may run before its claim is fenced off and "
+                                 "it is recorded as failed with TimedOut (default: none). Django tasks take "
+                                 "OPTIONS['TIMEOUT'] or @claim_options(timeout=...).")
         parser.add_argument("--max-tasks", type=positive_int, default=None, help="Stop after this many tasks.")
         parser.add_argument("--until-drained", action="store_true",
                             help="Stop once no task of these queues is left unfinished (pending, or running "
@@ -74,7 +83,8 @@ class Command(TaskClaimCommand):
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
                lease: float | None, batch: int, max_tasks: int | None, until_drained: bool, atomic: bool,
-               owner: str | None, as_json: bool = False, database: str | None = None, **options: Any) -> None:
+               owner: str | None, as_json: bool = False, database: str | None = None, concurrency: int = 1,
+               timeout: float | None = None, **options: Any) -> None:
         runner: Any
         if tenant is not None:
             try:
@@ -82,35 +92,45 @@ class Command(TaskClaimCommand):
             except TaskClaimError as exc:  # --database that does not hold the tenant's tasks
                 raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         if handler is None:  # the runner a plug-in registered (the Django Tasks backend's)
+            if timeout is not None:
+                raise CommandError("--timeout is for a handler worker: a Django task takes its timeout from "
+                                   "OPTIONS['TIMEOUT'] or @claim_options(timeout=...)", returncode=USAGE_ERROR)
             try:
                 runner, queue, lease = runner_without_handler(backend=backend, queues=queues, lease=lease,
                                                               atomic=atomic)
             except InvalidArgument as exc:
                 raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         else:
-            runner, queue = self._handler(handler), queues or ["default"]
+            runner, queue = self._handler(handler, atomic), queues or ["default"]
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
-                         max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop, using=database)
+                         max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop, using=database,
+                         concurrency=concurrency, timeout=timeout)
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)
         summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
                    "unrecorded": stats.unrecorded}
+        if stats.timed_out:  # only where timeouts struck: the report of a worker without any is unchanged
+            summary["timed_out"] = stats.timed_out
         if as_json:
             self.write_json(summary, indent=None)
         else:
             self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
-                              f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded")
+                              f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded"
+                              + (f", {stats.timed_out} timed out" if stats.timed_out else ""))
 
     @staticmethod
-    def _handler(handler: str) -> Any:
+    def _handler(handler: str, atomic: bool) -> Any:
         try:
             func = import_string(handler)
         except ImportError as exc:
             raise CommandError(f"handler {handler!r} cannot be imported: {exc}", returncode=USAGE_ERROR) from exc
         if not callable(func):
             raise CommandError(f"handler {handler!r} is not callable", returncode=USAGE_ERROR)
-        return func
+        try:
+            return HandlerRunner(func, atomic=atomic)
+        except InvalidArgument as exc:  # an async handler with --atomic
+            raise CommandError(f"handler {handler!r}: {exc}", returncode=USAGE_ERROR) from exc

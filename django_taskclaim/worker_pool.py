@@ -1,0 +1,136 @@
+"""The slots of a worker that runs several tasks at once (``work(..., concurrency=N)``).
+
+A :class:`Pool` holds up to ``size`` claims in flight: sync tasks each on one of ``size``
+threads (each with its own Django connections, closed when the thread ends), ``async def``
+tasks on one event loop in one thread of its own. A slot is free again only when its task's
+body has returned: a sync body past its timeout cannot be stopped, and keeps its slot until
+it returns. The pool knows nothing of claims beyond handing each to ``run`` or ``arun``; the
+worker (:mod:`django_taskclaim.worker`) claims, starts and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+#: A thread's "no more work" in its queue.
+_DONE: Any = object()
+
+
+class Pool:
+    """Up to ``size`` tasks in flight: ``run(item)`` on threads, ``arun(item)`` on one event loop
+    (``is_async(item)`` says which). The first error a task lets out stops the pool's intake
+    and is raised by :meth:`close` (a shutdown inside a task, an unexpected error)."""
+
+    def __init__(self, size: int, run: Callable[[Any], None], arun: Callable[[Any], Awaitable[None]],
+                 is_async: Callable[[Any], bool]) -> None:
+        self.size, self.run, self.arun, self.is_async = size, run, arun, is_async
+        self.busy = 0
+        self.changed = threading.Condition(threading.Lock())
+        self.errors: list[BaseException] = []
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+        self.idle_threads = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: threading.Thread | None = None
+
+    def free(self) -> int:
+        """Slots free now (none once a task let an error out)."""
+        with self.changed:
+            return 0 if self.errors else self.size - self.busy
+
+    def wait(self, timeout: float | None) -> None:
+        """Until a slot frees (or ``timeout`` seconds pass); at once if one is free."""
+        with self.changed:
+            if self.busy >= self.size and not self.errors:
+                self.changed.wait(timeout)
+
+    def wait_idle(self) -> None:
+        """Until every task in flight has returned."""
+        with self.changed:
+            while self.busy:
+                self.changed.wait()
+
+    def submit(self, item: Any) -> None:
+        """Run ``item`` in a free slot (the caller asked :meth:`free` first)."""
+        with self.changed:
+            self.busy += 1
+        if self.is_async(item):
+            asyncio.run_coroutine_threadsafe(self._arun(item), self._event_loop())
+            return
+        with self.changed:
+            start = self.idle_threads == 0 and len(self.threads) < self.size
+            self.idle_threads -= 0 if start else 1
+        if start:
+            thread = threading.Thread(target=self._thread, name=f"taskclaim-slot-{len(self.threads)}", daemon=True)
+            self.threads.append(thread)
+            thread.start()
+        self.jobs.put(item)
+
+    def close(self) -> None:
+        """Wait for the tasks in flight, end the threads and the loop; raise a task's error."""
+        self.wait_idle()
+        for _ in self.threads:
+            self.jobs.put(_DONE)
+        for thread in self.threads:
+            thread.join()
+        if self.loop is not None and self.loop_thread is not None:
+            # The ORM thread of the loop's sync_to_async calls keeps a connection: close it there.
+            asyncio.run_coroutine_threadsafe(sync_to_async(connections.close_all)(), self.loop).result()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.loop_thread.join()
+            self.loop.close()
+        if self.errors:
+            raise self.errors[0]
+
+    def _done(self, error: BaseException | None) -> None:
+        with self.changed:
+            self.busy -= 1
+            if error is not None:
+                self.errors.append(error)
+            self.changed.notify_all()
+
+    def _thread(self) -> None:
+        try:
+            while (item := self.jobs.get()) is not _DONE:
+                error = None
+                try:
+                    self.run(item)
+                except BaseException as exc:
+                    error = exc
+                with self.changed:
+                    self.idle_threads += 1
+                self._done(error)
+        finally:
+            connections.close_all()  # this thread's connections
+
+    async def _arun(self, item: Any) -> None:
+        error = None
+        try:
+            await self.arun(item)
+        except BaseException as exc:
+            error = exc
+        self._done(error)
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            loop = asyncio.new_event_loop()
+            started: Future[None] = Future()
+
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(started.set_result, None)
+                loop.run_forever()
+
+            self.loop_thread = threading.Thread(target=serve, name="taskclaim-async-slots", daemon=True)
+            self.loop_thread.start()
+            started.result()
+            self.loop = loop
+        return self.loop

@@ -1,0 +1,187 @@
+"""``work(..., concurrency=N)`` and ``taskclaim_worker --concurrency N``: several tasks in flight in
+one process, sync ones on threads (each its own connection), async ones on one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+from collections import Counter
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from django_taskclaim.exceptions import InvalidArgument
+from django_taskclaim.models import Attempt, Task
+from django_taskclaim.worker import work
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def queue(n: int, prefix: str = "c") -> list[str]:
+    keys = [f"{prefix}{i:03d}" for i in range(n)]
+    for i, key in enumerate(keys):
+        Task.objects.ensure(key, payload={"n": i}, queue="default")
+    return keys
+
+
+class InFlight:
+    """Counts the handlers running at once (the most ever seen, and by which threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+        self.threads: set[int] = set()
+        self.sessions: set[object] = set()
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.threads.add(threading.get_ident())
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+def test_sync_tasks_run_n_at_once_each_on_a_thread_and_connection_of_its_own() -> None:
+    keys = queue(8)
+    seen, meet = InFlight(), threading.Barrier(4, timeout=20)
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        seen.enter()
+        connection.ensure_connection()
+        with seen.lock:
+            seen.sessions.add(id(connection.connection))
+        meet.wait()  # passes only when four handlers run at once
+        Effect.objects.create(task_key=claim.key, token=claim.token, worker="pool")
+        seen.leave()
+        return claim.key
+
+    stats = work(handler, owner="pool", concurrency=4, until_drained=True, poll=0.05)
+    assert stats.succeeded == 8 and stats.handled == 8
+    assert seen.most == 4 and len(seen.threads) == 4 and len(seen.sessions) == 4
+    assert Counter(Effect.objects.values_list("task_key", flat=True)) == dict.fromkeys(keys, 1)
+    assert {t.key: (t.status, t.attempts, t.result) for t in Task.objects.all()} == {
+        key: (Task.Status.SUCCEEDED, 1, key) for key in keys}
+    # Each started once, by its own claim: one attempt row each, succeeded.
+    assert Counter(Attempt.objects.values_list("outcome", flat=True)) == {"succeeded": 8}
+
+
+def test_async_handlers_run_n_at_once_on_one_event_loop() -> None:
+    keys = queue(6, prefix="a")
+    seen = InFlight()
+    together: dict[str, asyncio.Event] = {}
+
+    async def handler(claim):  # type: ignore[no-untyped-def]
+        seen.enter()
+        group = "first" if claim.key < "a003" else "second"
+        event = together.setdefault(group, asyncio.Event())
+        if seen.now == 3:
+            event.set()
+        await asyncio.wait_for(event.wait(), 20)  # three coroutines in flight at once
+        seen.leave()
+        await claim.acheck()
+        return {"key": claim.key, "loop": id(asyncio.get_running_loop())}
+
+    stats = work(handler, owner="loop", concurrency=3, batch=3, until_drained=True, poll=0.05)
+    assert stats.succeeded == 6
+    assert seen.most == 3 and len(seen.threads) == 1  # one thread: the pool's event loop
+    results = {t.key: t.result for t in Task.objects.all()}
+    assert {r["key"] for r in results.values()} == set(keys)
+    assert len({r["loop"] for r in results.values()}) == 1
+
+
+def test_an_async_handler_runs_one_at_a_time_too() -> None:
+    """``concurrency=1`` awaits a coroutine handler (rather than storing the coroutine)."""
+    queue(2, prefix="one")
+
+    async def handler(claim):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0)
+        return claim.key
+
+    stats = work(handler, owner="one", until_drained=True, poll=0.05)
+    assert stats.succeeded == 2
+    assert set(Task.objects.values_list("result", flat=True)) == {"one000", "one001"}
+
+
+def test_stopping_lets_the_tasks_in_flight_finish_and_claims_nothing_more() -> None:
+    queue(10, prefix="s")
+    stop, ran = threading.Event(), []
+    meet = threading.Barrier(2, timeout=20)
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        meet.wait()
+        stop.set()  # while both slots are busy: each finishes, nothing more is claimed
+        ran.append(claim.key)
+        return "done"
+
+    stats = work(handler, owner="stopper", concurrency=2, batch=2, stop=stop)
+    assert stats.succeeded == 2 and sorted(ran) == ["s000", "s001"]
+    untouched = Task.objects.exclude(key__in=ran)
+    assert set(untouched.values_list("status", "attempts", "owner")) == {(Task.Status.PENDING, 0, "")}
+
+
+def test_batch_caps_each_claim_and_max_tasks_the_total() -> None:
+    queue(9, prefix="m")
+    stats = work(lambda claim: claim.key, owner="capped", concurrency=4, batch=2, max_tasks=5)
+    assert stats.succeeded == 5
+    assert Task.objects.filter(status=Task.Status.SUCCEEDED).count() == 5
+    assert set(Task.objects.exclude(status=Task.Status.SUCCEEDED).values_list("status", "attempts")) == {
+        (Task.Status.PENDING, 0)}
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "4"])
+def test_a_bad_concurrency_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="concurrency"):
+        work(lambda claim: None, concurrency=value)  # type: ignore[arg-type]
+
+
+def test_the_command_runs_handlers_with_concurrency_and_refuses_a_bad_one() -> None:
+    queue(4, prefix="cmd")
+    out = io.StringIO()
+    call_command("taskclaim_worker", "tests.programs.worker_handlers.kills_itself_or_counts", "--concurrency", "3",
+                 "--until-drained", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"succeeded": 4, "failed": 0, "fenced_off": 0, "unrecorded": 0}
+    with pytest.raises(CommandError, match="concurrency"):
+        call_command("taskclaim_worker", "tests.programs.worker_handlers.effect", "--concurrency", "0")
+
+
+def test_the_command_runs_django_tasks_sync_and_async_with_concurrency() -> None:
+    from tests.testapp.tasks import add, add_async
+
+    results = [add.enqueue(1, 2), add_async.enqueue(3, 4), add.enqueue(5, 6), add_async.enqueue(7, 8)]
+    out = io.StringIO()
+    call_command("taskclaim_worker", "--concurrency", "4", "--until-drained", "--json", stdout=out)
+    assert json.loads(out.getvalue())["succeeded"] == 4
+    for result in results:
+        result.refresh()
+    assert [r.return_value for r in results] == [3, 7, 11, 15]
+
+
+def test_a_slot_given_a_reserved_claim_after_the_stop_releases_it_uncharged() -> None:
+    """The claimer hands a slot a reserved claim, then the worker is stopped before the slot starts
+    it: it is given back, its attempt count unchanged, and never run."""
+    import threading as _threading
+
+    from django_taskclaim.worker import HandlerRunner, _Budget, _Job, _slot
+
+    queue(2, prefix="r")
+    first, second = Task.objects.claim_next(owner="w", limit=2, reserve=True)
+    assert second.reserved
+    ran: list[str] = []
+    job = _Job(runner=HandlerRunner(lambda claim: ran.append(claim.key)), owner="w", lease=30, tenant=None,
+               queues=["default"], batch=2, wait=0.1, until_drained=False, stop=_threading.Event(),
+               budget=_Budget(None), concurrency=2)
+    job.stop.set()
+    _slot(job, second)
+    assert ran == []
+    row = Task.objects.get(pk=second.task_id)
+    assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+    _slot(job, first)  # started by its claim: in flight already, it runs to its end
+    assert ran == ["r000"] and Task.objects.get(pk=first.task_id).status == Task.Status.SUCCEEDED

@@ -1,0 +1,206 @@
+"""Timeouts that fence (issue 32, item 3): past its timeout an attempt's claim is fenced off at once,
+the attempt recorded with ``TimedOut`` and the task retried or failed by its policy; an async body
+is cancelled, a sync one runs on harmlessly (nothing it writes in ``fenced()`` commits) and keeps its
+slot until it returns; the worker goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from devtools.polling import wait_until
+from django_taskclaim.exceptions import InvalidArgument, StaleClaim
+from django_taskclaim.models import Attempt, Task
+from django_taskclaim.tasks import claim_options
+from django_taskclaim.tasks.runner import TaskRunner
+from django_taskclaim.worker import work
+from tests.testapp import timeout_tasks
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMED_OUT = "django_taskclaim.exceptions.TimedOut"
+
+
+def fenced_off(claim: Any) -> bool:
+    """Whether the task of ``claim`` (or a ``Task``) is no longer RUNNING under its claim."""
+    pk = getattr(claim, "task_id", getattr(claim, "pk", None))
+    return not Task.objects.filter(pk=pk, status=Task.Status.RUNNING).exists()
+
+
+def late_write(claim: Any) -> str:
+    """Write an effect in ``fenced()`` after the claim was fenced off: what that met."""
+    try:
+        with claim.fenced():
+            Effect.objects.create(task_key=claim.key, token=claim.token, worker="late")
+    except StaleClaim:
+        return "refused"
+    return "committed"
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_sync_handler_past_its_timeout_is_fenced_off_at_once_and_cannot_commit(concurrency: int) -> None:
+    Task.objects.ensure("slow", queue="default", priority=10, max_attempts=1)
+    Task.objects.ensure("quick", queue="default")
+    met: dict[str, Any] = {}
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        if claim.key == "slow":
+            started = time.monotonic()
+            wait_until(lambda: fenced_off(claim), timeout=20, interval=0.02, what="the timeout's fencing")
+            met["after"] = time.monotonic() - started  # fenced off while the body still runs
+            met["write"] = late_write(claim)
+        return claim.key
+
+    stats = work(handler, owner="timer", timeout=0.3, concurrency=concurrency, until_drained=True, poll=0.05)
+    assert met["write"] == "refused" and 0.25 < met["after"] < 5
+    assert not Effect.objects.exists()
+    slow = Task.objects.get(key="slow")
+    assert (slow.status, slow.attempts) == (Task.Status.FAILED, 1)
+    assert slow.error.startswith("TimedOut: the attempt ran past its timeout of 0.3 s")
+    assert Attempt.objects.get(task=slow).error_class == TIMED_OUT
+    assert Task.objects.get(key="quick").status == Task.Status.SUCCEEDED  # the worker went on
+    assert (stats.timed_out, stats.succeeded) == (1, 1)
+
+
+def test_a_timed_out_task_is_retried_by_its_policy() -> None:
+    Task.objects.ensure("again", queue="default", max_attempts=2)
+    attempts: list[int] = []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        attempts.append(claim.attempt)
+        if claim.attempt == 1:
+            wait_until(lambda: fenced_off(claim), timeout=20, interval=0.02, what="the timeout's fencing")
+        return claim.attempt
+
+    with override_settings(TASKCLAIM_RETRY_BACKOFF={"base": 0.01, "jitter": 0}):
+        stats = work(handler, owner="timer", timeout=0.3, concurrency=2, until_drained=True, poll=0.02)
+    task = Task.objects.get(key="again")
+    assert (task.status, task.attempts, task.result, attempts) == (Task.Status.SUCCEEDED, 2, 2, [1, 2])
+    assert list(Attempt.objects.filter(task=task).order_by("token").values_list("outcome", "error_class")) == [
+        ("retry", TIMED_OUT), ("succeeded", "")]
+    assert (stats.timed_out, stats.succeeded) == (1, 1)
+
+
+def test_an_async_handler_past_its_timeout_is_cancelled_and_commits_nothing() -> None:
+    Task.objects.ensure("sleeper", queue="default", max_attempts=1)
+    met: dict[str, str] = {}
+
+    async def handler(claim):  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            met["write"] = await sync_to_async(late_write)(claim)  # refused: fenced off before the cancel
+            raise
+        return "woke"
+
+    started = time.monotonic()
+    stats = work(handler, owner="timer", timeout=0.3, concurrency=4, until_drained=True, poll=0.05)
+    assert time.monotonic() - started < 10  # cancelled, not slept out
+    assert met["write"] == "refused" and not Effect.objects.exists()
+    task = Task.objects.get(key="sleeper")
+    assert (task.status, Attempt.objects.get(task=task).error_class) == (Task.Status.FAILED, TIMED_OUT)
+    assert stats.timed_out == 1
+
+
+def test_a_sync_task_past_its_timeout_keeps_its_slot_until_it_returns() -> None:
+    """Two slots, one held by a timed-out sync body that cannot be stopped: the other tasks run one
+    at a time, before its timeout and after it, never two at once."""
+    Task.objects.ensure("stuck", queue="default", priority=10, max_attempts=1)
+    others = [f"other{i}" for i in range(8)]
+    for key in others:
+        Task.objects.ensure(key, queue="default")
+    lock, running, most, done, past = threading.Lock(), [0], [0], threading.Event(), threading.Event()
+    after: list[str] = []
+    finished: list[str] = []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        if claim.key == "stuck":
+            wait_until(lambda: fenced_off(claim), timeout=20, interval=0.02, what="the stuck task to time out")
+            past.set()
+            done.wait(30)  # until the others ran: long past its timeout
+            return "late"
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            if past.is_set():
+                after.append(claim.key)
+        time.sleep(0.15)  # the work itself (two at once would overlap here)
+        with lock:
+            running[0] -= 1
+            finished.append(claim.key)
+            if len(finished) == len(others):
+                done.set()
+        return claim.key
+
+    stats = work(handler, owner="timer", timeout=0.5, concurrency=2, until_drained=True, poll=0.02)
+    assert most[0] == 1 and len(after) >= 2  # some ran after the timeout: still one at a time
+    assert (stats.timed_out, stats.succeeded) == (1, 8)
+    assert Task.objects.get(key="stuck").status == Task.Status.FAILED
+
+
+def test_django_tasks_time_out_by_claim_options_and_by_the_backends_timeout() -> None:
+    timeout_tasks.LATE_WRITES.clear()
+    backend = {"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend", "QUEUES": ["default"],
+                           "OPTIONS": {"TIMEOUT": 0.3}}}
+    with override_settings(TASKS=backend):
+        results = [timeout_tasks.sleeps_async.enqueue(), timeout_tasks.sleeps_sync.enqueue()]
+        started = time.monotonic()
+        stats = work(TaskRunner("default"), owner="timer", concurrency=2, until_drained=True, poll=0.05)
+        assert time.monotonic() - started < 10
+        for result in results:
+            result.refresh()
+            assert result.status.name == "FAILED"
+            assert result.errors[-1].exception_class_path == TIMED_OUT
+    assert timeout_tasks.LATE_WRITES == {"sleeps_async": "refused", "sleeps_sync": "refused"}
+    assert not Effect.objects.exists() and stats.timed_out == 2
+
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), True, "5"])
+def test_a_bad_timeout_is_refused_naming_it(value: Any) -> None:
+    with pytest.raises(InvalidArgument, match="timeout"):
+        work(lambda claim: None, timeout=value)
+    with pytest.raises(InvalidArgument, match=r"claim_options\(timeout"):
+        claim_options(timeout=value)
+    backend = {"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend", "OPTIONS": {"TIMEOUT": value}}}
+    with override_settings(TASKS=backend):
+        errors = [m for m in checks.run_checks() if m.id == "django_taskclaim.E201"]
+    assert errors and "OPTIONS['TIMEOUT']" in errors[0].msg
+
+
+def test_the_command_takes_a_timeout_for_a_handler_only() -> None:
+    with pytest.raises(CommandError, match="timeout"):
+        call_command("taskclaim_worker", "tests.programs.worker_handlers.effect", "--timeout", "0")
+    with pytest.raises(CommandError, match="--timeout is for a handler worker"):
+        call_command("taskclaim_worker", "--timeout", "5", stdout=io.StringIO())
+
+
+def test_a_timeout_does_not_start_the_next_task_of_a_busy_one_at_a_time_worker() -> None:
+    """``batch=2``, one task at a time: the first task's ending would start the second in its commit.
+    The timeout's ending must not: the worker is still busy with the body it cannot stop, so the
+    second stays reserved, and a rival that takes it meanwhile pays no attempt for this worker."""
+    Task.objects.ensure("b000", queue="default", priority=10, max_attempts=1)
+    Task.objects.ensure("b001", queue="default")
+    rival: list[Any] = []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        if claim.key == "b000":
+            wait_until(lambda: fenced_off(claim), timeout=20, interval=0.02, what="the timeout's fencing")
+            rival.extend(wait_until(lambda: Task.objects.claim_next(owner="rival", lease=60), timeout=20,
+                                    interval=0.05, what="a rival to take b001"))
+        return claim.key
+
+    stats = work(handler, owner="serial", lease=1, batch=2, max_tasks=2, timeout=0.3)
+    assert [c.key for c in rival] == ["b001"] and rival[0].attempt == 1
+    assert Task.objects.get(key="b001").attempts == 1
+    assert (stats.timed_out, stats.fenced_off) == (1, 1)
