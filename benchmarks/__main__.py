@@ -30,6 +30,13 @@ them. Phases:
 7. enqueue-to-start latency on an idle system (``latency``), p50 and p99: one worker per system at its
    defaults, tasks enqueued one at a time by another process (``benchmarks.latency``; not in ``--smoke``
    unless ``--phases`` names it).
+8. I/O-bound work (``iodrain``): 5,000 tasks that each wait 50 ms (``time.sleep``, and
+   ``asyncio.sleep``) drained by 2 worker processes × 32 tasks in flight, ``taskclaim_worker
+   --concurrency 32`` vs django-ox's ``ox_worker --concurrency 32``, and ours against the ideal
+   min(2 × 32 / 50 ms, its own no-op drain at 2 × 32); then one worker process with 500 async tasks
+   in flight: memory per task, and the statements per second on its task table (the lease
+   renewals; counted by ``pg_stat_statements``, which ``--start-server`` loads for this phase).
+   Not in ``--smoke`` unless ``--phases`` names it.
 
 Every comparison runs 3 interleaved rounds; each target is the lowest of its per-round ratios.
 """
@@ -48,7 +55,9 @@ from urllib.parse import urlsplit, urlunsplit
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, SMOKE, WORKER_BATCH, WORKER_DRAIN, Results, Sizes
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("bykey", "drain", "size", "race", "audit", "tasks", "latency", "outbox")
+PHASES = ("bykey", "drain", "size", "race", "audit", "tasks", "latency", "outbox", "iodrain")
+#: Phases a --smoke run leaves out unless --phases names them: they make or use the peers' virtualenvs.
+NOT_IN_SMOKE = ("tasks", "latency", "iodrain")
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
 
@@ -68,8 +77,9 @@ def rate(results: list[dict[str, Any]], count: int) -> float:
 
 
 class Bench:
-    def __init__(self, url: str, sizes: Sizes, run_peers: bool) -> None:
+    def __init__(self, url: str, sizes: Sizes, run_peers: bool, private_server: bool = False) -> None:
         self.url = url
+        self.private_server = private_server  # started by this run (--start-server): ours to configure
         self.sizes = sizes
         self.run_peers = run_peers and sizes.peers
         self.tasks_peers = run_peers  # the Django Tasks phase measures peers in smoke size too
@@ -358,6 +368,12 @@ class Bench:
 
         outbox_phase.run(self, log)
 
+    def iodrain(self) -> None:
+        from . import iodrain_phase
+
+        iodrain_phase.run(self.url, self.sizes, self.results.iodrain, peers=self.tasks_peers,
+                          private_server=self.private_server, log=log)
+
     def audit(self) -> None:
         from .workers import bykey_app, run_workers
 
@@ -481,6 +497,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="tasks drained per system and W (default: 5,000; smoke 300)")
     parser.add_argument("--tasks-drain", type=int, default=None,
                         help="tasks drained per system in the Django Tasks phase (default: 5,000; smoke 100)")
+    parser.add_argument("--io-tasks", type=int, default=None,
+                        help="tasks drained per system and kind in the I/O-bound phase (default: 5,000; smoke 200)")
+    parser.add_argument("--io-concurrency", type=int, default=None,
+                        help="tasks in flight per worker process in the I/O-bound drain (default: 32)")
     parser.add_argument("--db-name", default="taskclaim_bench",
                         help="database created (dropped first) for the run (default: %(default)r)")
     parser.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
@@ -490,7 +510,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="PNG chart (default: docs/benchmarks.png); '-' for none")
     parser.add_argument("--phases", default=None,
                         help=f"comma-separated subset of {','.join(PHASES)} (default: all; with --smoke all "
-                             "but tasks)")
+                             f"but {' and '.join(NOT_IN_SMOKE)})")
     args = parser.parse_args(argv)
     args.argv = argv
     if args.max_rows is not None and args.max_rows < 1:
@@ -499,8 +519,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--drain-tasks must be positive")
     if args.tasks_drain is not None and args.tasks_drain < 1:
         parser.error("--tasks-drain must be positive")
+    if args.io_tasks is not None and args.io_tasks < 1:
+        parser.error("--io-tasks must be positive")
+    if args.io_concurrency is not None and args.io_concurrency < 1:
+        parser.error("--io-concurrency must be positive")
     if args.phases is None:
-        args.phases = ",".join(p for p in PHASES if not (args.smoke and p in ("tasks", "latency")))
+        args.phases = ",".join(p for p in PHASES if not (args.smoke and p in NOT_IN_SMOKE))
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
@@ -514,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes.drain_tasks = args.drain_tasks
     if args.tasks_drain is not None:
         sizes.tasks_drain = args.tasks_drain
+    if args.io_tasks is not None:
+        sizes.io_tasks = args.io_tasks
+    if args.io_concurrency is not None:
+        sizes.io_concurrency = args.io_concurrency
     if args.max_rows is not None:
         sizes.table_rows = tuple(r for r in sizes.table_rows if r < args.max_rows) + (args.max_rows,)
     server = None
@@ -521,8 +549,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
         from devtools.servers import PostgresServer
 
-        server = PostgresServer(settings={"fsync": "on", "full_page_writes": "on"}).start()
-        log(f"started PostgreSQL on 127.0.0.1:{server.port} (fsync=on, full_page_writes=on)")
+        settings = {"fsync": "on", "full_page_writes": "on"}
+        if "iodrain" in args.phases.split(","):
+            # Its workers hold many tasks (and connections) at once, and it counts their statements:
+            # pg_stat_statements loaded, tracking off but for the database it measures, and then
+            # only while it measures (benchmarks/iodrain_phase.py).
+            settings.update({"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "none",
+                             "max_connections": str(max(300, 2 * sizes.io_inflight + 100))})
+        server = PostgresServer(settings=settings).start()
+        log(f"started PostgreSQL on 127.0.0.1:{server.port} ({', '.join(f'{k}={v}' for k, v in settings.items())})")
         maintenance = server.url
     else:
         maintenance = args.pg_url
@@ -553,7 +588,7 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
     from . import report
     from .workers import check_identical_sql
 
-    bench = Bench(url, sizes, run_peers=not args.no_peers)
+    bench = Bench(url, sizes, run_peers=not args.no_peers, private_server=args.start_server)
     bench.describe(args)
     checked = check_identical_sql(url)
     connections.close_all()
@@ -570,6 +605,9 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         ("tasks", bench.tasks_api, f"Django Tasks API: drain of {sizes.tasks_drain:,} tasks at "
                                    f"W={sizes.tasks_workers}, bulk enqueue of {sizes.tasks_bulk:,}"),
         ("latency", bench.latency, f"enqueue-to-start latency on an idle system, {sizes.idle_samples} tasks"),
+        ("iodrain", bench.iodrain, f"I/O-bound drain of {sizes.io_tasks:,} tasks of {sizes.io_wait * 1e3:g} ms at "
+                                   f"{sizes.io_workers} × {sizes.io_concurrency} in flight, {sizes.io_inflight} "
+                                   "tasks in flight in one worker"),
     ):
         if name not in phases:
             continue

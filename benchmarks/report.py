@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .results import Results, Sizes
 
-from . import latency, tasks_report
+from . import iodrain_report, latency, tasks_report
 from .outbox_phase import markdown as outbox_markdown
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, WORKER_BATCH, WORKER_DRAIN
 
@@ -159,6 +159,7 @@ def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
         out.append(_target(f"{racers} racers on one key: contended p99 / the bare claim statement's contended p99",
                            ratios, 1.5, False))
     out.extend(tasks_report.targets(r.tasks))
+    out.extend(iodrain_report.targets(r.iodrain))
     return out
 
 
@@ -175,7 +176,8 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
         "PostgreSQL with `fsync=on` and `full_page_writes=on`) or `python -m benchmarks --pg-url URL`; "
         "`--smoke` runs tiny sizes without the peers in seconds (CI does, in `tests/repository/test_benchmarks.py`), "
         "`--max-rows` caps the table-size phase, `--drain-tasks` the queue drain, `--tasks-drain` the Django Tasks "
-        "phase's drain, `--phases` picks phases (`--smoke` leaves out the Django Tasks phase unless named).")
+        "phase's drain, `--io-tasks` and `--io-concurrency` the I/O-bound phase's, `--phases` picks phases "
+        "(`--smoke` leaves out the Django Tasks and I/O-bound phases unless named).")
     add("")
     if r.warnings:
         add("> **The machine was too busy to conclude.** " + " ".join(r.warnings))
@@ -266,6 +268,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
             add(f"- {name}: {spread}")
         add("")
     lines.extend(tasks_report.section(r.tasks))
+    lines.extend(iodrain_report.section(r.iodrain))
     if r.sizes:
         add("## Claim latency by table size (ms)")
         add("")

@@ -42,12 +42,24 @@ class Sizes:
     outbox_tasks: int = 3_000
     outbox_workers: int = 4
     outbox_relay_batch: int = 10
+    # The I/O-bound phase (benchmarks/iodrain_phase.py): this many tasks that each wait io_wait
+    # seconds, drained by io_workers processes of io_concurrency tasks in flight each; then one
+    # worker process holding io_inflight tasks at once, its memory and its statements over
+    # io_window seconds with a lease of io_lease seconds (a heartbeat every third of it).
+    io_tasks: int = 5_000
+    io_wait: float = 0.05
+    io_workers: int = 2
+    io_concurrency: int = 32
+    io_inflight: int = 500
+    io_lease: float = 6.0
+    io_window: float = 12.0
 
 
 SMOKE = Sizes(bykey_workers=(1, 2), bykey_seconds=0.3, rounds=1, drain_tasks=300, drain_workers=(1, 2),
               table_rows=(1_000, 10_000), latency_samples=50, racers=4, race_keys=20,
               audit_workers=2, audit_seconds=0.3, peers=False, tasks_workers=2, tasks_drain=100, tasks_bulk=200,
-              idle_samples=20, outbox_tasks=100, outbox_workers=2)
+              idle_samples=20, outbox_tasks=100, outbox_workers=2, io_tasks=200, io_inflight=50, io_lease=1.5,
+              io_window=2.0)
 
 
 @dataclass
@@ -69,6 +81,41 @@ class TasksResults:
     skipped: dict[str, str] = field(default_factory=dict)
     #: system key -> its interpreter's and packages' versions
     versions: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class IoResults:
+    """What the I/O-bound phase found; a drain configuration is known by its label."""
+
+    tasks: int = 0
+    wait: float = 0.0
+    workers: int = 0
+    concurrency: int = 0
+    #: configuration label -> system key (benchmarks.tasks_systems), in the order measured
+    system_of: dict[str, str] = field(default_factory=dict)
+    #: configuration label -> the kind of task it drains (benchmarks.io_tasks.KINDS)
+    kind_of: dict[str, str] = field(default_factory=dict)
+    #: configuration label -> tasks/s of each round, rounds in order
+    drain_runs: dict[str, list[float]] = field(default_factory=dict)
+    #: configuration label -> executions beyond one per task, over all rounds
+    duplicates: dict[str, int] = field(default_factory=dict)
+    #: system key -> why it was not measured
+    skipped: dict[str, str] = field(default_factory=dict)
+    #: system key -> its interpreter's and packages' versions
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    inflight: int = 0
+    lease: float = 0.0
+    window: float = 0.0
+    #: system key -> {"idle_kib", "loaded_kib", "per_task_kib"}: the worker's RSS without and with
+    #: ``inflight`` tasks in flight
+    memory: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: system key -> {statement (normalised text): calls per second} over the window, for the
+    #: statements that touch the system's task table
+    statements: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: system key -> why its tasks in flight were not measured
+    inflight_skipped: dict[str, str] = field(default_factory=dict)
+    #: why statements were not counted (pg_stat_statements unavailable), or ""
+    statements_skipped: str = ""
 
 
 @dataclass
@@ -95,5 +142,6 @@ class Results:
     tasks: TasksResults = field(default_factory=TasksResults)
     #: The outbox phase: drain_plain, drain_outbox (tasks/s), relay (messages/s), sent_twice, its sizes.
     outbox: dict[str, Any] = field(default_factory=dict)
+    iodrain: IoResults = field(default_factory=IoResults)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -36,10 +36,12 @@ class Runner:
         self.env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")}
         self.env["TASKCLAIM_BENCH_URL"] = url
 
-    def start(self, key: str, *args: str) -> tuple[subprocess.Popen[str], IO[str]]:
+    def start(self, key: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], IO[str]]:
+        """A step in a child process; ``env``: variables besides the runner's."""
         err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed by stop(), with the process)
         proc = subprocess.Popen([self.python[key], "-m", "benchmarks.tasks_runner", key, *args], cwd=ROOT,
-                                env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+                                env={**self.env, **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
         return proc, err
 
     def call(self, key: str, *args: str, timeout: float = 600.0) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def _tail(err: IO[str]) -> str:
     return err.read()[-3000:]
 
 
-def _await_ready(proc: subprocess.Popen[str], err: IO[str], what: str, deadline: float) -> None:
+def await_ready(proc: subprocess.Popen[str], err: IO[str], what: str, deadline: float) -> None:
     assert proc.stdout is not None
     while True:
         left = deadline - time.monotonic()
@@ -106,28 +108,35 @@ def _await_ready(proc: subprocess.Popen[str], err: IO[str], what: str, deadline:
 
 
 def drain(runner: Runner, key: str, index: int, w: int, count: int) -> tuple[list[int], float]:
-    """Enqueue ``count`` tasks, drain them with W workers of the system's ``index``-th configuration;
-    the tasks executed (one entry per execution) and the rate (tasks/s)."""
-    system = SYSTEMS[key]
-    config = system.drains[index]
-    runner.call(key, "prepare", str(count))
-    workers = [runner.start(key, "worker", config.command, *config.args) for _ in range(w)]
+    """Enqueue ``count`` no-op tasks, drain them with W workers of the system's ``index``-th
+    configuration; the tasks executed (one entry per execution) and the rate (tasks/s)."""
+    config = SYSTEMS[key].drains[index]
+    return drain_with(runner, key, config.label, (config.command, *config.args), w, count)
+
+
+def drain_with(runner: Runner, key: str, label: str, command: tuple[str, ...], w: int, count: int,
+               task: tuple[str, ...] = ()) -> tuple[list[int], float]:
+    """Enqueue ``count`` tasks (``task``: the kind and its JSON arguments, ``tasks_runner prepare``;
+    no-op ones by default), drain them with W workers running ``manage.py COMMAND ARGS…``
+    (``command``); the tasks executed (one entry per execution) and the rate (tasks/s)."""
+    runner.call(key, "prepare", str(count), *task)
+    workers = [runner.start(key, "worker", *command) for _ in range(w)]
     try:
         ready_by = time.monotonic() + READY_TIMEOUT
         for proc, err in workers:
-            _await_ready(proc, err, config.label, ready_by)
+            await_ready(proc, err, label, ready_by)
         for proc, _ in workers:  # the start signal, to every worker back to back
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
         done_by = time.monotonic() + 120 + count / 20
-        out = [finish(proc, err, f"{config.label} worker {i}", done_by) for i, (proc, err) in enumerate(workers)]
+        out = [finish(proc, err, f"{label} worker {i}", done_by) for i, (proc, err) in enumerate(workers)]
     finally:
         for proc, err in workers:
             stop(proc, err)
     state = runner.call(key, "count")
     if state["succeeded"] != count or state["unfinished"]:
-        raise RuntimeError(f"{config.label} W={w}: {state['succeeded']} tasks succeeded and {state['unfinished']} "
+        raise RuntimeError(f"{label} W={w}: {state['succeeded']} tasks succeeded and {state['unfinished']} "
                            f"unfinished, expected {count} and 0")
     span = max(r["end"] for r in out) - min(r["start"] for r in out)
     return [i for r in out for i in r["executed"]], count / span

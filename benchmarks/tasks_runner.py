@@ -1,15 +1,20 @@
 """One step of the Django Tasks phase, in a child process under a system's own interpreter.
 
     python -m benchmarks.tasks_runner SYSTEM setup
-    python -m benchmarks.tasks_runner SYSTEM prepare N        # empty the tables, enqueue N, analyse
+    python -m benchmarks.tasks_runner SYSTEM prepare N [KIND [ARGS [HOW]]]  # empty the tables, enqueue N, analyse
+    python -m benchmarks.tasks_runner SYSTEM enqueue N KIND [ARGS [HOW]]    # enqueue N more, nothing emptied
     python -m benchmarks.tasks_runner SYSTEM bulk N HOW       # empty the tables, time N enqueues
     python -m benchmarks.tasks_runner SYSTEM worker COMMAND [ARG ...]
     python -m benchmarks.tasks_runner SYSTEM count
     python -m benchmarks.tasks_runner SYSTEM latency N        # N tasks one at a time to an idle worker
+    python -m benchmarks.tasks_runner SYSTEM accepts COMMAND OPTION ...  # which options COMMAND takes
 
 SYSTEM is a key of ``benchmarks.tasks_systems.SYSTEMS``; ``TASKCLAIM_BENCH_URL`` names the
 database. Each step prints one ``@@result`` line of JSON; a worker first prints ``@@ready`` and
 waits for a line on its standard input (the driver's start signal, sent to all workers at once).
+KIND names a task of ``benchmarks.io_tasks.KINDS`` (default ``noop``), ARGS a JSON list of the
+arguments it takes after the task's index, HOW ``loop`` (``Task.enqueue()``, the default) or the
+system's bulk call (``benchmarks.tasks_systems.bulk_enqueue``).
 Needs only the standard library, Django and the system, so it runs in the peers' virtualenvs.
 """
 
@@ -73,20 +78,30 @@ def truncate(system: str) -> list[str]:
     return names
 
 
-def prepare(system: str, count: int) -> dict[str, Any]:
-    """Empty the system's tables, enqueue ``count`` no-op tasks through ``Task.enqueue()`` (one
-    transaction, for speed: the drain is what is measured), then ``VACUUM ANALYZE``."""
-    from django.db import connection, transaction
-
-    from benchmarks.dtdb_tasks import noop
+def prepare(system: str, count: int, kind: str = "noop", args: str = "[]", how: str = "loop") -> dict[str, Any]:
+    """Empty the system's tables, enqueue ``count`` tasks of ``kind`` (no-op ones by default)
+    through ``Task.enqueue()`` or the system's bulk call (``how``: one transaction, for speed: the
+    drain is what is measured), then ``VACUUM ANALYZE``."""
+    from django.db import connection
 
     names = truncate(system)
-    with transaction.atomic():
-        for i in range(count):
-            noop.enqueue(i)
+    enqueue(system, count, kind, args, how)
     with connection.cursor() as cursor:
         for name in names:
             cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(name)}")
+    return {"enqueued": count}
+
+
+def enqueue(system: str, count: int, kind: str, args: str = "[]", how: str = "loop") -> dict[str, Any]:
+    """Enqueue ``count`` tasks of ``kind``, task ``i`` called with ``i`` and the JSON list ``args``,
+    in one transaction, the way ``how`` says (``benchmarks.tasks_systems.bulk_enqueue``)."""
+    from django.db import transaction
+
+    from benchmarks.io_tasks import KINDS
+    from benchmarks.tasks_systems import bulk_enqueue
+
+    with transaction.atomic():
+        bulk_enqueue(system, how, KINDS[kind], count, tuple(json.loads(args)))
     return {"enqueued": count}
 
 
@@ -115,6 +130,7 @@ def worker(command: str, args: list[str]) -> dict[str, Any]:
     from django.core.management import call_command, get_commands, load_command_class
     from django.db import connection
 
+    import benchmarks.io_tasks  # noqa: F401  (the I/O phase's tasks, imported before the start)
     from benchmarks.dtdb_tasks import EXECUTED
 
     load_command_class(get_commands()[command], command)  # its module imported before the start
@@ -163,6 +179,16 @@ def latency(samples: int) -> dict[str, Any]:
     return {"latencies": found}
 
 
+def accepts(command: str, options: list[str]) -> dict[str, Any]:
+    """Which of ``options`` (``--concurrency``) the system's worker command takes: a feature
+    missing from this version is told apart from one that fails."""
+    from django.core.management import get_commands, load_command_class
+
+    parser = load_command_class(get_commands()[command], command).create_parser("manage.py", command)
+    known = set(parser._option_string_actions)
+    return {"accepts": [option for option in options if option in known]}
+
+
 def count(system: str) -> dict[str, Any]:
     from benchmarks.tasks_systems import counts
 
@@ -181,7 +207,11 @@ def main(argv: list[str]) -> int:
 
         django.setup()
         if role == "prepare":
-            out = prepare(system, int(rest[0]))
+            out = prepare(system, int(rest[0]), *rest[1:4])
+        elif role == "enqueue":
+            out = enqueue(system, int(rest[0]), *rest[1:4])
+        elif role == "accepts":
+            out = accepts(rest[0], rest[1:])
         elif role == "bulk":
             out = bulk(system, int(rest[0]), rest[1])
         elif role == "worker":

@@ -1,11 +1,13 @@
 """Django settings for the child processes of the Django Tasks phase: one system per process.
 
 ``TASKCLAIM_BENCH_TASKS_SYSTEM`` names the system (a key of ``benchmarks.tasks_systems.SYSTEMS``)
-and ``TASKCLAIM_BENCH_URL`` the database. The Tasks framework is Django's own ``django.tasks``
+and ``TASKCLAIM_BENCH_URL`` the database; ``TASKCLAIM_BENCH_SETTINGS`` (JSON), settings of one
+step. The Tasks framework is Django's own ``django.tasks``
 where it exists (Django 6+) and the ``django_tasks`` backport otherwise (Django 5.2).
 """
 
 import importlib.util
+import json
 import os
 from urllib.parse import unquote, urlsplit
 
@@ -38,6 +40,8 @@ TASKS = {"default": {"BACKEND": _system.backend, "QUEUES": [QUEUE]}}
 
 if not os.environ.get("TASKCLAIM_BENCH_IDLE"):  # the latency phase runs every system at its defaults
     globals().update(dict(_system.settings))
+# A step's own settings over those (the I/O-bound phase's worker holding tasks in flight).
+globals().update(json.loads(os.environ.get("TASKCLAIM_BENCH_SETTINGS", "{}")))
 
 # The same for every system: the framework's and the backends' loggers at WARNING, nowhere.
 LOGGING = {

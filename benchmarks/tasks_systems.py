@@ -33,6 +33,22 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class IoWorker:
+    """How a system's worker runs many tasks at once in one process (the I/O-bound phase,
+    ``benchmarks.iodrain_phase``): ``manage.py COMMAND`` with these options."""
+
+    command: str
+    drain: tuple[str, ...]  # exit once nothing is left to run
+    serve: tuple[str, ...]  # run until SIGTERM
+    concurrency: str  # the option: tasks in flight in one process
+    lease: str  # the option: seconds a claim lasts unless renewed (renewed every third of it)
+    table: str  # the table its tasks live in (read by the driver, in plain SQL)
+    running: str  # the status of a task in flight there
+    succeeded: str  # the status of a task done
+    bulk: str  # how its tasks are enqueued before a drain (untimed): its own bulk call (bulk_enqueue)
+
+
+@dataclass(frozen=True)
 class System:
     key: str
     name: str
@@ -42,6 +58,7 @@ class System:
     drains: tuple[Drain, ...]  # swept: in every round the best is the system's figure
     bulks: tuple[tuple[str, str], ...]  # (label, how): "loop" is Task.enqueue() per task
     settings: tuple[tuple[str, object], ...] = ()  # Django settings of its processes besides the common ones
+    io: IoWorker | None = None  # None: not in the I/O-bound phase
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +83,10 @@ OURS_SYSTEM = System(
     # A worker that finds nothing to claim while others still hold tasks looks again after this
     # (the default, 0.5 s, suits an idle queue): the peers' own loops run with no sleep either.
     settings=(("TASKCLAIM_POLL_INTERVAL", 0.01),),
+    # Issue 32: `--concurrency N` tasks in flight per process (sync ones on N threads, async ones
+    # on one event loop); the phase skips ours, saying so, where the option does not exist yet.
+    io=IoWorker("taskclaim_worker", ("--queue", QUEUE, "--until-drained"), ("--queue", QUEUE), "--concurrency",
+                "--lease", "django_taskclaim_task", "running", "succeeded", "ours_many"),
 )
 # ---------------------------------------------------------------------------------------------
 
@@ -105,6 +126,11 @@ OX_SYSTEM = System(
         for c in OX_CONCURRENCY
     ),
     bulks=(("django-ox (Task.enqueue)", "loop"), ("django-ox (enqueue_many)", "ox_many")),
+    # ox_worker runs --concurrency threads, each one task at a time, an async task on a loop of
+    # its own (asgiref's async_to_sync); one UPDATE renews every lease in flight each
+    # LOCK_TIMEOUT / 3 (--lock-timeout).
+    io=IoWorker("ox_worker", ("--batch",), (), "--concurrency", "--lock-timeout", "django_ox_oxtask", "RUNNING",
+                "SUCCESSFUL", "ox_many"),
 )
 
 SYSTEMS: dict[str, System] = {s.key: s for s in (OURS_SYSTEM, DTDB_SYSTEM, OX_SYSTEM)}
@@ -148,18 +174,19 @@ def counts(key: str) -> tuple[int, int]:
     return done, Task.objects.filter(status__in=[Task.Status.PENDING, Task.Status.RUNNING]).count()
 
 
-def bulk_enqueue(key: str, how: str, task: object, count: int) -> None:
-    """Enqueue ``count`` calls of ``task`` (inside the caller's transaction) the way ``how`` says."""
+def bulk_enqueue(key: str, how: str, task: object, count: int, extra: tuple[object, ...] = ()) -> None:
+    """Enqueue ``count`` calls of ``task`` (inside the caller's transaction) the way ``how`` says,
+    call ``i`` with the arguments ``(i, *extra)``."""
     if how == "loop":
         for i in range(count):
-            task.enqueue(i)  # type: ignore[attr-defined]
+            task.enqueue(i, *extra)  # type: ignore[attr-defined]
     elif how == "ox_many" and key == OX:
         from django_ox.bulk import enqueue_many
 
-        enqueue_many(task, [((i,), {}) for i in range(count)])
+        enqueue_many(task, [((i, *extra), {}) for i in range(count)])
     elif how == "ours_many" and key == OURS:
         from django_taskclaim.tasks import enqueue_many as ours
 
-        ours(task, [((i,), {}) for i in range(count)])
+        ours(task, [((i, *extra), {}) for i in range(count)])
     else:
         raise ValueError(f"{SYSTEMS[key].name} has no bulk enqueue {how!r}")
