@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .tasks_phase import READY_TIMEOUT, Runner, _await_ready, finish, stop
+from .tasks_phase import READY_TIMEOUT, Runner, await_ready, finish, stop
 from .tasks_systems import OURS, OX, QUEUE, SYSTEMS, Venv
 from .tasks_venvs import ROOT, Unavailable, ensure
 
@@ -61,7 +61,7 @@ def run(url: str, samples: int, results: dict[str, Any], *, peers: bool, log: Ca
             runner.call(key, "prepare", "0")
             proc, err = runner.start(key, "worker", *WORKERS[key])
             try:
-                _await_ready(proc, err, label, time.monotonic() + READY_TIMEOUT)
+                await_ready(proc, err, label, time.monotonic() + READY_TIMEOUT)
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
@@ -103,7 +103,7 @@ def _procrastinate(runner: Runner, samples: int, results: dict[str, Any], log: C
         results.setdefault("versions", {})["procrastinate"] = call("setup", timeout=120)
         proc, err = start("worker")
         try:
-            _await_ready(proc, err, PROCRASTINATE_LABEL, time.monotonic() + READY_TIMEOUT)
+            await_ready(proc, err, PROCRASTINATE_LABEL, time.monotonic() + READY_TIMEOUT)
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
