@@ -275,14 +275,10 @@ class MySQLStore(SQLStore):
         return {r[0]: self.to_datetime(r[1]) for r in cursor.fetchall()}
 
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
-        cursor.execute(
-            f"UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
-            f"updated_at = {self.now} WHERE {owned()}",
-            [self.lease_param(start.lease), start.task_id, start.token],
-        )
+        cursor.execute(self.sql("start"), [self.lease_param(start.lease), start.task_id, start.token])
         if cursor.rowcount != 1:
             return None
-        cursor.execute(f"SELECT lease_expires_at FROM {TASK} WHERE id = %s", [start.task_id])
+        cursor.execute(self.sql("read_lease"), [start.task_id, start.token])
         expires = self.to_datetime(cursor.fetchone()[0])
         if audit:
             self.insert_attempt(cursor, start.task_id, start.token, start.owner, start.delivery_id)
@@ -346,19 +342,6 @@ class MySQLStore(SQLStore):
         if audit:
             self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
         return moved
-
-    def complete_and_claim_next(
-        self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, *, owner: str,
-        lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
-        path: str, reserve: float | None = None,
-    ) -> tuple[str | None, list[Claimed], list[Moved]]:
-        status = self.complete(cursor, task_id, token, result, result_ref, audit)
-        if status is None:
-            return None, [], []
-        claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
-                                             delivery_id=delivery_id, audit=audit, queues=queues, path=path,
-                                             exclude=task_id, reserve=reserve)
-        return status, claimed, exhausted
 
     def ensure(
         self, cursor: Any, *, tenant: str, key: str, payload: str | None, fingerprint: str,
@@ -426,13 +409,10 @@ class MySQLStore(SQLStore):
 
     # -- an owner's writes ----------------------------------------------------------------
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
-        cursor.execute(
-            f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} WHERE {owned()}",
-            [self.lease_param(lease), task_id, token],
-        )
+        cursor.execute(self.sql("heartbeat"), [self.lease_param(lease), task_id, token])
         if cursor.rowcount != 1:
             return None
-        cursor.execute(f"SELECT lease_expires_at FROM {TASK} WHERE {owned()}", [task_id, token])
+        cursor.execute(self.sql("read_lease"), [task_id, token])
         found = cursor.fetchone()
         return None if found is None else self.to_datetime(found[0])
 
@@ -479,18 +459,6 @@ class MySQLStore(SQLStore):
                                attempt_set, attempt_params)
         self.carry_start(cursor, start, audit)
         return status
-
-    def lock(self, cursor: Any, task_id: int, token: int) -> bool:
-        # Exclusive, not a share lock (which would let a duplicate's audit row in meanwhile): the
-        # owner's own write in the block would then have to upgrade it, and deadlock with a claim,
-        # a heartbeat or an operator queued for the row.
-        cursor.execute(f"SELECT 1 FROM {TASK} WHERE {owned()} FOR UPDATE", [task_id, token])
-        return cursor.fetchone() is not None
-
-    def row_free(self, cursor: Any, task_id: int) -> int | None:
-        cursor.execute(f"SELECT fencing_token FROM {TASK} WHERE id = %s FOR UPDATE SKIP LOCKED", [task_id])
-        found = cursor.fetchone()
-        return None if found is None else int(found[0])
 
     # -- the sweeper and operators ---------------------------------------------------------
     def _moved(self, cursor: Any, ids: Sequence[int]) -> list[Moved]:

@@ -52,8 +52,9 @@ from .sql import (
     word,
 )
 
-#: The first task a reserving queue claim starts: the first to run of those it picked (``in_claim_order``).
-_FIRST = f"first AS (SELECT t.id FROM picked p JOIN {TASK} t ON t.id = p.id ORDER BY t.priority DESC, t.id LIMIT 1), "
+#: The first task a reserving queue claim starts: the first to run of those it picked (``in_claim_order``),
+#: by the priority ``picked`` carries (a join back to the task table would be planned as a scan of it).
+_FIRST = "first AS (SELECT id FROM picked ORDER BY priority DESC, id LIMIT 1), "
 #: The attempt row of a reserved claim started by ``s`` (parameters: owner, delivery id).
 _START_ATTEMPT = (f", sa AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT s.id, s.fencing_token, %s, %s, "
                   f"statement_timestamp(), NULL, {RUNNING}, 0, {NO_ERROR} FROM s)")
@@ -152,7 +153,7 @@ class PostgreSQLStore(SQLStore):
 
     def estimated_rows(self, cursor: Any, table: str) -> int | None:
         # pg_class.reltuples, kept by ANALYZE and autovacuum: -1 (or NULL) before the first.
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        cursor.execute(self.sql("estimated_rows"), [table])
         row = cursor.fetchone()
         return None if row is None or row[0] is None or row[0] < 0 else int(row[0])
 
@@ -163,7 +164,7 @@ class PostgreSQLStore(SQLStore):
         # Transaction-local (is_local = true): behind PgBouncer in transaction mode, or in
         # Django's pool, a session-level setting would outlive us on another client's session.
         if seconds is not None:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(seconds * 1000)}ms"])
+            cursor.execute(self.sql("limit_lock_waits"), [f"{int(seconds * 1000)}ms"])
 
     def column_list(self, table: str) -> str:
         # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
@@ -338,11 +339,12 @@ class PostgreSQLStore(SQLStore):
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
         delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
+        exclude: int | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
         reserving = reserve is not None and limit > 1
         sql, params = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit,
                                         delivery_id=delivery_id, audit=audit, queues=queues, path=path,
-                                        reserve=reserve if reserving else None)
+                                        exclude=exclude, reserve=reserve if reserving else None)
         sql = self.statement(("claim_next", sql), lambda: sql + _queue_results(audit, reserving=reserving))
         self.execute(cursor, sql, params)
         return _claimed_and_exhausted(self, cursor.fetchall())
@@ -392,33 +394,38 @@ class PostgreSQLStore(SQLStore):
         expired_also = f"{also} AND t.id <> %s" if exclude else also
         due = f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also}"
         if each_queue is None:  # one queue: the queued index gives its tasks in claim order
-            pending = (f"SELECT t.id FROM {TASK} t WHERE {due} AND {where} "
+            pending = (f"SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {where} "
                        f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
         else:
             # Several: each queue's first tasks from the queued index (as one queue's), then the first
             # of those. One sort of the whole backlog of the queues instead would cost every claim
             # time in proportion to the tasks waiting. The candidates of each queue are locked for the
             # statement (its transaction), and those not picked are left as they were.
-            pending = (f"SELECT c.id FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL (SELECT t.id, t.priority "
-                       f"FROM {TASK} t WHERE {due} AND {each_queue} ORDER BY t.priority DESC, t.id LIMIT %s "
-                       f"FOR UPDATE SKIP LOCKED) c ORDER BY c.priority DESC, c.id LIMIT %s")
+            pending = (f"SELECT c.id, c.priority FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL "
+                       f"(SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {each_queue} "
+                       f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED) c "
+                       f"ORDER BY c.priority DESC, c.id LIMIT %s")
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
         # never queue behind each other. The UPDATEs re-check the claim predicate. An expired
         # task on its last attempt ends FAILED here (as reclaim would end it): a queue without
-        # a reclaim sweep strands nothing.
+        # a reclaim sweep strands nothing. The claim updates the picked rows by their ids, an
+        # array of them: a prepared statement's generic plan cannot know that ``picked`` holds
+        # ``limit`` rows at most, and joined against it, planned the update as a scan of the whole
+        # task table on every claim (tests/store/postgresql/test_postgresql.py).
         sql = (
-            f"WITH {prefix}expired AS MATERIALIZED (SELECT t.id, t.attempts < t.max_attempts AS again "
+            f"WITH {prefix}expired AS MATERIALIZED (SELECT t.id, t.priority, t.attempts < t.max_attempts AS again "
             f"FROM {TASK} t WHERE t.status = {RUNNING} AND t.lease_expires_at < {now} AND {where}{expired_also} "
             f"ORDER BY t.id LIMIT %s FOR UPDATE SKIP LOCKED), "
             f"exhausted AS (UPDATE {TASK} x SET status = {FAILED}, error = '{EXHAUSTED_ERROR}', "
             f"lease_expires_at = NULL, updated_at = {now} FROM expired e WHERE x.id = e.id AND NOT e.again "
             f"AND x.status = {RUNNING} RETURNING {self.returning('x')}), "
             f"pending AS MATERIALIZED ({pending}), "
-            f"picked AS (SELECT id FROM (SELECT id FROM expired WHERE again UNION ALL SELECT id FROM pending) u "
+            f"picked AS (SELECT id, priority FROM (SELECT id, priority FROM expired WHERE again "
+            f"UNION ALL SELECT id, priority FROM pending) u "
             f"LIMIT %s), "
             f"{_FIRST if reserve else ''}"
             f"claimed AS (UPDATE {TASK} q SET {self.reserving_set('q') if reserve else self.claim_set('q')} "
-            f"FROM picked p WHERE q.id = p.id AND {claimable('q', now)} RETURNING {self.returning('q')})"
+            f"WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         if audit:
             sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "
@@ -583,17 +590,6 @@ class PostgreSQLStore(SQLStore):
             start.tried, start.expires = True, self.to_datetime(row[1])
         return str(row[0])
 
-    def lock(self, cursor: Any, task_id: int, token: int) -> bool:
-        # A row lock, not a write: NO KEY UPDATE does not block the attempt table's FK checks.
-        self.execute(cursor, f"SELECT 1 FROM {TASK} WHERE {owned()} FOR NO KEY UPDATE", [task_id, token])
-        return cursor.fetchone() is not None
-
-    def row_free(self, cursor: Any, task_id: int) -> int | None:
-        # SKIP LOCKED answers "does a transaction hold the row?" without waiting for it.
-        cursor.execute(f"SELECT fencing_token FROM {TASK} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED", [task_id])
-        row = cursor.fetchone()
-        return None if row is None else int(row[0])
-
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
         now, t = self.now, TASK
         limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
@@ -647,12 +643,7 @@ class PostgreSQLStore(SQLStore):
         return int(cursor.fetchone()[0])
 
     def reset(self, cursor: Any, ids: Sequence[int]) -> int:
-        cursor.execute(
-            f"UPDATE {TASK} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
-            f"lease_expires_at = NULL, updated_at = {self.now} "
-            f"WHERE id = ANY(%s::bigint[]) AND status IN ({FAILED}, {CANCELLED})",
-            [list(ids)],
-        )
+        cursor.execute(self.sql("reset"), [list(ids)])
         return int(cursor.rowcount)
 
     def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
@@ -664,11 +655,7 @@ class PostgreSQLStore(SQLStore):
         # savepoint inside the caller's transaction), so no lock outlives the probe.
         using = cursor.db.alias
         with transaction.atomic(using=using):
-            cursor.execute(
-                f"SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) AND id NOT IN "
-                f"(SELECT id FROM {TASK} WHERE id = ANY(%s::bigint[]) FOR SHARE SKIP LOCKED) ORDER BY id",
-                [list(ids), list(ids)],
-            )
+            cursor.execute(self.sql("held"), [list(ids), list(ids)])
             held = [r[0] for r in cursor.fetchall()]
             transaction.set_rollback(True, using=using)
         return held

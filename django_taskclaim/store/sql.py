@@ -22,6 +22,7 @@ from django.utils.dateparse import parse_datetime
 
 from ..checkspec import spec
 from ..status import Outcome, Status
+from . import queries
 from .rows import (
     ATTEMPT,
     ATTEMPT_COLUMNS,
@@ -165,6 +166,11 @@ class SQLStore:
 
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
+
+    def sql(self, name: str) -> str:
+        """The statement ``name`` as this vendor runs it: its own file's, else common.sql's
+        (store/queries/)."""
+        return queries.STATEMENTS[self.vendor][name]
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], str]) -> str:
         """The SQL text ``build()`` makes for ``key``, put together once: a store's texts are fixed,
@@ -423,9 +429,15 @@ class SQLStore:
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
         delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
+        exclude: int | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
+        """The portable queue claim; task ``exclude`` (the one a completion just ended) is never
+        taken, expired or not."""
         now, t = self.now, TASK
-        where, params = self.queue_filter(queues, path, tenant), [*queues, *([tenant] if tenant is not None else [])]
+        where = self.queue_filter(queues, path, tenant)
+        params: list[Any] = [*queues, *([tenant] if tenant is not None else [])]
+        if exclude is not None:
+            where, params = f"{where} AND {t}.id <> %s", [*params, exclude]
         exhausted = self.fail_exhausted_queued(cursor, where, params, audit)
         # Expired leases first (older work), then the due pending tasks, the highest priority first.
         cursor.execute(
@@ -464,13 +476,14 @@ class SQLStore:
         lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool, queues: Sequence[str],
         path: str, reserve: float | None = None,
     ) -> tuple[str | None, list[Claimed], list[Moved]]:
-        # Inside the lifecycle's one transaction: one commit for both.
+        # Inside the lifecycle's one transaction: one commit for both (SQLite and MySQL; PostgreSQL
+        # fuses them into one statement).
         status = self.complete(cursor, task_id, token, result, result_ref, audit)
         if status is None:
             return None, [], []
         claimed, exhausted = self.claim_next(cursor, owner=owner, lease=lease, tenant=tenant, limit=limit,
                                              delivery_id=delivery_id, audit=audit, queues=queues, path=path,
-                                             reserve=reserve)
+                                             exclude=task_id, reserve=reserve)
         return status, claimed, exhausted
 
     def ensure(
@@ -637,20 +650,11 @@ class SQLStore:
         return None if found is None else self.decode(found)
 
     def adopt_payload(self, cursor: Any, task_id: int, payload: str | None, fingerprint: str) -> None:
-        cursor.execute(
-            f"UPDATE {TASK} SET payload = {self.json_param}, payload_fingerprint = %s "
-            f"WHERE id = %s AND payload_fingerprint = ''",
-            [payload, fingerprint, task_id],
-        )
+        cursor.execute(self.sql("adopt_payload"), [payload, fingerprint, task_id])
 
     # -- an owner's writes ----------------------------------------------------------------
     def heartbeat(self, cursor: Any, task_id: int, token: int, lease: float) -> datetime | None:
-        self.execute(
-            cursor,
-            f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
-            f"WHERE {owned()} RETURNING lease_expires_at",
-            [self.lease_param(lease), task_id, token],
-        )
+        self.execute(cursor, self.sql("heartbeat"), [self.lease_param(lease), task_id, token])
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
@@ -679,12 +683,7 @@ class SQLStore:
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
         """Start a reserved claim: its attempt counted, its attempt row opened, its lease the full
         one from now; the lease's expiry, or ``None`` when the claim no longer holds the task."""
-        self.execute(
-            cursor,
-            f"UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
-            f"updated_at = {self.now} WHERE {owned()} RETURNING lease_expires_at",
-            [self.lease_param(start.lease), start.task_id, start.token],
-        )
+        self.execute(cursor, self.sql("start"), [self.lease_param(start.lease), start.task_id, start.token])
         row = cursor.fetchone()
         if row is None:
             return None
@@ -778,27 +777,25 @@ class SQLStore:
         )
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
-        # One writer: a no-op UPDATE as the transaction's first statement takes the write lock
-        # now (waiting for busy_timeout), so no one can take over before we commit.
-        cursor.execute(f"UPDATE {TASK} SET fencing_token = fencing_token WHERE {owned()}", [task_id, token])
+        # SQLite: a no-op UPDATE as the transaction's first statement takes the one write lock
+        # now; PostgreSQL and MySQL lock the row (their "lock" in store/queries/).
+        self.execute(cursor, self.sql("lock"), [task_id, token])
+        if self.row_locks:
+            return cursor.fetchone() is not None
         return bool(cursor.rowcount == 1)
 
     def check(self, cursor: Any, task_id: int, token: int) -> bool:
-        self.execute(cursor, f"SELECT 1 FROM {TASK} WHERE {owned()}", [task_id, token])
+        self.execute(cursor, self.sql("check"), [task_id, token])
         return cursor.fetchone() is not None
 
     def row_free(self, cursor: Any, task_id: int) -> int | None:
-        # No row locks to ask: the lifecycle consults the claim's own record of holding the row.
-        cursor.execute(f"SELECT fencing_token FROM {TASK} WHERE id = %s", [task_id])
+        # Where the database has row locks, its "row_free" skips a held row.
+        cursor.execute(self.sql("row_free"), [task_id])
         row = cursor.fetchone()
         return None if row is None else int(row[0])
 
     def record_stale(self, cursor: Any, task_id: int, token: int) -> None:
-        self.execute(
-            cursor,
-            f"UPDATE {ATTEMPT} SET stale_writes = stale_writes + 1 WHERE task_id = %s AND token = %s",
-            [task_id, token],
-        )
+        self.execute(cursor, self.sql("record_stale"), [task_id, token])
 
     # -- the sweeper and operators ---------------------------------------------------------
     def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,

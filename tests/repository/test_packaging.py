@@ -49,3 +49,12 @@ def test_the_wheel_holds_what_the_app_needs(wheel_files: list[str]) -> None:
     assert "django_taskclaim/templates/admin/django_taskclaim/task/queues.html" in names  # the admin's pages
     assert any(n.startswith("django_taskclaim/store/") for n in names)
     assert any(n.startswith("django_taskclaim/contrib/celery/") for n in names)
+
+
+def test_the_wheel_holds_the_stores_statement_files(wheel_files: list[str]) -> None:
+    """The stores read their statements from store/queries/*.sql at import: without them in the
+    wheel an installed app cannot start."""
+    shipped = {name for name in wheel_files if name.startswith("django_taskclaim/store/queries/")}
+    folder = ROOT / "django_taskclaim" / "store" / "queries"
+    expected = {f"django_taskclaim/store/queries/{p.name}" for p in folder.glob("*.sql")}
+    assert expected and expected <= shipped, expected - shipped

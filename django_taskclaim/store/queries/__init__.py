@@ -1,0 +1,89 @@
+"""The stores' named statements, read as SQL from the files beside this module.
+
+``common.sql`` holds the statements every database runs as written; ``postgresql.sql``,
+``mysql.sql`` and ``sqlite.sql`` hold only those whose SQL differs on that database (or that
+only it runs). Each statement follows a ``-- name: <name>`` header, as in procrastinate's
+``queries.sql``; comment lines (``--``) after the header say what it does and are not sent.
+The files are parsed once, at import, into :data:`STATEMENTS` (vendor → name → text); a store
+asks for one with ``SQLStore.sql(name)``, its vendor's text or else the common one.
+
+The rules that keep the files readable as they run:
+
+- Parameters are the driver's, ``%s`` in order; a literal ``%`` is written ``%%``. Nothing is
+  ever put into a statement's text from a value, and the tables are named as the models name
+  them (``django_taskclaim_task``, ``django_taskclaim_attempt``): no substitution at all.
+- A statement whose shape would vary per call takes the variation as a parameter instead: a
+  list of ids is one array on PostgreSQL (``id = ANY(%s::bigint[])``). Where a database has no
+  arrays, the code expands an ``IN`` list (``sql.placeholders(n)``), the one part added in code.
+- The fused statements of the hot paths (claims, completions, queue claims: ``SQLStore`` and
+  the vendor modules) are still put together in code from shared parts; they move here as
+  they are rewritten, each under a name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from importlib.resources import files
+from types import MappingProxyType
+
+#: The files of statements: the common one, then one per vendor (Django's ``connection.vendor``).
+COMMON = "common"
+VENDOR_FILES = ("postgresql", "mysql", "sqlite")
+
+_HEADER = re.compile(r"--\s*name:\s*(?P<name>\S*)\s*$")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def parse(text: str, source: str) -> dict[str, str]:
+    """The statements of one file, name → text (its lines stripped and joined by one space).
+
+    ``ValueError`` names the file and line of what is wrong: SQL before the first header, a
+    name that is not lower_snake_case, a name given twice, a header with no SQL under it, a
+    comment after SQL on its line (joined, it would swallow the rest of the statement).
+    """
+    found: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+    at = 0
+
+    def close() -> None:
+        if name is not None:
+            if not lines:
+                raise ValueError(f"{source}:{at}: statement {name!r} has no SQL under its header")
+            found[name] = " ".join(lines)
+
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.fullmatch(line.strip())
+        if header:
+            close()
+            name, lines, at = header["name"], [], number
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"{source}:{number}: statement name {name!r} is not lower_snake_case")
+            if name in found:
+                raise ValueError(f"{source}:{number}: statement {name!r} is named twice")
+            continue
+        stripped = line.strip()
+        if not stripped or stripped.startswith("--"):
+            continue
+        if name is None:
+            raise ValueError(f"{source}:{number}: SQL before the first '-- name: ...' header")
+        if "--" in stripped:
+            # The lines are joined into one: a comment after SQL would swallow the rest of it.
+            raise ValueError(f"{source}:{number}: a comment after SQL; put it on a line of its own")
+        lines.append(stripped)
+    close()
+    return found
+
+
+def _read(stem: str) -> dict[str, str]:
+    return parse((files(__package__) / f"{stem}.sql").read_text(encoding="utf-8"), f"{stem}.sql")
+
+
+#: Each file's own statements, as written (the repository tests read these).
+FILES: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {stem: MappingProxyType(_read(stem)) for stem in (COMMON, *VENDOR_FILES)})
+
+#: What each vendor runs: the common statements, with its own file's over them.
+STATEMENTS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {vendor: MappingProxyType({**FILES[COMMON], **FILES[vendor]}) for vendor in VENDOR_FILES})

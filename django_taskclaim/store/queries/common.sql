@@ -1,0 +1,31 @@
+-- The statements every database runs as written. A vendor's file (postgresql.sql, mysql.sql,
+-- sqlite.sql) holds a statement of the same name where its SQL differs. Parameters: %s, in order.
+-- Rules: store/queries/__init__.py.
+
+-- name: check
+-- Whether the claim (id, token) still holds its task: running, and no one claimed it since.
+SELECT 1 FROM django_taskclaim_task
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: lock
+-- Hold the claimed task's row until the transaction ends (fenced()), if the claim (id, token)
+-- still holds it. A write that changes nothing: SQLite has no row locks, and its first write
+-- takes the database's one write lock now (waiting for busy_timeout).
+UPDATE django_taskclaim_task SET fencing_token = fencing_token
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: row_free
+-- The task's fencing token (id), where nothing holds its row; no row at all when it is gone.
+-- Without row locks the lifecycle consults the claim's own record of holding the row.
+SELECT fencing_token FROM django_taskclaim_task WHERE id = %s
+
+-- name: record_stale
+-- Count a write refused to a fenced-off claim (task id, token) on its attempt row.
+UPDATE django_taskclaim_attempt SET stale_writes = stale_writes + 1
+WHERE task_id = %s AND token = %s
+
+-- name: adopt_payload
+-- A task first named without a payload keeps the first payload a claim brings (payload,
+-- fingerprint, task id).
+UPDATE django_taskclaim_task SET payload = %s, payload_fingerprint = %s
+WHERE id = %s AND payload_fingerprint = ''

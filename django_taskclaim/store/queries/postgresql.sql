@@ -1,0 +1,50 @@
+-- PostgreSQL: only the statements whose SQL differs from common.sql, and its own.
+
+-- name: lock
+-- A row lock, not a write: NO KEY UPDATE does not block the attempt table's foreign key checks.
+SELECT 1 FROM django_taskclaim_task
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+FOR NO KEY UPDATE
+
+-- name: row_free
+-- SKIP LOCKED answers "does a transaction hold the row?" without waiting for it.
+SELECT fencing_token FROM django_taskclaim_task WHERE id = %s
+FOR NO KEY UPDATE SKIP LOCKED
+
+-- name: adopt_payload
+UPDATE django_taskclaim_task SET payload = %s::jsonb, payload_fingerprint = %s
+WHERE id = %s AND payload_fingerprint = ''
+
+-- name: estimated_rows
+-- The rows of a table (its name) as ANALYZE and autovacuum last counted them: -1 (or NULL) before
+-- the first count.
+SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)
+
+-- name: limit_lock_waits
+-- Transaction-local (is_local = true): behind PgBouncer in transaction mode, or in Django's
+-- pool, a session-level setting would outlive us on another client's session. ('1500ms')
+SELECT set_config('lock_timeout', %s, true)
+
+-- name: reset
+-- Failed or cancelled tasks (an array of ids) pending again, as never run.
+UPDATE django_taskclaim_task
+SET status = 'pending', attempts = 0, owner = '', error = '', lease_expires_at = NULL,
+    updated_at = statement_timestamp()
+WHERE id = ANY(%s::bigint[]) AND status IN ('failed', 'cancelled')
+
+-- name: held
+-- Of the tasks (the same array of ids, twice), those whose row a transaction holds: the rows this
+-- statement sees that SKIP LOCKED passes over. FOR SHARE conflicts with the owner's FOR NO KEY
+-- UPDATE (fenced()) and with updates, not with a duplicate's FOR KEY SHARE.
+SELECT id FROM django_taskclaim_task
+WHERE id = ANY(%s::bigint[])
+  AND id NOT IN (SELECT id FROM django_taskclaim_task WHERE id = ANY(%s::bigint[]) FOR SHARE SKIP LOCKED)
+ORDER BY id
+
+-- name: heartbeat
+-- Renew the claim's lease (seconds, task id, token) from the database clock: the new expiry, no
+-- row when the claim no longer holds the task. Changes no indexed column: a HOT update.
+UPDATE django_taskclaim_task
+SET lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING lease_expires_at

@@ -1,0 +1,114 @@
+"""The stores' statements: each written once, readable as SQL where it lives (issue 31 item 2)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+STORE = Path(__file__).resolve().parents[2] / "django_taskclaim" / "store"
+
+
+def methods(module: str) -> dict[str, set[str]]:
+    """Each class of ``store/<module>.py`` and the methods it defines."""
+    tree = ast.parse((STORE / f"{module}.py").read_text())
+    return {node.name: {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+            for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def test_complete_and_claim_next_is_written_once_for_the_vendors_that_share_it() -> None:
+    """The portable store's ``complete_and_claim_next`` (a completion, then the queue claim, in the
+    lifecycle's one transaction) serves SQLite and MySQL alike; only PostgreSQL, whose one fused
+    statement differs, writes its own. MySQL had a copy that differed only by excluding the task it
+    completed from the claim, which the portable claim now does for every vendor."""
+    defined = {module: [cls for cls, names in methods(module).items() if "complete_and_claim_next" in names]
+               for module in ("sql", "sqlite", "mysql", "postgresql")}
+    assert defined == {"sql": ["SQLStore"], "sqlite": [], "mysql": [], "postgresql": ["PostgreSQLStore"]}, defined
+
+
+QUERIES = STORE / "queries"
+#: Each store module, its class, and the vendor it serves (the portable one serves those that inherit).
+MODULES = {"sql": ("SQLStore", None), "postgresql": ("PostgreSQLStore", "postgresql"),
+           "mysql": ("MySQLStore", "mysql"), "sqlite": ("SQLiteStore", "sqlite")}
+
+
+def names_used(module: str) -> dict[str, set[str]]:
+    """For each method of the module's store class, the statements it asks for (``self.sql("name")``)."""
+    tree = ast.parse((STORE / f"{module}.py").read_text())
+    [cls] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == MODULES[module][0]]
+    return {method.name: {node.args[0].value for node in ast.walk(method)
+                          if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                          and node.func.attr == "sql" and node.args and isinstance(node.args[0], ast.Constant)}
+            for method in cls.body if isinstance(method, ast.FunctionDef)}
+
+
+def needed(vendor: str) -> set[str]:
+    """The statements the vendor's store asks for: its own methods', and those of the portable
+    store's methods it does not override."""
+    own = names_used(vendor)
+    portable = {name for method, names in names_used("sql").items() if method not in own for name in names}
+    return portable | {name for names in own.values() for name in names}
+
+
+def test_every_statement_named_in_the_code_is_in_the_files_and_every_one_in_the_files_is_used() -> None:
+    """What a vendor's store asks for (its own methods, and the portable ones it inherits) is in
+    what that vendor runs; no vendor file holds a statement its store never asks for, and no
+    common statement is left that every vendor either never asks for or writes its own of."""
+    from django_taskclaim.store.queries import FILES, STATEMENTS, VENDOR_FILES
+
+    run_as_common: set[str] = set()
+    for vendor in VENDOR_FILES:
+        wanted = needed(vendor)
+        assert wanted <= set(STATEMENTS[vendor]), (vendor, "missing", wanted - set(STATEMENTS[vendor]))
+        assert set(FILES[vendor]) <= wanted, (vendor, "unused", set(FILES[vendor]) - wanted)
+        run_as_common |= wanted - set(FILES[vendor])
+    assert set(FILES["common"]) <= run_as_common, ("common", "unused", set(FILES["common"]) - run_as_common)
+
+
+def test_no_statement_is_written_twice() -> None:
+    """No two names, in one file or across files, hold the same SQL: a vendor's file holds a
+    statement only where its SQL differs from common.sql's."""
+    from django_taskclaim.store.queries import FILES
+
+    seen: dict[str, str] = {}
+    for stem, statements in FILES.items():
+        for name, text in statements.items():
+            where = f"{stem}.sql: {name}"
+            assert text not in seen, f"{where} repeats {seen[text]}"
+            seen[text] = where
+
+
+def test_the_files_are_the_ones_the_loader_reads_and_ship_in_the_package_data() -> None:
+    import tomllib
+
+    from django_taskclaim.store import VENDORS
+    from django_taskclaim.store.queries import COMMON, VENDOR_FILES
+
+    assert {p.stem for p in QUERIES.glob("*.sql")} == {COMMON, *VENDOR_FILES}
+    assert set(VENDOR_FILES) == set(VENDORS), "a file of statements per store in store.VENDORS"
+    with (STORE.parents[1] / "pyproject.toml").open("rb") as f:
+        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["django_taskclaim"]
+    assert "store/queries/*.sql" in data, data
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("SELECT 1\n-- name: x\nSELECT 2", "file.sql:1: SQL before the first '-- name: ...' header"),
+    ("-- name: x\nSELECT 1\n-- name: x\nSELECT 2", "file.sql:3: statement 'x' is named twice"),
+    ("-- name: x\n-- only a comment\n-- name: y\nSELECT 1", "file.sql:1: statement 'x' has no SQL under its header"),
+    ("-- name: Bad-Name\nSELECT 1", "file.sql:1: statement name 'Bad-Name' is not lower_snake_case"),
+    ("-- name: x\nSELECT 1 -- one\nFROM t", "file.sql:2: a comment after SQL; put it on a line of its own"),
+])
+def test_the_loader_names_what_is_wrong_in_a_file(text: str, problem: str) -> None:
+    from django_taskclaim.store.queries import parse
+
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse(text, "file.sql")
+
+
+def test_the_loader_reads_a_statement_as_written() -> None:
+    from django_taskclaim.store.queries import parse
+
+    text = "-- name: two\n-- what it does\nSELECT 1\n  FROM t\n\n  -- why\nWHERE a = %s\n-- name: one\nSELECT 2"
+    assert parse(text, "f.sql") == {"two": "SELECT 1 FROM t WHERE a = %s", "one": "SELECT 2"}
