@@ -100,6 +100,30 @@ def due_or_expired(table: str, now: str) -> str:
     )
 
 
+def limited_running(table: str) -> str:
+    """SQL for the number of RUNNING tasks of ``table``'s concurrency key (any lease: a holder whose
+    lease ran out still counts until it is taken over or ends FAILED, so a paused holder that wakes
+    up can never run beside a task that took its place)."""
+    return (f"(SELECT count(*) FROM {TASK} r WHERE r.concurrency_key = {table}.concurrency_key "
+            f"AND r.status = {RUNNING})")
+
+
+def within_limit(table: str, now: str, ahead: str) -> str:
+    """A candidate of a queue claim within its concurrency limit: unlimited, an expired task taken
+    over (its key's count does not change), or a pending task whose key's running tasks plus the
+    due pending tasks of that key ahead of it in claim order (``ahead``: SQL on alias ``p`` saying
+    which pending tasks the claim looks at) stay under the task's own limit. A full key's tasks are
+    skipped, not waited for: the claim takes the next eligible task of another key."""
+    return (
+        f"({table}.concurrency_key = '' OR {table}.concurrency_limit IS NULL OR {table}.status = {RUNNING} "
+        f"OR ({limited_running(table)} < {table}.concurrency_limit AND {limited_running(table)} + "
+        f"(SELECT count(*) FROM {TASK} p WHERE p.concurrency_key = {table}.concurrency_key "
+        f"AND p.status = {PENDING} AND (p.run_after IS NULL OR p.run_after <= {now}) AND {ahead} "
+        f"AND (p.priority > {table}.priority OR (p.priority = {table}.priority AND p.id < {table}.id))) "
+        f"< {table}.concurrency_limit))"
+    )
+
+
 def runs(table: str, path: str) -> str:
     """Which queued tasks a worker takes: ``""`` work for a handler (no task path), ``"*"``
     tasks that name the callable that runs them."""
@@ -439,14 +463,18 @@ class SQLStore:
         if exclude is not None:
             where, params = f"{where} AND {t}.id <> %s", [*params, exclude]
         exhausted = self.fail_exhausted_queued(cursor, where, params, audit)
-        # Expired leases first (older work), then the due pending tasks, the highest priority first.
+        # Expired leases first (older work), then the due pending tasks, the highest priority first,
+        # each within its concurrency limit. SQLite's one writer makes the counts exact: this
+        # transaction holds the write lock since fail_exhausted_queued's UPDATE.
+        ahead = self.queue_filter(queues, path, tenant, "p")
         cursor.execute(
             self.statement(("claim_next", where), lambda: (
                 f"UPDATE {t} SET {self.claim_set(t)} "
                 f"WHERE id IN (SELECT id FROM {t} WHERE {due_or_expired(t, now)} AND {where} "
+                f"AND {within_limit(t, now, ahead)} "
                 f"ORDER BY {t}.status = {PENDING}, {t}.priority DESC, {t}.id LIMIT %s) AND {claimable(t, now)} "
                 f"RETURNING {self.returning()}")),
-            [owner, self.lease_param(lease), *params, limit],
+            [owner, self.lease_param(lease), *params, *queues, *([tenant] if tenant is not None else []), limit],
         )
         rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)  # attempts in id order
         rows, reserved = self.reserve_rest(cursor, rows, reserve)
@@ -501,6 +529,10 @@ class SQLStore:
         )
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
+
+    def set_limit(self, cursor: Any, task_id: int, concurrency_key: str, concurrency_limit: int) -> None:
+        """Give the task ``task_id``, just inserted by this transaction, its concurrency limit."""
+        self.execute(cursor, self.sql("set_limit"), [concurrency_key, concurrency_limit, task_id])
 
     def ensure_many(self, cursor: Any, tasks: Sequence[NewTask]) -> list[TaskRow | None]:
         rows: dict[tuple[str, str], TaskRow] = {}
