@@ -403,3 +403,23 @@ class CoalesceGroup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name}" if self.tenant else self.name
+
+
+class ConcurrencyGate(models.Model):
+    """A concurrency key's gate: the row each queue claim that starts a pending task of the key
+    bumps (``version``), in the claim's own transaction. A claim counts the key's running tasks in
+    its snapshot, and starts the key's tasks only if the gate still has the version it saw there
+    (PostgreSQL), or after taking the gate's row lock and counting again (MySQL): two claims can
+    never both fill the last slot. SQLite's one writer needs no gate.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(_("concurrency key"), max_length=255, unique=True)
+    version = models.BigIntegerField(_("version"), default=0)
+
+    class Meta:
+        verbose_name = _("concurrency gate")
+        verbose_name_plural = _("concurrency gates")
+
+    def __str__(self) -> str:
+        return f"{self.key} @{self.version}"

@@ -1,5 +1,6 @@
 """Concurrency limits: a task's ``concurrency_key`` and ``concurrency_limit``, and the index by which
-the queue claim counts a key's running and pending tasks.
+the queue claim counts a key's running and pending tasks; the gate table, one row per concurrency key,
+that serialises the claims of one key on PostgreSQL and MySQL (models.ConcurrencyGate).
 
 ``concurrency_key`` keeps its default ``''`` in the database (Django drops a field's default after
 adding the column): the stores' own inserts name only the columns they set. Both columns have a
@@ -11,18 +12,29 @@ key compares exactly (a binary collation, as a task's ``key`` since migration 00
 from django.db import migrations, models
 
 TABLE = "django_taskclaim_task"
+GATE = "django_taskclaim_concurrencygate"
 
 
 def add_key_column(apps, schema_editor):
     connection, q = schema_editor.connection, schema_editor.quote_name
     column = "VARCHAR(255)"
     if connection.vendor == "mysql":
-        if connection.mysql_is_mariadb:
-            collation = "utf8mb4_nopad_bin"
-        else:
-            collation = "utf8mb4_0900_bin" if connection.mysql_version >= (8, 0, 17) else "utf8mb4_bin"
-        column = f"VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation}"
+        column = f"VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {_collation(connection)}"
     schema_editor.execute(f"ALTER TABLE {q(TABLE)} ADD COLUMN {q('concurrency_key')} {column} NOT NULL DEFAULT ''")
+
+
+def exact_gate_keys(apps, schema_editor):
+    connection, q = schema_editor.connection, schema_editor.quote_name
+    if connection.vendor == "mysql":
+        schema_editor.execute(f"ALTER TABLE {q(GATE)} DEFAULT CHARACTER SET utf8mb4, "
+                              f"MODIFY {q('key')} VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {_collation(connection)} "
+                              f"NOT NULL")
+
+
+def _collation(connection):
+    if connection.mysql_is_mariadb:
+        return "utf8mb4_nopad_bin"
+    return "utf8mb4_0900_bin" if connection.mysql_version >= (8, 0, 17) else "utf8mb4_bin"
 
 
 def drop_key_column(apps, schema_editor):
@@ -48,4 +60,14 @@ class Migration(migrations.Migration):
             model_name="task",
             index=models.Index(fields=["concurrency_key", "status"], name="taskclaim_task_limit_idx"),
         ),
+        migrations.CreateModel(
+            name="ConcurrencyGate",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("key", models.CharField(max_length=255, unique=True, verbose_name="concurrency key")),
+                ("version", models.BigIntegerField(default=0, verbose_name="version")),
+            ],
+            options={"verbose_name": "concurrency gate", "verbose_name_plural": "concurrency gates"},
+        ),
+        migrations.RunPython(exact_gate_keys, migrations.RunPython.noop, atomic=False),
     ]

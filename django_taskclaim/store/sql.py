@@ -100,23 +100,23 @@ def due_or_expired(table: str, now: str) -> str:
     )
 
 
-def limited_running(table: str) -> str:
-    """SQL for the number of RUNNING tasks of ``table``'s concurrency key (any lease: a holder whose
-    lease ran out still counts until it is taken over or ends FAILED, so a paused holder that wakes
-    up can never run beside a task that took its place)."""
-    return (f"(SELECT count(*) FROM {TASK} r WHERE r.concurrency_key = {table}.concurrency_key "
-            f"AND r.status = {RUNNING})")
+def limited_running(key: str, also: str = "") -> str:
+    """SQL for the number of RUNNING tasks of the concurrency key ``key`` (SQL) names. Any lease: a
+    holder whose lease ran out counts until it is taken over or ends FAILED, so a paused holder
+    that wakes up can never run beside a task that took its place. ``also``: more SQL on ``r``."""
+    return f"(SELECT count(*) FROM {TASK} r WHERE r.concurrency_key = {key} AND r.status = {RUNNING}{also})"
 
 
-def within_limit(table: str, now: str, ahead: str) -> str:
+def within_limit(table: str, now: str, ahead: str, also: str = "") -> str:
     """A candidate of a queue claim within its concurrency limit: unlimited, an expired task taken
     over (its key's count does not change), or a pending task whose key's running tasks plus the
     due pending tasks of that key ahead of it in claim order (``ahead``: SQL on alias ``p`` saying
     which pending tasks the claim looks at) stay under the task's own limit. A full key's tasks are
-    skipped, not waited for: the claim takes the next eligible task of another key."""
+    skipped, not waited for: the claim takes the next eligible task of another key. ``also``: which
+    running tasks to count, SQL on ``r`` (:func:`limited_running`)."""
     return (
         f"({table}.concurrency_key = '' OR {table}.concurrency_limit IS NULL OR {table}.status = {RUNNING} "
-        f"OR ({limited_running(table)} < {table}.concurrency_limit AND {limited_running(table)} + "
+        f"OR ({limited_running(f'{table}.concurrency_key', also)} < {table}.concurrency_limit AND {limited_running(f'{table}.concurrency_key', also)} + "
         f"(SELECT count(*) FROM {TASK} p WHERE p.concurrency_key = {table}.concurrency_key "
         f"AND p.status = {PENDING} AND (p.run_after IS NULL OR p.run_after <= {now}) AND {ahead} "
         f"AND (p.priority > {table}.priority OR (p.priority = {table}.priority AND p.id < {table}.id))) "
