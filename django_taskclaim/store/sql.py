@@ -114,14 +114,16 @@ def within_limit(table: str, now: str, ahead: str, also: str = "") -> str:
     which pending tasks the claim looks at) stay under the task's own limit. A full key's tasks are
     skipped, not waited for: the claim takes the next eligible task of another key. ``also``: which
     running tasks to count, SQL on ``r`` (:func:`limited_running`)."""
+    running = limited_running(f"{table}.concurrency_key", also)
     return (
         f"({table}.concurrency_key = '' OR {table}.concurrency_limit IS NULL OR {table}.status = {RUNNING} "
-        f"OR ({limited_running(f'{table}.concurrency_key', also)} < {table}.concurrency_limit AND {limited_running(f'{table}.concurrency_key', also)} + "
+        f"OR ({running} < {table}.concurrency_limit AND {running} + "
         f"(SELECT count(*) FROM {TASK} p WHERE p.concurrency_key = {table}.concurrency_key "
         f"AND p.status = {PENDING} AND (p.run_after IS NULL OR p.run_after <= {now}) AND {ahead} "
         f"AND (p.priority > {table}.priority OR (p.priority = {table}.priority AND p.id < {table}.id))) "
         f"< {table}.concurrency_limit))"
     )
+
 
 
 def runs(table: str, path: str) -> str:
