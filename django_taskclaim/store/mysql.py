@@ -44,9 +44,10 @@ from .sql import (
     chunks,
     claimable,
     claimable_by_key,
+    fits,
+    has_room,
     owned,
     placeholders,
-    within_limit,
     word,
 )
 
@@ -307,10 +308,10 @@ class MySQLStore(SQLStore):
         ids = [r[0] for r in expired if r[1]]
         exhausted = self._fail_exhausted(cursor, [r[0] for r in expired if not r[1]], audit)
         if len(ids) < limit:
-            # A full key's tasks are passed over (within_limit; "ahead": of the task's own queue).
+            # A full key's tasks are passed over (has_room); of the others, those that fit (_within_limits).
             cursor.execute(
                 f"SELECT id, concurrency_key, concurrency_limit FROM {t} WHERE status = {PENDING} AND {where} "
-                f"AND (run_after IS NULL OR run_after <= {now}) AND {within_limit(t, now, f'p.queue = {t}.queue')} "
+                f"AND (run_after IS NULL OR run_after <= {now}) AND {has_room(t)} "
                 f"ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED",
                 [*params, limit - len(ids)],
             )
@@ -333,8 +334,8 @@ class MySQLStore(SQLStore):
 
     def _within_limits(self, cursor: Any, pending: Sequence[Sequence[Any]]) -> list[int]:
         """Of the pending tasks a queue claim locked (``id, concurrency_key, concurrency_limit`` rows in
-        claim order), those it may start: every unlimited one, and of each limited key the first ones
-        while the key's running tasks and those kept before stay under each task's own limit.
+        claim order), those it may start: every unlimited one, and of each limited key those that fit
+        (:func:`~django_taskclaim.store.sql.fits`).
 
         The selection counted in its snapshot; here each limited key's gate row is locked first (its
         version bumped: in key order, so two claims never deadlock on gates) and the key's running
@@ -349,11 +350,12 @@ class MySQLStore(SQLStore):
             cursor.execute(self.sql("running_of_key"), [key])
             running[key] = int(cursor.fetchone()[0])
         kept: list[int] = []
+        places: dict[str, int] = {}
         for pk, key, most in pending:
             if key and most is not None:
-                if running[key] >= most:
+                places[key] = places.get(key, 0) + 1
+                if not fits(running[key], places[key], most):
                     continue
-                running[key] += 1
             kept.append(pk)
         return kept
 

@@ -21,7 +21,6 @@ from . import prepared
 from .rows import (
     ATTEMPT,
     ATTEMPT_COLUMNS,
-    GATE,
     NO_ERROR,
     TASK,
     TASK_COLUMNS,
@@ -48,10 +47,8 @@ from .sql import (
     claimable,
     claimable_by_key,
     is_duplicate,
-    limited_running,
     owned,
     runs,
-    within_limit,
     word,
 )
 
@@ -63,31 +60,19 @@ _START_ATTEMPT = (f", sa AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT s.
                   f"statement_timestamp(), NULL, {RUNNING}, 0, {NO_ERROR} FROM s)")
 
 
-# Concurrency limits, after the candidates are picked (``candidates``) and before they are claimed
-# (``picked``). Of the pending candidates of a limited key (``held``), those that fit: each one's
-# place among the key's candidates plus the key's running tasks within the task's own limit. The
-# counts are the statement's snapshot; ``gate`` makes them the truth. It bumps each such key's gate
-# row from the version this snapshot saw, and ON CONFLICT DO UPDATE locks and reads the row's latest
-# version, not the snapshot's: a claim of the key committed since the snapshot (every claim that
-# starts a pending task of the key bumps the gate in its own statement) or still running (its row
-# lock is waited for, then its version seen) leaves the gate's version changed, and this statement
-# starts none of that key's tasks. Keys are bumped in their order: two claims never deadlock on
-# gates. Expired tasks taken over change no count and pass no gate.
-def _limits(also: str) -> str:
-    """The CTEs above, counting the running tasks ``also`` (SQL on ``r``) says."""
-    return (
-        "held AS (SELECT p.id, p.priority, p.ck, p.cl FROM pending p WHERE p.ck <> '' AND p.cl IS NOT NULL "
-        "AND p.id IN (SELECT id FROM candidates)), "
-        "fits AS MATERIALIZED (SELECT h.id, h.ck FROM (SELECT h.*, row_number() OVER (PARTITION BY h.ck "
-        "ORDER BY h.priority DESC, h.id) AS rn FROM held h) h "
-        f"WHERE h.rn + {limited_running('h.ck', also)} <= h.cl), "
-        f"gate AS (INSERT INTO {GATE} AS g (\"key\", version) SELECT s.k, s.v + 1 FROM (SELECT DISTINCT f.ck AS k, "
-        f"COALESCE((SELECT o.version FROM {GATE} o WHERE o.\"key\" = f.ck), 0) AS v FROM fits f) s ORDER BY s.k "
-        "ON CONFLICT (\"key\") DO UPDATE SET version = g.version + 1 WHERE g.version = excluded.version - 1 "
-        "RETURNING g.\"key\"), "
-        "picked AS (SELECT id, priority FROM candidates c WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = c.id) "
-        "OR c.id IN (SELECT f.id FROM fits f JOIN gate ON gate.\"key\" = f.ck)), "
-    )
+# Concurrency limits. The queue claim passes over the pending tasks of a full key (taskclaim_room(),
+# in the statement's snapshot) and claims only the picked tasks that taskclaim_fit() returns: two
+# functions of migration 0006 (SQL there). taskclaim_fit() returns every picked task at once when
+# none is a pending task of a limited key. Else it locks each such key's gate row (in key order:
+# two claims never deadlock on gates), then counts the key's running tasks in a snapshot of its
+# own, taken after the lock (a VOLATILE function's statements each take a new one): every claim of
+# the key committed before is counted, and any claim of the key not yet committed holds the gate.
+# Of the key's picked tasks it returns those that fit (sql.fits). The task that ``done`` completes
+# in the same statement is still RUNNING in its snapshots, and is not counted. (Functions, not SQL
+# here: the statement stays under psycopg's cached statement length.)
+def done_id(prefix: str) -> str:
+    """The task the statement completes (``prefix``: the completion's CTEs, ``done``), as SQL."""
+    return "(SELECT id FROM done)" if prefix else "NULL"
 
 
 def _open_attempts(single: bool, takes_over: bool = True, only_first: bool = False) -> str:
@@ -421,25 +406,19 @@ class PostgreSQLStore(SQLStore):
                          each_queue: str | None, reserve: bool = False) -> str:
         now = self.now
         also = f" AND {only_if}" if only_if else ""
-        # A completion in the same statement (``done``): its task is still RUNNING in the statement's
-        # snapshot, and no longer holds a place of its key.
-        finishing = " AND r.id NOT IN (SELECT id FROM done)" if "done AS" in prefix else ""
         expired_also = f"{also} AND t.id <> %s" if exclude else also
-        # A full key's tasks are passed over (within_limit): the claim takes the next task of another
-        # key. Here the tasks "ahead" of a task are those of its own queue.
         due = (f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also} "
-               f"AND {within_limit('t', now, 'p.queue = t.queue', finishing)}")
+               f"AND (t.concurrency_key = '' OR taskclaim_room(t.id, {done_id(prefix)}))")
         if each_queue is None:  # one queue: the queued index gives its tasks in claim order
-            pending = (f"SELECT t.id, t.priority, t.concurrency_key AS ck, t.concurrency_limit AS cl FROM {TASK} t "
-                       f"WHERE {due} AND {where} ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
+            pending = (f"SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {where} "
+                       f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
         else:
             # Several: each queue's first tasks from the queued index (as one queue's), then the first
             # of those. One sort of the whole backlog of the queues instead would cost every claim
             # time in proportion to the tasks waiting. The candidates of each queue are locked for the
             # statement (its transaction), and those not picked are left as they were.
-            pending = (f"SELECT c.id, c.priority, c.ck, c.cl FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL "
-                       f"(SELECT t.id, t.priority, t.concurrency_key AS ck, t.concurrency_limit AS cl "
-                       f"FROM {TASK} t WHERE {due} AND {each_queue} "
+            pending = (f"SELECT c.id, c.priority FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL "
+                       f"(SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {each_queue} "
                        f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED) c "
                        f"ORDER BY c.priority DESC, c.id LIMIT %s")
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
@@ -457,13 +436,13 @@ class PostgreSQLStore(SQLStore):
             f"lease_expires_at = NULL, updated_at = {now} FROM expired e WHERE x.id = e.id AND NOT e.again "
             f"AND x.status = {RUNNING} RETURNING {self.returning('x')}), "
             f"pending AS MATERIALIZED ({pending}), "
-            f"candidates AS (SELECT id, priority FROM (SELECT id, priority FROM expired WHERE again "
+            f"picked AS (SELECT id, priority FROM (SELECT id, priority FROM expired WHERE again "
             f"UNION ALL SELECT id, priority FROM pending) u "
             f"LIMIT %s), "
-            f"{_limits(finishing)}"
             f"{_FIRST if reserve else ''}"
             f"claimed AS (UPDATE {TASK} q SET {self.reserving_set('q') if reserve else self.claim_set('q')} "
-            f"WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND {claimable('q', now)} RETURNING {self.returning('q')})"
+            f"WHERE q.id = ANY(ARRAY(SELECT taskclaim_fit(ARRAY(SELECT id FROM picked), {done_id(prefix)}))) "
+            f"AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         if audit:
             sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "

@@ -100,30 +100,28 @@ def due_or_expired(table: str, now: str) -> str:
     )
 
 
-def limited_running(key: str, also: str = "") -> str:
+def limited_running(key: str) -> str:
     """SQL for the number of RUNNING tasks of the concurrency key ``key`` (SQL) names. Any lease: a
     holder whose lease ran out counts until it is taken over or ends FAILED, so a paused holder
-    that wakes up can never run beside a task that took its place. ``also``: more SQL on ``r``."""
-    return f"(SELECT count(*) FROM {TASK} r WHERE r.concurrency_key = {key} AND r.status = {RUNNING}{also})"
+    that wakes up can never run beside a task that took its place."""
+    return f"(SELECT count(*) FROM {TASK} r WHERE r.concurrency_key = {key} AND r.status = {RUNNING})"
 
 
-def within_limit(table: str, now: str, ahead: str, also: str = "") -> str:
-    """A candidate of a queue claim within its concurrency limit: unlimited, an expired task taken
-    over (its key's count does not change), or a pending task whose key's running tasks plus the
-    due pending tasks of that key ahead of it in claim order (``ahead``: SQL on alias ``p`` saying
-    which pending tasks the claim looks at) stay under the task's own limit. A full key's tasks are
-    skipped, not waited for: the claim takes the next eligible task of another key. ``also``: which
-    running tasks to count, SQL on ``r`` (:func:`limited_running`)."""
-    running = limited_running(f"{table}.concurrency_key", also)
-    return (
-        f"({table}.concurrency_key = '' OR {table}.concurrency_limit IS NULL OR {table}.status = {RUNNING} "
-        f"OR ({running} < {table}.concurrency_limit AND {running} + "
-        f"(SELECT count(*) FROM {TASK} p WHERE p.concurrency_key = {table}.concurrency_key "
-        f"AND p.status = {PENDING} AND (p.run_after IS NULL OR p.run_after <= {now}) AND {ahead} "
-        f"AND (p.priority > {table}.priority OR (p.priority = {table}.priority AND p.id < {table}.id))) "
-        f"< {table}.concurrency_limit))"
-    )
+def has_room(table: str) -> str:
+    """A candidate of a queue claim: unlimited, an expired task taken over (its key's count does
+    not change), or a pending task of a key with fewer RUNNING tasks than the task's own limit. A
+    full key's tasks are passed over, not waited for: the claim takes the next task of another key.
+    A count in the statement's snapshot: the claim then keeps of each key's candidates only those
+    that fit (:func:`fits`), counted where no other claim of the key can interleave."""
+    return (f"({table}.concurrency_key = '' OR {table}.status = {RUNNING} "
+            f"OR {limited_running(f'{table}.concurrency_key')} < {table}.concurrency_limit)")
 
+
+def fits(running: int, place: int, limit: int) -> bool:
+    """Whether a pending candidate fits its key's limit: the key's running tasks plus its place
+    (1, 2…) among the key's pending candidates of the claim, in claim order, within its own limit.
+    The rule every store applies (in SQL on PostgreSQL and SQLite, here for MySQL)."""
+    return running + place <= limit
 
 
 def runs(table: str, path: str) -> str:
@@ -466,17 +464,20 @@ class SQLStore:
             where, params = f"{where} AND {t}.id <> %s", [*params, exclude]
         exhausted = self.fail_exhausted_queued(cursor, where, params, audit)
         # Expired leases first (older work), then the due pending tasks, the highest priority first,
-        # each within its concurrency limit. SQLite's one writer makes the counts exact: this
-        # transaction holds the write lock since fail_exhausted_queued's UPDATE.
-        ahead = self.queue_filter(queues, path, tenant, "p")
+        # of keys with room (has_room); of each key's pending candidates, those that fit (fits()).
+        # SQLite's one writer makes the counts exact: this transaction holds the write lock since
+        # fail_exhausted_queued's UPDATE.
         cursor.execute(
             self.statement(("claim_next", where), lambda: (
                 f"UPDATE {t} SET {self.claim_set(t)} "
-                f"WHERE id IN (SELECT id FROM {t} WHERE {due_or_expired(t, now)} AND {where} "
-                f"AND {within_limit(t, now, ahead)} "
-                f"ORDER BY {t}.status = {PENDING}, {t}.priority DESC, {t}.id LIMIT %s) AND {claimable(t, now)} "
-                f"RETURNING {self.returning()}")),
-            [owner, self.lease_param(lease), *params, *queues, *([tenant] if tenant is not None else []), limit],
+                f"WHERE id IN (SELECT id FROM (SELECT c.*, row_number() OVER (PARTITION BY c.ck, c.pending "
+                f"ORDER BY c.priority DESC, c.id) AS place FROM (SELECT id, priority, concurrency_key AS ck, "
+                f"concurrency_limit AS cl, status = {PENDING} AS pending FROM {t} "
+                f"WHERE {due_or_expired(t, now)} AND {where} AND {has_room(t)} "
+                f"ORDER BY {t}.status = {PENDING}, {t}.priority DESC, {t}.id LIMIT %s) c) w "
+                f"WHERE w.ck = '' OR NOT w.pending OR {limited_running('w.ck')} + w.place <= w.cl) "
+                f"AND {claimable(t, now)} RETURNING {self.returning()}")),
+            [owner, self.lease_param(lease), *params, limit],
         )
         rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)  # attempts in id order
         rows, reserved = self.reserve_rest(cursor, rows, reserve)

@@ -111,18 +111,31 @@ def test_a_released_or_failed_holder_frees_its_slot() -> None:
     assert [c.key for c in Task.objects.claim_next()] == ["t1"]
 
 
-def test_the_tasks_own_limit_decides_in_claim_order() -> None:
-    """Each task is claimed while its key's running tasks plus its key's tasks ahead of it in claim
-    order stay under its own limit: a key's tasks start in order, whatever limit each carries."""
+def test_the_tasks_own_limit_decides() -> None:
+    """A pending task is claimed while fewer of its key run than its own limit (a key whose tasks
+    carry several limits: each is held to its own)."""
     first = limited("wide", limit=2)
     limited("narrow", limit=1)
     limited("wide2", limit=2)
     (wide,) = Task.objects.claim_next()
     assert wide.key == first.key
-    # One runs: "narrow" (limit 1) waits, and "wide2" waits behind it (1 running + 1 ahead).
-    assert Task.objects.claim_next() == []
+    # One runs: "narrow" (limit 1) waits, "wide2" (limit 2) goes.
+    (wide2,) = Task.objects.claim_next()
+    assert wide2.key == "wide2"
     wide.complete()
-    assert [c.key for c in Task.objects.claim_next(limit=10)] == ["narrow", "wide2"]
+    assert Task.objects.claim_next() == []  # "wide2" still runs: "narrow" (limit 1) waits
+    wide2.complete()
+    assert [c.key for c in Task.objects.claim_next()] == ["narrow"]
+
+
+def test_a_batch_keeps_each_keys_candidates_in_claim_order() -> None:
+    """Within one claim, a key's candidates start in claim order while they fit: the key's running
+    tasks plus a candidate's place among them within its own limit."""
+    limited("a", limit=3)
+    limited("b", limit=1)
+    limited("c", limit=3)
+    # "b" is second of its key: 0 running + place 2 > its limit 1. "c" is third: 3 <= 3.
+    assert [c.key for c in Task.objects.claim_next(limit=10)] == ["a", "c"]
 
 
 def test_complete_and_claim_next_respects_the_limit() -> None:
