@@ -30,6 +30,31 @@ def most_at_once(spans: list[Span]) -> int:
     return most
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_racing_claims_never_overshoot(processes: Supervisor, batch: int) -> None:
+    """Eight processes claim at once (one statement each, ``batch`` tasks at most) from a key
+    limited to 2 and an unlimited key: exactly 2 of the limited key are claimed, whoever wins (without
+    the gates, each statement's snapshot saw 0 running and all 8 claimed one)."""
+    for n in range(20):
+        Task.objects.ensure(f"limited-{n}", queue="default", concurrency_key="k", concurrency_limit=2)
+    for n in range(4):
+        Task.objects.ensure(f"free-{n}", queue="default")
+    fleet = processes.start("tests.programs.fleet", "8", "tests.programs.claimer", "race-next", "--batch",
+                            str(batch), group=True)
+    for _ in range(8):
+        fleet.event("ready", timeout=60)
+    fleet.send("go")
+    claimed = [key for _ in range(8) for key in fleet.event("done", timeout=60)["keys"]]
+    fleet.end_input()
+    fleet.finish(60)
+    assert sum(key.startswith("limited-") for key in claimed) == 2
+    assert Task.objects.filter(concurrency_key="k", status="running").count() == 2
+    # A claim whose limited candidate lost the key's last place to a racer claims nothing else in that
+    # statement; the next claim takes the other key's tasks (never the full key's).
+    left = {c.key for c in Task.objects.claim_next(limit=10)}
+    assert left == {f"free-{n}" for n in range(4)} - set(claimed)
+
+
 def test_a_limit_of_two_under_three_workers_of_four_threads(processes: Supervisor) -> None:
     for _ in range(TASKS):
         limited_tasks.call_api.enqueue("acme", hold=HOLD)
