@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--start-server", action="store_true", help="a private PostgreSQL (fsync on)")
     parser.add_argument("--pg-url", help="a PostgreSQL server to create the tables on")
-    parser.add_argument("--n", type=int, default=2000, help="claims (and drained tasks) per kind (default: %(default)s)")
+    parser.add_argument("--n", type=int, default=2000, help="claims (and tasks drained) a kind (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
     parser.add_argument("--no-fsync", action="store_true",
                         help="the private server without fsync: the statements' cost, not the disk's")
