@@ -269,6 +269,10 @@ class Task(models.Model):
     priority = models.SmallIntegerField(_("priority"), default=0)
     run_after = models.DateTimeField(_("not before"), null=True, blank=True)
     task_path = models.CharField(_("task path"), max_length=255, blank=True, default="")
+    # Concurrency limits: at most concurrency_limit tasks of one concurrency_key RUNNING at once
+    # in this database ('' and NULL: no limit); the queue claim decides it (docs/django-tasks.md).
+    concurrency_key = models.CharField(_("concurrency key"), max_length=255, blank=True, default="")
+    concurrency_limit = models.PositiveIntegerField(_("concurrency limit"), null=True, blank=True)
 
     objects = TaskManager()
 
@@ -300,6 +304,8 @@ class Task(models.Model):
             models.Index(fields=["queue", "-priority", "id"], condition=Q(status=Status.PENDING, queue__isnull=False),
                          name="taskclaim_task_queued_idx"),
             models.Index(fields=["id"], condition=Q(status=Status.RUNNING), name="taskclaim_task_running_idx"),
+            # The queue claim counts a limited key's running tasks and its pending ones ahead.
+            models.Index(fields=["concurrency_key", "status"], name="taskclaim_task_limit_idx"),
         ]
 
     def __str__(self) -> str:
@@ -467,3 +473,23 @@ class OutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.url[:80]} ({self.status})"
+
+
+class ConcurrencyGate(models.Model):
+    """A concurrency key's gate: the row each queue claim that starts a pending task of the key
+    bumps (``version``), in the claim's own transaction. A claim counts the key's running tasks in
+    its snapshot, and starts the key's tasks only if the gate still has the version it saw there
+    (PostgreSQL), or after taking the gate's row lock and counting again (MySQL): two claims can
+    never both fill the last slot. SQLite's one writer needs no gate.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(_("concurrency key"), max_length=255, unique=True)
+    version = models.BigIntegerField(_("version"), default=0)
+
+    class Meta:
+        verbose_name = _("concurrency gate")
+        verbose_name_plural = _("concurrency gates")
+
+    def __str__(self) -> str:
+        return f"{self.key} @{self.version}"

@@ -273,3 +273,23 @@ def coalesce_seconds(value: Any, name: str, maximum: float) -> float:
     if not math.isfinite(seconds) or not 0 <= seconds <= maximum:
         raise InvalidArgument(f"{name} must be from 0 to {maximum:g} seconds, not {value!r}")
     return seconds
+
+
+#: The longest concurrency key (the task table's column).
+MAX_CONCURRENCY_KEY_LENGTH = 255
+
+
+def concurrency_of(key: Any, limit: Any, *, queued: bool = True) -> tuple[str, int] | None:
+    """A task's ``(concurrency key, limit)``, or ``None`` for no limit (``""`` and ``None``).
+
+    ``InvalidArgument`` names what is wrong: a key without a limit or a limit without a key, a
+    limit that is not a whole number from 1, a key too long or not printable, or a limit on work
+    that is not queued (only the queue claim decides limits)."""
+    if (key in ("", None)) != (limit is None):
+        raise InvalidArgument("concurrency_key and concurrency_limit go together: give both or neither")
+    if limit is None:
+        return None
+    if not queued:
+        raise InvalidArgument("concurrency limits are for queued work: give a queue too")
+    key = validate_text(key, "concurrency_key", MAX_CONCURRENCY_KEY_LENGTH)
+    return key, positive_int(limit, "concurrency_limit")

@@ -27,6 +27,7 @@ from ..values import (
     MAX_PATH_LENGTH,
     canonical_json,
     coalesce_seconds,
+    concurrency_of,
     fingerprint_of,
     group_name,
     lease_seconds,
@@ -96,7 +97,8 @@ SamePayload = Callable[[Any, Any], bool]
 def ensure(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
     dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str | None = None,
-    priority: int = 0, run_after: datetime | None = None, task_path: str = "",
+    priority: int = 0, run_after: datetime | None = None, task_path: str = "", concurrency_key: str = "",
+    concurrency_limit: int | None = None,
 ) -> Any:
     """Create the task PENDING if ``(tenant, key)`` is absent; return it either way.
 
@@ -104,16 +106,20 @@ def ensure(
     a task created without one is stored. With ``queue`` the task is queued work, which
     ``claim_next(queue=...)`` hands out (the highest ``priority`` first, not before
     ``run_after``); without, it is claimed by key only. ``task_path`` names the callable that
-    runs it (a Django task); ``""`` is work for a queue worker's handler.
+    runs it (a Django task); ``""`` is work for a queue worker's handler. Queued work may have a
+    ``concurrency_key`` and ``concurrency_limit``: ``claim_next()`` keeps at most that many tasks of
+    the key running at once in the task's database (a task met again keeps its own).
     """
     return ensure_task(key, tenant, payload, max_attempts, dispatch=dispatch, using=using, queue=queue,
-                       priority=priority, run_after=run_after, task_path=task_path)[0]
+                       priority=priority, run_after=run_after, task_path=task_path,
+                       concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)[0]
 
 
 def ensure_task(
     key: str | TaskKey, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *,
     dispatch: dict[str, Any] | None = None, using: str | None = None, queue: str | None = None,
     priority: int = 0, run_after: datetime | None = None, task_path: str = "", same_payload: SamePayload | None = None,
+    concurrency_key: str = "", concurrency_limit: int | None = None,
 ) -> tuple[Any, bool]:
     """:func:`ensure`, also telling whether this call created the task. ``same_payload`` decides whether
     a stored payload whose fingerprint differs is the same input after all (else ``PayloadMismatch``)."""
@@ -128,12 +134,14 @@ def ensure_task(
     queue = None if queue is None else queue_name(queue)
     priority, run_after = valid_priority(priority), valid_run_after(run_after)
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
+    concurrency = concurrency_of(concurrency_key, concurrency_limit, queued=queue is not None)
     # The row that made the insert conflict can be purged before it is read: insert again.
     for _ in range(3):
         try:
             row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
                                               max_attempts=limit, dispatch=dispatch_json, queue=queue,
-                                              priority=priority, run_after=run_after, task_path=task_path)
+                                              priority=priority, run_after=run_after, task_path=task_path,
+                                              concurrency=concurrency)
         except routing.UNREACHABLE as exc:
             routing.unreachable(exc, using, tenant)
         if row is not None:

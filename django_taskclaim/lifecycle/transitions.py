@@ -325,18 +325,28 @@ def announce_claim(holder: Holder, previous_owner: str | None) -> None:
 def ensure(
     using: str, *, tenant: str, key: str, payload: str | None, fingerprint: str, max_attempts: int,
     dispatch: str | None, queue: str | None = None, priority: int = 0, run_after: datetime | None = None,
-    task_path: str = "",
+    task_path: str = "", concurrency: tuple[str, int] | None = None,
 ) -> tuple[TaskRow | None, bool]:
-    """Create the task PENDING unless it exists; ``(row, created)``, row ``None`` if it vanished."""
+    """Create the task PENDING unless it exists; ``(row, created)``, row ``None`` if it vanished.
+    ``concurrency``: a new task's ``(concurrency key, limit)``, written in its insert's transaction
+    (a task met again keeps its own)."""
     store = get_store(using)
 
     def create(cursor: Any) -> TaskRow | None:
-        return store.ensure(cursor, tenant=tenant, key=key, payload=payload, fingerprint=fingerprint,
+        made = store.ensure(cursor, tenant=tenant, key=key, payload=payload, fingerprint=fingerprint,
                             max_attempts=max_attempts, dispatch=dispatch, queue=queue, priority=priority,
                             run_after=run_after, task_path=task_path)
+        if made is not None and concurrency is not None:
+            store.set_limit(cursor, made.id, *concurrency)
+        return made
+
+    def limited() -> TaskRow | None:
+        # The insert and its limit commit together: a claim never sees the task unlimited.
+        with transaction.atomic(using=using), store.cursor(connections[using]) as cursor:
+            return create(cursor)
 
     # Racing inserts of one key can deadlock on MySQL: _retried runs the insert again.
-    row = _retried(using, lambda: _plain(using, create), store)
+    row = _retried(using, (lambda: _plain(using, create)) if concurrency is None else limited, store)
     if row is not None:
         return row, True
     with cursor_for(using) as cursor:

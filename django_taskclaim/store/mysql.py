@@ -44,6 +44,8 @@ from .sql import (
     chunks,
     claimable,
     claimable_by_key,
+    fits,
+    has_room,
     owned,
     placeholders,
     word,
@@ -306,13 +308,14 @@ class MySQLStore(SQLStore):
         ids = [r[0] for r in expired if r[1]]
         exhausted = self._fail_exhausted(cursor, [r[0] for r in expired if not r[1]], audit)
         if len(ids) < limit:
+            # A full key's tasks are passed over (has_room); of the others, those that fit (_within_limits).
             cursor.execute(
-                f"SELECT id FROM {t} WHERE status = {PENDING} AND {where} "
-                f"AND (run_after IS NULL OR run_after <= {now}) ORDER BY priority DESC, id LIMIT %s "
-                f"FOR UPDATE SKIP LOCKED",
+                f"SELECT id, concurrency_key, concurrency_limit FROM {t} WHERE status = {PENDING} AND {where} "
+                f"AND (run_after IS NULL OR run_after <= {now}) AND {has_room(t)} "
+                f"ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED",
                 [*params, limit - len(ids)],
             )
-            ids += [r[0] for r in cursor.fetchall()]
+            ids += self._within_limits(cursor, cursor.fetchall())
         if not ids:
             return [], exhausted
         cursor.execute(
@@ -328,6 +331,33 @@ class MySQLStore(SQLStore):
             for row, previous, is_reserved in claimed:
                 self._open_attempt(cursor, row, delivery_id, previous, not is_reserved)
         return in_claim_order(claimed), exhausted
+
+    def _within_limits(self, cursor: Any, pending: Sequence[Sequence[Any]]) -> list[int]:
+        """Of the pending tasks a queue claim locked (``id, concurrency_key, concurrency_limit`` rows in
+        claim order), those it may start: every unlimited one, and of each limited key those that fit
+        (:func:`~django_taskclaim.store.sql.fits`).
+
+        The selection counted in its snapshot; here each limited key's gate row is locked first (its
+        version bumped: in key order, so two claims never deadlock on gates) and the key's running
+        tasks counted again by a read after it, which sees every claim of the key committed before
+        (READ COMMITTED, W021), while any claim of the key not yet committed holds the gate. So two
+        claims never both take the key's last place."""
+        limited = sorted({key for _, key, most in pending if key and most is not None})
+        running: dict[str, int] = {}
+        for key in limited:
+            cursor.execute(self.sql("bump_gate"), [key])
+        for key in limited:
+            cursor.execute(self.sql("running_of_key"), [key])
+            running[key] = int(cursor.fetchone()[0])
+        kept: list[int] = []
+        places: dict[str, int] = {}
+        for pk, key, most in pending:
+            if key and most is not None:
+                places[key] = places.get(key, 0) + 1
+                if not fits(running[key], places[key], most):
+                    continue
+            kept.append(pk)
+        return kept
 
     def _fail_exhausted(self, cursor: Any, ids: Sequence[int], audit: bool) -> list[Moved]:
         """Expired tasks on their last attempt, locked by this transaction, to FAILED (as reclaim would)."""

@@ -60,6 +60,21 @@ _START_ATTEMPT = (f", sa AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT s.
                   f"statement_timestamp(), NULL, {RUNNING}, 0, {NO_ERROR} FROM s)")
 
 
+# Concurrency limits. The queue claim passes over the pending tasks of a full key (taskclaim_room(),
+# in the statement's snapshot) and claims only the picked tasks that taskclaim_fit() returns: two
+# functions of migration 0008 (SQL there). taskclaim_fit() returns every picked task at once when
+# none is a pending task of a limited key. Else it locks each such key's gate row (in key order:
+# two claims never deadlock on gates), then counts the key's running tasks in a snapshot of its
+# own, taken after the lock (a VOLATILE function's statements each take a new one): every claim of
+# the key committed before is counted, and any claim of the key not yet committed holds the gate.
+# Of the key's picked tasks it returns those that fit (sql.fits). The task that ``done`` completes
+# in the same statement is still RUNNING in its snapshots, and is not counted. (Functions, not SQL
+# here: the statement stays under psycopg's cached statement length.)
+def done_id(prefix: str) -> str:
+    """The task the statement completes (``prefix``: the completion's CTEs, ``done``), as SQL."""
+    return "(SELECT id FROM done)" if prefix else "NULL"
+
+
 def _open_attempts(single: bool, takes_over: bool = True, only_first: bool = False) -> str:
     """CTEs that close the attempt a claim took over (token - 1 still running) and open the new
     one, both at ``claimed_at``: the clock read once the row was claimed (see ``_CLAIMED_AT``).
@@ -392,7 +407,8 @@ class PostgreSQLStore(SQLStore):
         now = self.now
         also = f" AND {only_if}" if only_if else ""
         expired_also = f"{also} AND t.id <> %s" if exclude else also
-        due = f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also}"
+        due = (f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also} "
+               f"AND (t.concurrency_key = '' OR taskclaim_room(t.id, {done_id(prefix)}))")
         if each_queue is None:  # one queue: the queued index gives its tasks in claim order
             pending = (f"SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {where} "
                        f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
@@ -425,7 +441,8 @@ class PostgreSQLStore(SQLStore):
             f"LIMIT %s), "
             f"{_FIRST if reserve else ''}"
             f"claimed AS (UPDATE {TASK} q SET {self.reserving_set('q') if reserve else self.claim_set('q')} "
-            f"WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND {claimable('q', now)} RETURNING {self.returning('q')})"
+            f"WHERE q.id = ANY(ARRAY(SELECT taskclaim_fit(ARRAY(SELECT id FROM picked), {done_id(prefix)}))) "
+            f"AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         if audit:
             sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "

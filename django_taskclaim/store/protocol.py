@@ -125,6 +125,12 @@ class Store(Protocol):
     ) -> TaskRow | None:
         """Insert a PENDING task unless ``(tenant, key)`` exists; the new row, or ``None``."""
 
+    def set_limit(self, cursor: Any, task_id: int, concurrency_key: str, concurrency_limit: int) -> None:
+        """Give the task ``task_id``, just inserted in ``cursor``'s transaction, its concurrency limit.
+        Every queue claim (``claim_next``, its reserving form, ``complete_and_claim_next``) then keeps
+        at most ``concurrency_limit`` tasks of ``concurrency_key`` RUNNING, deciding it in its own
+        transaction so that racing claims never overshoot; a full key's tasks are passed over."""
+
     def ensure_many(self, cursor: Any, tasks: Sequence[NewTask]) -> list[TaskRow | None]:
         """:meth:`ensure` for many tasks, one multi-row insert per chunk (of up to 1,000 rows) on
         ``cursor``'s transaction: for each task, in order, its new row, or ``None`` where its

@@ -17,6 +17,7 @@ TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
 #: Coalescing groups (``@coalesced`` Django tasks): each with the id of its latest task.
 GROUP = "django_taskclaim_coalescegroup"
+GATE = "django_taskclaim_concurrencygate"
 
 
 class TaskRow(NamedTuple):

@@ -100,6 +100,30 @@ def due_or_expired(table: str, now: str) -> str:
     )
 
 
+def limited_running(key: str) -> str:
+    """SQL for the number of RUNNING tasks of the concurrency key ``key`` (SQL) names. Any lease: a
+    holder whose lease ran out counts until it is taken over or ends FAILED, so a paused holder
+    that wakes up can never run beside a task that took its place."""
+    return f"(SELECT count(*) FROM {TASK} r WHERE r.concurrency_key = {key} AND r.status = {RUNNING})"
+
+
+def has_room(table: str) -> str:
+    """A candidate of a queue claim: unlimited, an expired task taken over (its key's count does
+    not change), or a pending task of a key with fewer RUNNING tasks than the task's own limit. A
+    full key's tasks are passed over, not waited for: the claim takes the next task of another key.
+    A count in the statement's snapshot: the claim then keeps of each key's candidates only those
+    that fit (:func:`fits`), counted where no other claim of the key can interleave."""
+    return (f"({table}.concurrency_key = '' OR {table}.status = {RUNNING} "
+            f"OR {limited_running(f'{table}.concurrency_key')} < {table}.concurrency_limit)")
+
+
+def fits(running: int, place: int, limit: int) -> bool:
+    """Whether a pending candidate fits its key's limit: the key's running tasks plus its place
+    (1, 2…) among the key's pending candidates of the claim, in claim order, within its own limit.
+    The rule every store applies (in SQL on PostgreSQL and SQLite, here for MySQL)."""
+    return running + place <= limit
+
+
 def runs(table: str, path: str) -> str:
     """Which queued tasks a worker takes: ``""`` work for a handler (no task path), ``"*"``
     tasks that name the callable that runs them."""
@@ -439,13 +463,20 @@ class SQLStore:
         if exclude is not None:
             where, params = f"{where} AND {t}.id <> %s", [*params, exclude]
         exhausted = self.fail_exhausted_queued(cursor, where, params, audit)
-        # Expired leases first (older work), then the due pending tasks, the highest priority first.
+        # Expired leases first (older work), then the due pending tasks, the highest priority first,
+        # of keys with room (has_room); of each key's pending candidates, those that fit (fits()).
+        # SQLite's one writer makes the counts exact: this transaction holds the write lock since
+        # fail_exhausted_queued's UPDATE.
         cursor.execute(
             self.statement(("claim_next", where), lambda: (
                 f"UPDATE {t} SET {self.claim_set(t)} "
-                f"WHERE id IN (SELECT id FROM {t} WHERE {due_or_expired(t, now)} AND {where} "
-                f"ORDER BY {t}.status = {PENDING}, {t}.priority DESC, {t}.id LIMIT %s) AND {claimable(t, now)} "
-                f"RETURNING {self.returning()}")),
+                f"WHERE id IN (SELECT id FROM (SELECT c.*, row_number() OVER (PARTITION BY c.ck, c.pending "
+                f"ORDER BY c.priority DESC, c.id) AS place FROM (SELECT id, priority, concurrency_key AS ck, "
+                f"concurrency_limit AS cl, status = {PENDING} AS pending FROM {t} "
+                f"WHERE {due_or_expired(t, now)} AND {where} AND {has_room(t)} "
+                f"ORDER BY {t}.status = {PENDING}, {t}.priority DESC, {t}.id LIMIT %s) c) w "
+                f"WHERE w.ck = '' OR NOT w.pending OR {limited_running('w.ck')} + w.place <= w.cl) "
+                f"AND {claimable(t, now)} RETURNING {self.returning()}")),
             [owner, self.lease_param(lease), *params, limit],
         )
         rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)  # attempts in id order
@@ -501,6 +532,10 @@ class SQLStore:
         )
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
+
+    def set_limit(self, cursor: Any, task_id: int, concurrency_key: str, concurrency_limit: int) -> None:
+        """Give the task ``task_id``, just inserted by this transaction, its concurrency limit."""
+        self.execute(cursor, self.sql("set_limit"), [concurrency_key, concurrency_limit, task_id])
 
     def ensure_many(self, cursor: Any, tasks: Sequence[NewTask]) -> list[TaskRow | None]:
         rows: dict[tuple[str, str], TaskRow] = {}

@@ -98,10 +98,12 @@ class ClaimBackend(BaseTaskBackend):
         if coalescing is not None:
             return self._coalesce(task, coalescing, args, kwargs)
         key, tenant, payload = self._call(task, identity_of(task.func), args, kwargs)
+        concurrency_key, concurrency_limit = options_of(task.func).concurrency(args, kwargs) or ("", None)
         row, created = ensure_task(
             key, tenant, payload, self.max_attempts_for(task.func), queue=task.queue_name, priority=task.priority,
             run_after=task.run_after, task_path=task.module_path, dispatch=self._dispatch(task),
-            using=self.database_for(tenant), same_payload=same_call(task.func, task.takes_context))
+            using=self.database_for(tenant), same_payload=same_call(task.func, task.takes_context),
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
         # A new row is the task as enqueued; an identity met again is the task as it was stored.
         if not created:
             return self._met_again(task, row)
@@ -150,7 +152,8 @@ class ClaimBackend(BaseTaskBackend):
         from ..models import Task
 
         self.validate_task(task)
-        if coalescing_of(task.func) is not None:  # each call joins its group's task: one at a time
+        # Each call joins its group's task, or carries its own concurrency key: one at a time.
+        if coalescing_of(task.func) is not None or options_of(task.func).concurrency_limit is not None:
             with transaction.atomic(using=self.database_for("")):
                 return [self.enqueue(task, args, dict(kwargs)) for args, kwargs in calls]
         identity = identity_of(task.func)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ..exceptions import InvalidArgument
 from ..identity import TaskKey
 from ..retries import Backoff
-from ..values import canonical_json, lease_seconds, positive_int, timeout_seconds
+from ..values import canonical_json, concurrency_of, lease_seconds, positive_int, timeout_seconds
 from .compat import normalize_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,6 +68,19 @@ class ClaimOptions:
     backoff: Backoff | None = None
     #: Seconds an attempt may run before its claim is fenced off (``TimedOut``).
     timeout: float | None = None
+    #: The concurrency key (a string, or a callable of the task's arguments returning one) and the
+    #: most tasks of one key RUNNING at once; ``None``: no limit.
+    concurrency_key: str | Callable[..., str] | None = None
+    concurrency_limit: int | None = None
+
+    def concurrency(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, int] | None:
+        """The ``(concurrency key, limit)`` of a call with these arguments, or ``None``."""
+        if self.concurrency_key is None or self.concurrency_limit is None:
+            return None
+        key = self.concurrency_key(*args, **kwargs) if callable(self.concurrency_key) else self.concurrency_key
+        if not isinstance(key, str) or not key:
+            raise InvalidArgument(f"claim_options(concurrency_key=...) must give a non-empty string, not {key!r}")
+        return key, self.concurrency_limit
 
 
 def keyed(identity: Callable[..., str | TaskKey], *, after_failure: str = REUSE) -> Callable[[F], F]:
@@ -108,12 +121,23 @@ def keyed(identity: Callable[..., str | TaskKey], *, after_failure: str = REUSE)
 def claim_options(
     *, lease: float | timedelta | None = None, max_attempts: int | None = None,
     backoff: Backoff | dict[str, float] | None = None, timeout: float | timedelta | None = None,
+    concurrency_key: str | Callable[..., str] | None = None, concurrency_limit: int | None = None,
 ) -> Callable[[F], F]:
     """Set a task's lease (seconds), ``max_attempts``, retry ``backoff`` (a ``Backoff`` or
     a dict of its fields) and ``timeout`` (seconds an attempt may run before its claim is fenced
     off and it is recorded as failed with ``TimedOut``), over the backend's ``OPTIONS`` and the
-    ``TASKCLAIM_*`` settings."""
+    ``TASKCLAIM_*`` settings.
+
+    ``concurrency_key`` (a string, or a callable that gets the task's arguments and returns one)
+    and ``concurrency_limit`` (N) go together: at most N tasks of one key RUNNING at once, across
+    all workers of the task database (docs/django-tasks.md, "Concurrency limits")."""
+    if (concurrency_key is None) != (concurrency_limit is None):
+        raise InvalidArgument("claim_options: concurrency_key and concurrency_limit go together")
+    if concurrency_key is not None and not callable(concurrency_key):
+        concurrency_of(concurrency_key, concurrency_limit)  # a fixed key: checked now
     options = ClaimOptions(
+        concurrency_key=concurrency_key,
+        concurrency_limit=None if concurrency_limit is None else positive_int(concurrency_limit, "concurrency_limit"),
         timeout=None if timeout is None else timeout_seconds(timeout, "claim_options(timeout=...)"),
         lease=None if lease is None else lease_seconds(lease),
         max_attempts=None if max_attempts is None else positive_int(max_attempts, "max_attempts"),

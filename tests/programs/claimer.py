@@ -60,6 +60,22 @@ def race(args: argparse.Namespace) -> None:
          status=outcome.task.status, owner=outcome.task.owner)
 
 
+def race_next(args: argparse.Namespace) -> None:
+    """Connect, say ready, wait for 'go', then make one queue claim (``--batch`` tasks at most) and
+    hold what it got: the keys claimed are reported, nothing is completed."""
+    from django.db import connections
+
+    from django_taskclaim.conf import settings
+    from django_taskclaim.models import Task
+
+    connections[settings.DATABASE].ensure_connection()
+    emit(event="ready", pid=os.getpid())
+    sys.stdin.readline()
+    claims = Task.objects.claim_next(owner=f"racer-{os.getpid()}", lease=args.lease, limit=args.batch)
+    end_unit()
+    emit(event="done", keys=[c.key for c in claims])
+
+
 def request(args: argparse.Namespace) -> None:
     """Connect, say ready, wait for 'go', then POST ``args.path`` through Django's whole handler.
 
@@ -252,6 +268,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tag", default="w")
     p.add_argument("--go", action="store_true", help="wait for a line on stdin after 'ready'")
+    p = sub.add_parser("race-next")
+    p.add_argument("--lease", type=float, default=30)
+    p.add_argument("--batch", type=int, default=1)
     p = sub.add_parser("request")
     p.add_argument("path")
     p = sub.add_parser("cycles")
@@ -260,7 +279,7 @@ def main() -> None:
     args = parser.parse_args()
     setup()
     {"race": race, "drain": drain, "clock": clock, "fenced-owner": fenced_owner, "taker": taker,
-     "cycles": cycles, "request": request,
+     "cycles": cycles, "request": request, "race-next": race_next,
      "outbox-owner": outbox_owner}[args.mode](args)
 
 

@@ -29,3 +29,8 @@ WHERE task_id = %s AND token = %s
 -- fingerprint, task id).
 UPDATE django_taskclaim_task SET payload = %s, payload_fingerprint = %s
 WHERE id = %s AND payload_fingerprint = ''
+
+-- name: set_limit
+-- A new queued task's concurrency limit (key, limit, task id), written in the transaction that
+-- inserted it, so that no claim sees the task without its limit.
+UPDATE django_taskclaim_task SET concurrency_key = %s, concurrency_limit = %s WHERE id = %s

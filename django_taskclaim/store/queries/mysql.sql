@@ -30,3 +30,14 @@ WHERE id = %s AND status = 'running' AND fencing_token = %s
 -- The lease expiry of a claim (task id, token) that this transaction just renewed or started.
 SELECT lease_expires_at FROM django_taskclaim_task
 WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: bump_gate
+-- Lock a concurrency key's gate row (the key) until the queue claim commits, creating it if absent:
+-- a claim of the key's tasks counts the key's running tasks only after this.
+INSERT INTO django_taskclaim_concurrencygate (`key`, version) VALUES (%s, 1)
+ON DUPLICATE KEY UPDATE version = version + 1
+
+-- name: running_of_key
+-- The RUNNING tasks of a concurrency key (the key), whatever their lease: an expired holder counts
+-- until it is taken over or ends FAILED.
+SELECT count(*) FROM django_taskclaim_task WHERE concurrency_key = %s AND status = 'running'
