@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -37,8 +39,11 @@ def require_module(module: str, what: str) -> None:
 @pytest.fixture
 def worker_env() -> dict[str, str]:
     """Environment for a child process that should use the test database."""
-    from django.db import connections
+    return child_env()
 
+
+def child_env() -> dict[str, str]:
+    """This process's environment, with the test databases' names for a child to connect to them."""
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="tests.settings",
@@ -79,6 +84,26 @@ def processes(worker_env: dict[str, str]) -> Iterator[Supervisor]:
     """Child processes on the test database (``devtools.processes``); any still running at the end are killed."""
     with Supervisor(env=worker_env, cwd=ROOT) as supervisor:
         yield supervisor
+
+
+@pytest.fixture(scope="module")
+def command_line(django_db_setup: None) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """``command_line(*ARGS)``: ``python -m django ARGS`` on the test database, in a process of its
+    own forked from one that set Django up once for the module (tests/programs/command_lines.py),
+    its exit code, stdout and stderr as ``subprocess.run`` gives them."""
+    with Supervisor(env=child_env(), cwd=ROOT) as supervisor:
+        forks = supervisor.start("tests.programs.command_lines")
+        forks.event("ready", timeout=120)
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            assert forks.send(json.dumps(args)), forks.stderr()
+            done = forks.event("done", timeout=120)
+            return subprocess.CompletedProcess(["python", "-m", "django", *args], done["returncode"],
+                                               done["stdout"], done["stderr"])
+
+        yield run
+        forks.end_input()
+        forks.finish(60)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -12,24 +13,30 @@ import pytest
 from devtools.processes import Supervisor
 from devtools.servers import _wait_for_port, free_port
 from django_taskclaim.models import Attempt, Task
+from tests.conftest import ROOT, child_env
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-@pytest.fixture
-def servers(processes: Supervisor) -> list[str]:
-    """Two uvicorn processes serving tests/programs/asgi.py on the test database (ended with ``processes``)."""
+@pytest.fixture(scope="module")
+def servers(django_db_setup: None) -> Iterator[list[str]]:
+    """Two uvicorn processes serving tests/programs/asgi.py on the test database, shared by the
+    module's tests: started once (their start-up is most of a test's time), ended after the last.
+    Each request opens and closes its own connection (request_finished), so the tables each test
+    empties hold nothing of the servers' between tests."""
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_asgi"}
-    procs, urls = [], []
-    for _ in range(2):
-        port = free_port()
-        procs.append(processes.start("uvicorn", "tests.programs.asgi:application", "--host", "127.0.0.1",
-                                     "--port", str(port), "--lifespan", "off", "--no-access-log", env=env))
-        urls.append(f"http://127.0.0.1:{port}")
-    for proc, url in zip(procs, urls, strict=True):
-        _wait_for_port(int(url.rsplit(":", 1)[1]), time.monotonic() + 60, "uvicorn", proc.proc)  # type: ignore[arg-type]
-    return urls
+    with Supervisor(env=child_env(), cwd=ROOT) as processes:
+        procs, urls = [], []
+        for _ in range(2):
+            port = free_port()
+            procs.append(processes.start("uvicorn", "tests.programs.asgi:application", "--host", "127.0.0.1",
+                                         "--port", str(port), "--lifespan", "off", "--no-access-log", env=env))
+            urls.append(f"http://127.0.0.1:{port}")
+        for proc, url in zip(procs, urls, strict=True):
+            _wait_for_port(int(url.rsplit(":", 1)[1]), time.monotonic() + 60, "uvicorn", proc.proc)  # type: ignore[arg-type]
+        yield urls
+        assert all(proc.alive() for proc in procs), processes.failures()
 
 
 async def post_all(urls: list[str], path: str, per_server: int) -> list[httpx.Response]:

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
-
-from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -49,11 +45,6 @@ OUT_OF_RANGE = [
 ]
 
 
-def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``manage.py ARGS`` in a process of its own, as an operator runs it."""
-    return subprocess.run([sys.executable, "-m", "django", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-
 
 @pytest.mark.parametrize(("args", "message"), OUT_OF_RANGE)
 def test_out_of_range_values_are_usage_errors_from_call_command(args: list[str], message: str) -> None:
@@ -65,18 +56,19 @@ def test_out_of_range_values_are_usage_errors_from_call_command(args: list[str],
         assert out.getvalue() == ""  # nothing ran
 
 
-# A real `manage.py` process per command (and both leases of the report), with and without --json.
+# A real `manage.py` process per command line (and both leases of the report), with and without
+# --json: forked from one that set Django up once (the `command_line` fixture).
 ON_THE_COMMAND_LINE = [OUT_OF_RANGE[0], OUT_OF_RANGE[1], *(
     next(case for case in OUT_OF_RANGE if case[0][0] == name)
     for name in ("taskclaim_reclaim", "reclaim", "taskclaim_inspect", "taskclaim_audit", "taskclaim_purge"))]
 
 
 @pytest.mark.parametrize(("args", "message"), ON_THE_COMMAND_LINE)
-def test_out_of_range_values_are_usage_errors_on_the_command_line(worker_env, args, message) -> None:  # type: ignore[no-untyped-def]
-    done = manage(*args, env=worker_env)
+def test_out_of_range_values_are_usage_errors_on_the_command_line(command_line, args, message) -> None:  # type: ignore[no-untyped-def]
+    done = command_line(*args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
-    with_json = manage(*args, "--json", env=worker_env)
+    with_json = command_line(*args, "--json")
     assert with_json.returncode == 2, with_json.stderr
     assert "Traceback" not in with_json.stderr, with_json.stderr
     doc = json.loads(with_json.stdout)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -16,7 +14,7 @@ from django.utils import timezone
 
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
-from tests.conftest import ROOT, expire
+from tests.conftest import expire
 
 pytestmark = pytest.mark.django_db
 
@@ -352,11 +350,6 @@ def test_reclaim_requeue_dry_run_lists_what_it_would_send() -> None:
     assert list(Task.objects.order_by("pk").values_list("key", "status", "updated_at", "dispatch")) == before
 
 
-def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``manage.py ARGS`` in a process of its own, as an operator runs it."""
-    return subprocess.run([sys.executable, "-m", "django", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-
 
 @pytest.mark.parametrize(("args", "message"), [
     (["taskclaim_reclaim", "--every", "inf"], "too long"),
@@ -371,24 +364,24 @@ def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     (["taskclaim_purge", "--older-than", "999999999999999999999w"], "too long"),
     (["taskclaim_purge", "--older-than", "1d", "--batch-size", "1e23"], "not a whole number"),
 ])
-def test_out_of_range_arguments_are_usage_errors(worker_env, args, message) -> None:  # type: ignore[no-untyped-def]
-    done = manage(*args, env=worker_env)
+def test_out_of_range_arguments_are_usage_errors(command_line, args, message) -> None:  # type: ignore[no-untyped-def]
+    done = command_line(*args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
-    with_json = manage(*args, "--json", env=worker_env)
+    with_json = command_line(*args, "--json")
     assert with_json.returncode == 2
     assert message in json.loads(with_json.stdout)["error"]
     error, _ = fails(*args)  # call_command: the same message, the same exit code
     assert error.returncode == 2 and message in str(error)
 
 
-def test_failures_print_json_with_json(worker_env) -> None:  # type: ignore[no-untyped-def]
-    done = manage("taskclaim_inspect", "unknown-key", "--json", env=worker_env)
+def test_failures_print_json_with_json(command_line) -> None:  # type: ignore[no-untyped-def]
+    done = command_line("taskclaim_inspect", "unknown-key", "--json")
     assert done.returncode == 1
     doc = json.loads(done.stdout)
     assert doc == {"error": "no task 'unknown-key' for tenant ''", "returncode": 1}
     assert "no task 'unknown-key'" in done.stderr
-    done = manage("taskclaim_reclaim", "--requeue-after", "5", "--json", env=worker_env)
+    done = command_line("taskclaim_reclaim", "--requeue-after", "5", "--json")
     assert done.returncode == 2 and json.loads(done.stdout)["error"] == "--requeue-after needs --requeue"
 
 
