@@ -128,6 +128,22 @@ def check_demo(
     tenants = {r[3] for r in rows}
     assert tenants == {"acme", "globex"}  # the same keys in two tenants are two jobs
 
+    # The second service: each suite went out through the outbox (recorded with its completion,
+    # sent by the demo's relays) and arrived in the registry's own database exactly once.
+    assert summary["messages_delivered"] == 6 and summary["messages_failed"] == 0
+    assert summary["messages_pending"] == 0
+    assert summary["registry_artifacts"] == 6
+    assert summary["registry_lost"] == [] and summary["registry_twice"] == []
+    db = sqlite3.connect(tmp_path / "var" / "registry.sqlite3")
+    try:
+        published = db.execute(
+            "SELECT tenant, job_key, token, artifact FROM registry_publishedartifact WHERE run = ?",
+            [run],
+        ).fetchall()
+    finally:
+        db.close()
+    assert sorted(published) == sorted((s[0], s[1], s[2], s[3]) for s in suites)
+
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
