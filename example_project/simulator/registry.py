@@ -40,11 +40,11 @@ class Registry:
             self.close()
             raise
         self.url = f"http://127.0.0.1:{port}"
-        log("registry", "serving", f"{self.url}/artifacts/ (its own SQLite file)")
 
     def start_relays(self, n: int) -> None:
         """``n`` relays, with a lease and timeout short enough for a demo (a relay that dies
         mid-delivery leaves its message to another after 5 s)."""
+        self.log("registry", "serving", f"{self.url}/artifacts/ (its own SQLite file)")
         for _ in range(n):
             self.relays.append(
                 self.processes.start(
