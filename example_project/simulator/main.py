@@ -44,10 +44,8 @@ def main(argv: list[str]) -> int:
     elif args.worker:  # the job API enqueues Django tasks (example_project/testgen/jobs_tasks.py)
         os.environ["TESTGEN_DISPATCH"] = "tasks"
     log = Log(args.quiet)
-    # The second service first: the agents' outbox messages name its URL.
-    registry = Registry(log)
+    registry = Registry(log)  # the second service, starting while this process sets up
     try:
-        os.environ["TESTGEN_REGISTRY_URL"] = registry.url
         return run_demo(args, log, registry)
     finally:
         registry.close()
@@ -56,6 +54,9 @@ def main(argv: list[str]) -> int:
 def run_demo(args: argparse.Namespace, log: Log, registry: Registry) -> int:
     setup_django()
     from django.conf import settings
+
+    # Before any agent starts (they inherit the environment): their outbox messages name it.
+    os.environ["TESTGEN_REGISTRY_URL"] = registry.wait_ready()
 
     run = args.run or next_run()
     driver: QueueDriver

@@ -31,15 +31,17 @@ class Registry:
         self.log = log
         self.processes = Supervisor(cwd=ROOT)
         self.relays: list[Child] = []
-        server = self.processes.start(
+        # Started at once; it migrates its SQLite file while the caller migrates its own.
+        self.server = self.processes.start(
             "example_project.simulator.registry_server", env={"PYTHONPATH": str(ROOT)}
         )
-        try:
-            port = server.event("ready", timeout=60)["port"]
-        except BaseException:
-            self.close()
-            raise
+        self.url = ""
+
+    def wait_ready(self) -> str:
+        """The registry's URL, once it serves (before any agent starts: their messages name it)."""
+        port = self.server.event("ready", timeout=60)["port"]
         self.url = f"http://127.0.0.1:{port}"
+        return self.url
 
     def start_relays(self, n: int) -> None:
         """``n`` relays, with a lease and timeout short enough for a demo (a relay that dies
