@@ -76,6 +76,12 @@ TASKCLAIM_MAX_ATTEMPTS = 5
 TESTGEN_WORK_SECONDS = float(os.environ.get("TESTGEN_WORK_SECONDS", "1"))
 TESTGEN_STEPS = int(os.environ.get("TESTGEN_STEPS", "4"))
 
+# The second service the agents publish each suite to, through the outbox (testgen/agent.py):
+# the artifact registry (example_project/registry/, its own settings and SQLite file). The demo
+# starts it on a free port and sets this; by hand: `manage.py runserver 8001 --settings
+# example_project.registry_settings`, and `manage.py taskclaim_relay` delivers the messages.
+TESTGEN_REGISTRY_URL = os.environ.get("TESTGEN_REGISTRY_URL", "http://127.0.0.1:8001").rstrip("/")
+
 # How a requested job reaches the agents: "demo" (the demo's simulated queue delivers it),
 # "tasks" (the job API enqueues a Django task, run by taskclaim_worker) or "celery" (the job API
 # publishes it with enqueue_once on commit).

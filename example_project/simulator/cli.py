@@ -11,7 +11,10 @@ The driver plays the message queue: it requests the jobs through the project's o
 redelivers a message whose agent died or did not acknowledge it within the visibility
 timeout, and re-sends a job an agent found busy (like a Celery retry). It prints what happens,
 then checks the database: every job SUCCEEDED, exactly one published suite per job, each
-referenced artifact on disk. It exits 1 if any job took effect twice or was lost.
+referenced artifact on disk. Each suite is also published to a second service, the artifact
+registry (its own server process and SQLite file), through the outbox: recorded with the job's
+completion, delivered by ``taskclaim_relay`` processes; the summary checks that each arrived
+there exactly once. It exits 1 if any job took effect twice or was lost, on either side.
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=2,
         help="deliveries of each job by the queue (default: %(default)r)",
+    )
+    p.add_argument(
+        "--relays",
+        type=positive_int,
+        default=2,
+        help="'manage.py taskclaim_relay' processes delivering the outbox's messages to the "
+        "registry (default: %(default)r)",
     )
     p.add_argument(
         "--work-seconds",

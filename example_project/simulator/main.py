@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -11,6 +12,7 @@ from .celery_driver import CeleryDriver, celery_environment
 from .cli import parse_args
 from .client import next_run, request_jobs
 from .driver import QueueDriver
+from .registry import Registry
 from .report import Log, print_summary, summarize, vendor
 from .work_driver import WorkerDriver
 
@@ -41,10 +43,21 @@ def main(argv: list[str]) -> int:
         os.environ.update(celery_environment(args))
     elif args.worker:  # the job API enqueues Django tasks (example_project/testgen/jobs_tasks.py)
         os.environ["TESTGEN_DISPATCH"] = "tasks"
+    log = Log(args.quiet)
+    registry = Registry(log)  # the second service, starting while this process sets up
+    try:
+        return run_demo(args, log, registry)
+    finally:
+        registry.close()
+
+
+def run_demo(args: argparse.Namespace, log: Log, registry: Registry) -> int:
     setup_django()
     from django.conf import settings
 
-    log = Log(args.quiet)
+    # Before any agent starts (they inherit the environment): their outbox messages name it.
+    os.environ["TESTGEN_REGISTRY_URL"] = registry.wait_ready()
+
     run = args.run or next_run()
     driver: QueueDriver
     if args.celery:
@@ -54,15 +67,17 @@ def main(argv: list[str]) -> int:
     else:
         driver = QueueDriver(args, log)
     print(f"{driver.banner()}, database {vendor()} ({settings.DATABASES['default']['NAME']})", flush=True)
+    registry.start_relays(args.relays)
     jobs = request_jobs(run, args.jobs, log)
     counts = driver.run(jobs)
-    summary = summarize(run, [(job.tenant, job.key) for job in jobs], counts)
+    errors = driver.errors + registry.drain(run, timeout=args.timeout)
+    summary = summarize(run, [(job.tenant, job.key) for job in jobs], counts, registry.artifacts(run))
     if driver.deliveries_note:
         summary["deliveries_note"] = driver.deliveries_note
-    summary["errors"] = driver.errors
-    for error in driver.errors:
+    summary["errors"] = errors
+    for error in errors:
         print(f"error: {error}", file=sys.stderr)
     print_summary(summary)
     if args.json:
         print(json.dumps(summary), flush=True)
-    return 0 if summary["ok"] and not driver.errors else 1
+    return 0 if summary["ok"] and not errors else 1

@@ -31,13 +31,15 @@ def short(tenant: str, key: str) -> str:
     return f"{tenant}/{key}"
 
 
-def summarize(run: str, jobs: list[tuple[str, str]], counts: dict[str, int]) -> dict[str, Any]:
+def summarize(
+    run: str, jobs: list[tuple[str, str]], counts: dict[str, int], received: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Check the database and the artifacts: what happened to the jobs ``(tenant, key)`` of
-    ``run``; did every one take effect once?"""
+    ``run``; did every one take effect once, here and in the registry (``received``: its rows)?"""
     from django.conf import settings
     from django.db.models import Count, Sum
 
-    from django_taskclaim.models import Attempt, Task
+    from django_taskclaim.models import Attempt, OutboxMessage, Task
 
     from ..testgen.models import TestSuite
 
@@ -67,6 +69,24 @@ def summarize(run: str, jobs: list[tuple[str, str]], counts: dict[str, int]) -> 
         for p in Path(settings.ARTIFACT_DIR).glob(f"*/{run}/*.py")
     }
     referenced = {t.result_ref for t in tasks.values() if t.result_ref}
+    # The other side: each published suite must be in the registry once, as the caller wrote it.
+    arrived: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in received:
+        arrived.setdefault((r["tenant"], r["job_key"]), []).append(r)
+    registry_lost, registry_twice = [], []
+    for (tenant, key), rows in suites.items():
+        got = arrived.get((tenant, key), [])
+        if len(got) > 1:
+            registry_twice.append(short(tenant, key))
+        row = rows[-1]
+        if not any((g["token"], g["artifact"], g["tests"]) == (row.token, row.artifact, row.tests) for g in got):
+            registry_lost.append(short(tenant, key))
+    messages = dict(
+        OutboxMessage.objects.filter(task_key__startswith=f"{run}:")
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
     by_outcome = dict(
         attempts.values_list("outcome").annotate(n=Count("id")).values_list("outcome", "n")
     )
@@ -85,7 +105,18 @@ def summarize(run: str, jobs: list[tuple[str, str]], counts: dict[str, int]) -> 
         "drafts_discarded": counts["drafts_discarded"] + len(run_dir_files - referenced),
         "lost": lost,
         "took_effect_twice": twice,
-        "ok": not lost and not twice and published == len(jobs),
+        "messages_delivered": messages.get(OutboxMessage.Status.DELIVERED, 0),
+        "messages_failed": messages.get(OutboxMessage.Status.FAILED, 0),
+        "messages_pending": messages.get(OutboxMessage.Status.PENDING, 0),
+        "registry_artifacts": len(received),
+        "registry_lost": registry_lost,
+        "registry_twice": registry_twice,
+        "ok": not lost
+        and not twice
+        and published == len(jobs)
+        and not registry_lost
+        and not registry_twice
+        and len(received) == len(jobs),
     }
 
 
@@ -131,6 +162,19 @@ def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
             s["drafts_discarded"],
             "work of paused/killed agents, never published",
         ),
+        (
+            "messages delivered",
+            s["messages_delivered"],
+            f"outbox -> registry by the relays ({s['messages_failed']} failed, "
+            f"{s['messages_pending']} pending)",
+        ),
+        (
+            "registry artifacts",
+            s["registry_artifacts"],
+            "in the second service's database"
+            + (", each exactly once" if s["registry_artifacts"] == s["jobs"] and not s["registry_twice"]
+               and not s["registry_lost"] else f" (!= {s['jobs']} jobs)"),
+        ),
     ]
     print("\nSummary", file=out)
     for label, n, note in rows:
@@ -139,10 +183,14 @@ def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
         print(f"  LOST: {', '.join(s['lost'])}", file=out)
     if s["took_effect_twice"]:
         print(f"  TOOK EFFECT TWICE: {', '.join(s['took_effect_twice'])}", file=out)
+    if s["registry_lost"]:
+        print(f"  NOT IN THE REGISTRY: {', '.join(s['registry_lost'])}", file=out)
+    if s["registry_twice"]:
+        print(f"  IN THE REGISTRY TWICE: {', '.join(s['registry_twice'])}", file=out)
     print(
         "\n"
         + (
-            "OK: every job took effect exactly once."
+            "OK: every job took effect exactly once, here and in the registry."
             if s["ok"]
             else "FAILED: a job was lost or took effect twice."
         ),

@@ -1,6 +1,7 @@
 """An agent's part of a job: claim it by key, write the draft under keepalive, publish fenced.
 
-    claim ──▶ keepalive (heartbeats) ──▶ fenced(): suite row + complete ──▶ published once
+    claim ──▶ keepalive (heartbeats) ──▶ fenced(): suite row + outbox message + complete ──▶ published once
+                                          (a relay then POSTs the suite to the registry: it arrives once)
       ├ running elsewhere, or done: a duplicate, refused without doing the work
       └ taken over while it worked (StaleClaim): nothing written, the draft thrown away
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from django.conf import settings
 
 from django_taskclaim.claims import Claim
 from django_taskclaim.exceptions import StaleClaim
@@ -66,12 +69,28 @@ def generate_and_publish(
 
 
 def publish(claim: Claim, spec: JobSpec, agent: str, rel: str, tests: int) -> dict[str, Any]:
-    """Record the suite and complete the task in one transaction, only if ``claim`` still owns it.
+    """Record the suite, its message to the registry and the completion in one transaction, only
+    if ``claim`` still owns the job.
 
-    ``StaleClaim`` means a newer attempt took the job over: nothing was written.
+    ``StaleClaim`` means a newer attempt took the job over: nothing was written, nothing will be
+    sent. The message leaves after the commit: ``manage.py taskclaim_relay`` delivers it with the
+    job's idempotency key and this claim's fencing token, which the registry checks.
     """
     result = {"tests": tests, "agent": agent, "token": claim.token}
     with claim.fenced():
+        claim.outbox.http(
+            "POST",
+            f"{settings.TESTGEN_REGISTRY_URL}/artifacts/",
+            json={
+                "tenant": spec.tenant,
+                "job_key": claim.key,
+                "run": spec.run,
+                "token": claim.token,
+                "artifact": rel,
+                "tests": tests,
+            },
+            effect="publish",
+        )
         TestSuite.objects.create(
             tenant=spec.tenant,
             job_key=claim.key,

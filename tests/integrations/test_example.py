@@ -23,7 +23,7 @@ from django.db import connection
 from django.test import override_settings
 
 from django_taskclaim.exceptions import StaleClaim
-from django_taskclaim.models import Attempt, Task
+from django_taskclaim.models import Attempt, OutboxMessage, Task
 from tests.conftest import ROOT, expire, require_module, requirement_missing
 
 SHORT = ["--jobs", "6", "--agents", "3", "--work-seconds", "0.4", "--steps", "3", "--lease", "1"]
@@ -128,6 +128,22 @@ def check_demo(
     tenants = {r[3] for r in rows}
     assert tenants == {"acme", "globex"}  # the same keys in two tenants are two jobs
 
+    # The second service: each suite went out through the outbox (recorded with its completion,
+    # sent by the demo's relays) and arrived in the registry's own database exactly once.
+    assert summary["messages_delivered"] == 6 and summary["messages_failed"] == 0
+    assert summary["messages_pending"] == 0
+    assert summary["registry_artifacts"] == 6
+    assert summary["registry_lost"] == [] and summary["registry_twice"] == []
+    db = sqlite3.connect(tmp_path / "var" / "registry.sqlite3")
+    try:
+        published = db.execute(
+            "SELECT tenant, job_key, token, artifact FROM registry_publishedartifact WHERE run = ?",
+            [run],
+        ).fetchall()
+    finally:
+        db.close()
+    assert sorted(published) == sorted((s[0], s[1], s[2], s[3]) for s in suites)
+
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -202,7 +218,13 @@ def test_demo_path_never_imports_celery(tmp_path: Path) -> None:
 
 def test_example_project_checks_and_migrations_are_clean(tmp_path: Path) -> None:
     env = demo_env(tmp_path)
-    for args in (["check"], ["makemigrations", "--check", "--dry-run", "testgen"]):
+    registry = ["--settings", "example_project.registry_settings"]  # the second service
+    for args in (
+        ["check"],
+        ["makemigrations", "--check", "--dry-run", "testgen"],
+        ["check", *registry],
+        ["makemigrations", "--check", "--dry-run", "registry", *registry],
+    ):
         proc = subprocess.run(
             [sys.executable, "-m", "example_project.manage", *args],
             cwd=ROOT,
@@ -225,6 +247,7 @@ def example_app(tmp_path: Path):  # type: ignore[no-untyped-def]
         TESTGEN_DISPATCH="demo",
         TESTGEN_WORK_SECONDS=0.01,
         TESTGEN_STEPS=2,
+        TESTGEN_REGISTRY_URL="http://127.0.0.1:8001",
     ):
         from example_project.testgen.models import TestSuite
 
@@ -362,6 +385,44 @@ def test_publish_of_a_fenced_off_agent_writes_nothing(example_app, tmp_path) -> 
     task = Task.objects.get(key=spec.task_key.key)
     assert task.status == "succeeded" and task.result_ref == rel_fast
     assert Attempt.objects.get(task=task, token=1).stale_writes == 1
+    # Its message to the registry went with it: only the owner's, recorded with the completion.
+    message = OutboxMessage.objects.get()
+    assert (message.url, message.token, message.effect) == ("http://127.0.0.1:8001/artifacts/", 2, "publish")
+    assert message.body == {"tenant": "acme", "job_key": spec.task_key.key, "run": "run-42",
+                            "token": 2, "artifact": rel_fast, "tests": tests}
+    assert message.idempotency_key == fast.idempotency_key("publish")
+
+
+def test_the_registry_takes_a_repeated_message_once_and_refuses_an_older_token(tmp_path: Path) -> None:
+    """The second service as a relay meets it: a message delivered again (a relay killed before
+    it recorded the answer) is answered from the stored response; an older owner is refused."""
+    code = (
+        "import json, os, django\n"
+        "os.environ['DJANGO_SETTINGS_MODULE'] = 'example_project.registry_settings'\n"
+        "django.setup()\n"
+        "from django.core.management import call_command\n"
+        "from django.test import Client\n"
+        "from example_project.registry.models import PublishedArtifact\n"
+        "os.makedirs(os.environ['EXAMPLE_VAR_DIR'], exist_ok=True)\n"
+        "call_command('migrate', verbosity=0)\n"
+        "body = {'tenant': 'acme', 'job_key': 'k', 'run': 'run-1', 'token': 2, 'artifact': 'a.py', 'tests': 3}\n"
+        "def send(token, key='tc1-x', data=body):\n"
+        "    headers = {'Idempotency-Key': key, 'Taskclaim-Fencing-Key': 'tc1-f',\n"
+        "               'Taskclaim-Fencing-Token': str(token)}\n"
+        "    r = Client().post('/artifacts/', json.dumps(data), content_type='application/json', headers=headers)\n"
+        "    return r.status_code, r.get('Idempotent-Replayed', '')\n"
+        "print(json.dumps([send(2), send(2), send(1, 'tc1-y'), send(3, 'tc1-z', {**body, 'tests': 'x'}),\n"
+        "                  Client().post('/artifacts/', '{}', content_type='application/json').status_code,\n"
+        "                  PublishedArtifact.objects.count()]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=demo_env(tmp_path), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, again, older, bad, unfenced, rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first == [201, ""] and again == [201, "true"]  # delivered twice, stored once
+    assert older[0] == 409 and bad[0] == 400 and unfenced == 400
+    assert rows == 1
 
 
 # -- --worker mode: the job API enqueues Django tasks, taskclaim_worker runs them -------------

@@ -127,6 +127,12 @@ def test_readme_sample_summary_matches_what_the_demo_prints() -> None:
         "drafts_discarded": 2,
         "lost": [],
         "took_effect_twice": [],
+        "messages_delivered": 12,
+        "messages_failed": 0,
+        "messages_pending": 0,
+        "registry_artifacts": 12,
+        "registry_lost": [],
+        "registry_twice": [],
         "ok": True,
     }
     out = io.StringIO()
