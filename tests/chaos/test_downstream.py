@@ -89,7 +89,7 @@ def test_short_downstream_run_passes(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     result = subprocess.run(
         [sys.executable, "-m", "tests.chaos", "--db", DB, "--report", str(report), "--downstream",
-         "--duration", "6", "--workers", "4", "--seed", "6", "--faults", "pause,kill",
+         "--duration", "4", "--workers", "4", "--seed", "6", "--faults", "pause,kill",
          "--fault-interval", "0.4", "--steps", "1", "--work-ms", "300", "--lease", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     out = result.stdout + result.stderr
