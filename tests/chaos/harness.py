@@ -221,13 +221,16 @@ class Harness:
         from django.core.management import call_command
         from django.db import connection
 
+        if self.opts.downstream:
+            self.start_downstream()  # it migrates its own database meanwhile
         call_command("migrate", verbosity=0)
         if self.opts.db == "sqlite":
             with connection.cursor() as cursor:
                 # Readers never wait for the writer; the mode is stored in the file.
                 cursor.execute("PRAGMA journal_mode=WAL")
-        if self.opts.downstream:
-            self.start_downstream()
+        if self.downstream is not None:
+            ready = self.downstream.event("ready", timeout=120)
+            self.downstream_url = f"http://127.0.0.1:{ready['port']}"
 
     def start_downstream(self) -> None:
         """The downstream service, a process of its own on its own SQLite file; never faulted."""
@@ -235,8 +238,6 @@ class Harness:
         self.downstream = self.processes.start(
             "tests.chaos.downstream", os.path.join(self.rundir, "downstream.sqlite3"),
             env=env, stderr=os.path.join(self.rundir, "downstream.stderr"))
-        ready = self.downstream.event("ready", timeout=120)
-        self.downstream_url = f"http://127.0.0.1:{ready['port']}"
 
     def downstream_report(self) -> list[dict[str, Any]]:
         """Every effect row the downstream holds (asked over its stdin)."""
