@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.chaos.downstream import DIRECT, check_downstream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,3 +103,20 @@ def test_short_downstream_run_passes(tmp_path: Path) -> None:
     assert figures["downstream_lost"] == figures["downstream_twice"] == 0, out
     assert figures["direct_calls"] >= figures["tasks_enqueued"], out
     assert figures["relay_kills"] + figures["relay_pauses"] > 0, out
+
+
+@pytest.mark.skipif(DB != "sqlite", reason="the checker is the same on every database: SQLite only")
+def test_short_downstream_run_fails_with_a_key_per_owner(tmp_path: Path) -> None:
+    """``--unsafe --downstream``: each owner calls with an idempotency key of its own (its token
+    in the effect name) and works after the call; a takeover then takes the effect twice, and
+    the downstream's checker must say so."""
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.chaos", "--db", DB, "--report", str(report), "--downstream",
+         "--unsafe", "--duration", "5", "--workers", "5", "--seed", "3", "--faults", "pause",
+         "--fault-interval", "0.4", "--steps", "1", "--work-ms", "400", "--lease", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    found = json.loads(report.read_text())["violations"]
+    assert "downstream twice" in found, out

@@ -3,7 +3,9 @@
 It claims tasks queue-style and executes each in ``--steps`` steps. Every step (after a
 heartbeat, half of the time) writes one ``Effect`` row inside ``claim.fenced()``; the last
 step writes the final effect and ``claim.complete()`` in the same fenced transaction (the
-exactly-once recipe). It prints one JSON line per event on stdout, which the harness reads
+exactly-once recipe). With ``--downstream URL`` the last step first calls the downstream directly with
+``claim.headers("direct")`` and records an outbox message with the completion
+(tests/chaos/downstream.py). It prints one JSON line per event on stdout, which the harness reads
 (the "replies").
 
 With ``--concurrency N`` it runs N such loops at once, each on a thread with its own database
@@ -163,6 +165,10 @@ class Worker:
         from django_taskclaim.store import DbNow
         from tests.testapp.models import Effect
 
+        # The broken recipe downstream: an idempotency key per owner (its token in the effect
+        # name), and the work after the call, so that a takeover calls again.
+        if self.args.downstream and not self.call_downstream(claim, info, effect=f"direct-{claim.token}"):
+            return
         self.work()
         effect = Effect.objects.create(task_key=claim.key, token=claim.token,
                                        worker=f"{self.owner}#final")
@@ -230,7 +236,7 @@ class Worker:
         emit(event="done", **info)
 
 
-    def call_downstream(self, claim: Any, info: dict[str, Any]) -> bool:
+    def call_downstream(self, claim: Any, info: dict[str, Any], effect: str = "direct") -> bool:
         """The direct call (``--downstream``): POST to the downstream with ``claim.headers()``.
 
         Whether to go on and complete: a 409 means a newer owner has called (this one is
@@ -239,7 +245,7 @@ class Worker:
         body = json.dumps({"task": claim.key}).encode()  # the same for every owner: a repeat replays
         request = urllib.request.Request(  # noqa: S310 (the harness's own http URL)
             self.args.downstream + direct_path(claim.key), body,
-            {**claim.headers("direct"), "Content-Type": "application/json"}, method="POST")
+            {**claim.headers(effect), "Content-Type": "application/json"}, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
                 status = response.status
