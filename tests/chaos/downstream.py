@@ -138,10 +138,13 @@ def check_downstream(tasks: list[dict[str, Any]], outbox: list[dict[str, Any]],
     figures = {
         "outbox_messages": len(outbox),
         "outbox_deliveries": sum(m["attempts"] for m in outbox),
+        "outbox_claimed_again": sum(1 for m in outbox if m["attempts"] > 1),
         "downstream_outbox_effects": sum(len(v) for v in outbox_effects.values()),
         "downstream_direct_effects": sum(len(v) for v in direct_effects.values()),
         "direct_calls": sum(answers.values()),
         "direct_calls_201": answers[201],
+        "direct_calls_replayed": sum(1 for ev in events if ev.get("event") == "direct"
+                                     and ev.get("replayed")),
         "direct_calls_refused_409": answers[409],
         "direct_calls_other": sum(n for s, n in answers.items() if s not in (201, 409)),
         "fenced_off_tokens_refused": refused_calls,

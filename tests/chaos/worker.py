@@ -248,13 +248,13 @@ class Worker:
             {**claim.headers(effect), "Content-Type": "application/json"}, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
-                status = response.status
+                status, replayed = response.status, bool(response.headers.get("Idempotent-Replayed"))
         except urllib.error.HTTPError as exc:
-            status = exc.code
+            status, replayed = exc.code, False
         except OSError as exc:
             emit(event="direct", status=0, error=str(exc)[:200], **info)
             return False
-        emit(event="direct", status=status, **info)
+        emit(event="direct", status=status, replayed=replayed, **info)
         return 200 <= status < 300
 
     def give_up(self, claim: Any, info: dict[str, Any]) -> None:
