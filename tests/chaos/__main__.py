@@ -115,6 +115,13 @@ def parser() -> argparse.ArgumentParser:
                         "(a relay holds the replication stream; default: %(default)s)")
     p.add_argument("--unsafe", action="store_true",
                    help="workers write the effect outside fenced(): the checker must fail")
+    p.add_argument("--downstream", action="store_true",
+                   help="workers also call a downstream service (a real HTTP server of its own, "
+                        "fenced_endpoint) directly with claim.headers(), and record an outbox "
+                        "message with each completion that taskclaim_relay processes deliver; "
+                        "the checker counts the effects downstream")
+    p.add_argument("--relays", type=positive(int), default=2,
+                   help="taskclaim_relay processes of --downstream (default: %(default)s)")
     p.add_argument("--celery", action="store_true",
                    help="run Celery workers through django_taskclaim.celery instead "
                         "(needs redis-server, or rabbitmq-server with --broker rabbitmq)")

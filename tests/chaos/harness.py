@@ -86,6 +86,9 @@ class Options:
     unsafe: bool = False
     #: Tasks each worker has in hand at once (``tests.chaos.worker --concurrency``).
     concurrency: int = 1
+    #: ``--downstream``: a downstream service, direct calls and an outbox, relays (tests/chaos/downstream.py).
+    downstream: bool = False
+    relays: int = 2
     keep: bool = False
     verbose: bool = False
 
@@ -98,6 +101,8 @@ class WorkerProc:
     started: float
     paused_until: float | None = None
     stopping: bool = False
+    #: A ``taskclaim_relay`` process (``--downstream``), not a worker: only paused or killed.
+    relay: bool = False
 
     @property
     def pid(self) -> int:
@@ -128,6 +133,10 @@ class RunLog:
     chaos_seconds: float = 0.0
     failovers: list[Failover] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: ``--downstream``: the effect rows the downstream holds at the end, and relays that exited
+    #: on their own (a database error under a server fault).
+    downstream_effects: list[dict[str, Any]] = field(default_factory=list)
+    relay_exits: int = 0
 
 
 class Harness:
@@ -160,6 +169,13 @@ class Harness:
         # the server changes shape under one of them at a time.
         self.server_busy = threading.Lock()
         self.failover_thread: threading.Thread | None = None
+        self.downstream: Child | None = None
+        self.downstream_url = ""
+        self.next_relay = 0
+        # A relay's lease, shorter than the pause the nemesis gives a relay: a paused relay
+        # wakes after another one has taken its message over (its HTTP timeout + 1.5 s at least).
+        self.relay_timeout = 1.5
+        self.relay_lease = max(self.relay_timeout + 1.5, 1.5 * opts.lease)
         # A skewed worker's clock must not matter: the database's clock decides (not SQLite's,
         # which is the worker's own).
         self.skew_available = opts.db in ("postgresql", "mariadb") and opts.skew > 0
@@ -205,11 +221,43 @@ class Harness:
         from django.core.management import call_command
         from django.db import connection
 
+        if self.opts.downstream:
+            self.start_downstream()  # it migrates its own database meanwhile
         call_command("migrate", verbosity=0)
         if self.opts.db == "sqlite":
             with connection.cursor() as cursor:
                 # Readers never wait for the writer; the mode is stored in the file.
                 cursor.execute("PRAGMA journal_mode=WAL")
+        if self.downstream is not None:
+            ready = self.downstream.event("ready", timeout=120)
+            self.downstream_url = f"http://127.0.0.1:{ready['port']}"
+
+    def start_downstream(self) -> None:
+        """The downstream service, a process of its own on its own SQLite file; never faulted."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TASKCLAIM_TEST_DB")}
+        self.downstream = self.processes.start(
+            "tests.chaos.downstream", os.path.join(self.rundir, "downstream.sqlite3"),
+            env=env, stderr=os.path.join(self.rundir, "downstream.stderr"))
+
+    def downstream_report(self) -> list[dict[str, Any]]:
+        """Every effect row the downstream holds (asked over its stdin)."""
+        assert self.downstream is not None
+        self.downstream.send("report")
+        return list(self.downstream.event("report", timeout=60)["effects"])
+
+    def start_relay(self) -> WorkerProc:
+        tag = f"r{self.next_relay}"
+        self.next_relay += 1
+        env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}"}
+        child = self.processes.start(
+            "django", "taskclaim_relay", "--lease", str(self.relay_lease),
+            "--timeout", str(self.relay_timeout), "--backoff", "0.2", "--max-attempts", "100000",
+            "--batch", "5",
+            env=env, stderr=os.path.join(self.rundir, f"{tag}.stderr"))
+        relay = WorkerProc(tag=tag, child=child, skewed=False, started=time.monotonic(), relay=True)
+        self.worker_of[child] = relay
+        self.workers.append(relay)
+        return relay
 
     def db(self, fn: Callable[[], T], deadline: float = 120.0) -> T:
         """Run a query of the harness itself, reconnecting while the server restarts."""
@@ -243,6 +291,7 @@ class Harness:
             "--work-ms", str(self.opts.work_ms), "--give-up", str(self.opts.give_up),
             "--concurrency", str(self.opts.concurrency),
             *(["--unsafe"] if self.opts.unsafe else []),
+            *(["--downstream", self.downstream_url] if self.opts.downstream else []),
             env=env, stderr=os.path.join(self.rundir, f"{tag}.stderr"),
         )
         worker = WorkerProc(tag=tag, child=child, skewed=skewed, started=time.monotonic())
@@ -256,6 +305,8 @@ class Harness:
     def drain_events(self) -> None:
         while (got := self.processes.next(0)) is not None:
             child, event = got
+            if child is self.downstream:
+                continue  # read through its own cursor
             worker = self.worker_of[child]
             event.update(tag=worker.tag, pid=worker.pid, skewed=worker.skewed)
             self.log.events.append(event)
@@ -279,6 +330,13 @@ class Harness:
         for worker in list(self.workers):
             if not worker.stopping and not worker.alive():
                 worker.stopping = True  # counted once
+                if worker.relay:
+                    # A relay exits on a database error it does not retry (a terminated session,
+                    # a restart): counted, and replaced like a killed one.
+                    if worker.child.returncode != -signal.SIGKILL:
+                        self.log.relay_exits += 1
+                    self.start_relay()
+                    continue
                 if worker.child.returncode != -signal.SIGKILL:
                     self.log.errors.append(
                         f"worker {worker.tag} exited with code {worker.child.returncode} "
@@ -307,7 +365,8 @@ class Harness:
             return
         weights = [FAULTS[k][0] for k in self.drawn]
         kind = self.first[0] if self.first else self.rng.choices(self.drawn, weights)[0]
-        candidates = [w for w in self.live_workers() if w.paused_until is None]
+        candidates = [w for w in self.live_workers() if w.paused_until is None
+                      and (kind in ("pause", "kill") or not w.relay)]
         if kind != "restart" and not candidates:
             return
         target = self.rng.choice(candidates) if candidates else None
@@ -320,7 +379,11 @@ class Harness:
             self.first.pop(0)
 
     def fault_pause(self, worker: WorkerProc) -> None:
-        seconds = self.rng.uniform(2, 3) * self.opts.lease
+        if worker.relay:  # past the relay's lease: another relay sends its messages again
+            seconds = self.rng.uniform(1.2, 2) * self.relay_lease
+            self.log.faults["relay_pause"] += 1
+        else:
+            seconds = self.rng.uniform(2, 3) * self.opts.lease
         worker.child.stop()
         worker.paused_until = time.monotonic() + seconds
         # Resumed by a timer, not by the main loop: on SQLite a worker paused inside its write
@@ -346,6 +409,8 @@ class Harness:
         worker.child.kill()
         self.log.killed_pids.add(worker.pid)
         self.log.faults["kill"] += 1
+        if worker.relay:
+            self.log.faults["relay_kill"] += 1
 
     def _terminate(self, column: str, value: Any) -> int:
         from django.db import connection
@@ -445,6 +510,8 @@ class Harness:
         skewed_first = self.skew_available
         for i in range(opts.workers):
             self.start_worker(skewed=True if (skewed_first and i == 0) else None)
+        for _ in range(opts.relays if opts.downstream else 0):
+            self.start_relay()
         start = time.monotonic()
         end = start + opts.duration
         next_fault = start + self.rng.expovariate(1 / opts.fault_interval)
@@ -511,13 +578,16 @@ class Harness:
             self.drain_events()
             self.replace_dead()
             self.sweep()
-            if not self.db(lambda: Task.objects.unfinished().exists()):
+            if not self.db(lambda: Task.objects.unfinished().exists()) and not self.undelivered():
                 break
             time.sleep(self.opts.lease / 4)  # sweep interval; leases are what we wait for
         self.log.quiet_seconds = time.monotonic() - start
         for worker in self.workers:
             worker.stopping = True
-            worker.send("stop")
+            if worker.relay:
+                worker.child.signal(signal.SIGTERM)  # a relay stops after the message in hand
+            else:
+                worker.send("stop")
         deadline = time.monotonic() + 30
         for worker in self.workers:
             try:
@@ -529,6 +599,16 @@ class Harness:
         for worker in self.workers:
             worker.child.ended(10)  # its last events read
         self.drain_events()
+        if self.downstream is not None:
+            self.log.downstream_effects = self.downstream_report()
+
+    def undelivered(self) -> bool:
+        """Whether an outbox message is still pending (``--downstream``): the relays are not done."""
+        if not self.opts.downstream:
+            return False
+        from django_taskclaim.models import OutboxMessage
+
+        return self.db(lambda: OutboxMessage.objects.filter(status="pending").exists())
 
     def teardown(self, ok: bool) -> None:
         if self.failover_thread is not None:

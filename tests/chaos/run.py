@@ -9,12 +9,16 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tests.chaos.checker import Verdict, check, load_state, recovery, table
+from tests.chaos.downstream import check_downstream, load_outbox
 from tests.chaos.harness import Harness, Options
 
 HarnessT = TypeVar("HarnessT", bound=Harness)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.celery and args.downstream:
+        print("error: --downstream runs the harness's own workers, not --celery", file=sys.stderr)
+        return 2
     if args.celery:
         from tests.chaos.celery_run import run_celery
 
@@ -26,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         skew=args.skew, quiet=args.quiet,
         faults=args.faults, failover_interval=args.failover_interval, replication=args.replication,
         standby_lag=args.standby_lag, concurrency=args.concurrency,
+        downstream=args.downstream, relays=args.relays,
         unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
     )
     harness = build(Harness, opts)
@@ -44,7 +49,10 @@ def run(args: argparse.Namespace) -> int:
                   f"faults + {log.quiet_seconds:.0f} s quiet, {log.workers_started} workers")
         rows = recovery(log.failovers, log.events, opts.lease, verdict.lost_seen) if failing_over else None
         report["failovers"] = rows
-        return table(log.faults, verdict, header, harness.kinds, harness.skew_available, opts.crash, rows)
+        text = table(log.faults, verdict, header, harness.kinds, harness.skew_available, opts.crash, rows)
+        if opts.downstream:  # its section goes with the run's figures, before the violations
+            text = text.replace("\n\nviolations\n", downstream_lines(harness, verdict) + "\n\nviolations\n", 1)
+        return text
 
     report: dict[str, Any] = {"kinds": harness.kinds}
     if failing_over:
@@ -53,6 +61,32 @@ def run(args: argparse.Namespace) -> int:
                  banner=f"chaos on {opts.db}{topology}: {opts.workers} workers, lease {opts.lease} s, "
                         f"{opts.duration:.0f} s of faults, seed {opts.seed}",
                  report=report)
+
+
+DOWNSTREAM_LABELS = (
+    ("outbox_messages", "outbox messages recorded"),
+    ("outbox_deliveries", "deliveries attempted by the relays"),
+    ("outbox_claimed_again", "  messages claimed by a relay more than once"),
+    ("relay_kills", "relays SIGKILLed"),
+    ("relay_pauses", "relays SIGSTOPped past their lease"),
+    ("relay_exits", "relays that exited on their own (replaced)"),
+    ("downstream_outbox_effects", "outbox effects taken downstream"),
+    ("direct_calls", "direct calls with claim.headers()"),
+    ("direct_calls_201", "  answered 201 (first call or replay)"),
+    ("direct_calls_replayed", "    of which replayed (Idempotent-Replayed: true)"),
+    ("direct_calls_refused_409", "  refused 409 (a newer owner had called)"),
+    ("direct_calls_other", "  other answers or no answer"),
+    ("downstream_direct_effects", "direct effects taken downstream"),
+    ("downstream_lost", "downstream effects lost"),
+    ("downstream_twice", "downstream effects taken twice"),
+)
+
+
+def downstream_lines(harness: Harness, verdict: Verdict) -> str:
+    """The downstream's section of the table (its violations are in the table's own list)."""
+    lines = ["", f"downstream ({harness.opts.relays} relays, {harness.downstream_url})"]
+    lines += [f"  {label:<56} {verdict.figures.get(name, 0):>8}" for name, label in DOWNSTREAM_LABELS]
+    return "\n".join(lines)
 
 
 def build(factory: Callable[[Options], HarnessT], opts: Options) -> HarnessT | None:
@@ -78,6 +112,16 @@ def drive(harness: Harness, args: argparse.Namespace, render: Callable[[Verdict]
         log = harness.log
         state = harness.db(load_state)
         verdict = check(state, log.events, log.enqueued, log.killed_pids)
+        if opts.downstream:
+            outbox = harness.db(load_outbox)
+            figures, found = check_downstream(state["tasks"], outbox, log.downstream_effects,
+                                              log.events, log.enqueued)
+            verdict.figures.update(figures, relay_exits=log.relay_exits,
+                                   relay_kills=log.faults["relay_kill"],
+                                   relay_pauses=log.faults["relay_pause"])
+            for kind, items in found.items():
+                for item in items:
+                    verdict.add(kind, item)
         for error in log.errors:
             verdict.add("harness", error)
         print(render(verdict), flush=True)

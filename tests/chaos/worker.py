@@ -3,7 +3,9 @@
 It claims tasks queue-style and executes each in ``--steps`` steps. Every step (after a
 heartbeat, half of the time) writes one ``Effect`` row inside ``claim.fenced()``; the last
 step writes the final effect and ``claim.complete()`` in the same fenced transaction (the
-exactly-once recipe). It prints one JSON line per event on stdout, which the harness reads
+exactly-once recipe). With ``--downstream URL`` the last step first calls the downstream directly with
+``claim.headers("direct")`` and records an outbox message with the completion
+(tests/chaos/downstream.py). It prints one JSON line per event on stdout, which the harness reads
 (the "replies").
 
 With ``--concurrency N`` it runs N such loops at once, each on a thread with its own database
@@ -27,15 +29,19 @@ Faults it takes part in:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 from devtools.events import emit
+from tests.chaos.downstream import direct_path, outbox_path
 
 DB_RETRIES = 3
 
@@ -159,6 +165,10 @@ class Worker:
         from django_taskclaim.store import DbNow
         from tests.testapp.models import Effect
 
+        # The broken recipe downstream: an idempotency key per owner (its token in the effect
+        # name), and the work after the call, so that a takeover calls again.
+        if self.args.downstream and not self.call_downstream(claim, info, effect=f"direct-{claim.token}"):
+            return
         self.work()
         effect = Effect.objects.create(task_key=claim.key, token=claim.token,
                                        worker=f"{self.owner}#final")
@@ -186,6 +196,8 @@ class Worker:
             if final and self.rng.random() < self.args.give_up:
                 self.give_up(claim, info)
                 return
+            if final and self.args.downstream and not self.call_downstream(claim, info):
+                return
             for attempt in range(DB_RETRIES + 1):
                 try:
                     # Half the steps go straight to the fenced write, so that a worker resumed
@@ -201,6 +213,11 @@ class Worker:
                         # checker places each effect within its claim's interval.
                         Effect.objects.filter(pk=effect.pk).update(created_at=DbNow())
                         if final:
+                            if self.args.downstream:
+                                # Recorded with the completion: it exists only if this owner
+                                # still held the task when the transaction committed.
+                                claim.outbox.http("POST", self.args.downstream + outbox_path(claim.key),
+                                                  json={"task": claim.key}, effect="chaos")
                             claim.complete({"owner": self.owner, "token": claim.token})
                             self.maybe_crash("before_commit", **info)
                     break
@@ -218,6 +235,27 @@ class Worker:
         self.maybe_crash("after_commit", **info)
         emit(event="done", **info)
 
+
+    def call_downstream(self, claim: Any, info: dict[str, Any], effect: str = "direct") -> bool:
+        """The direct call (``--downstream``): POST to the downstream with ``claim.headers()``.
+
+        Whether to go on and complete: a 409 means a newer owner has called (this one is
+        fenced off), any answer but 2xx leaves the task to its next owner once the lease ends.
+        """
+        body = json.dumps({"task": claim.key}).encode()  # the same for every owner: a repeat replays
+        request = urllib.request.Request(  # noqa: S310 (the harness's own http URL)
+            self.args.downstream + direct_path(claim.key), body,
+            {**claim.headers(effect), "Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+                status, replayed = response.status, bool(response.headers.get("Idempotent-Replayed"))
+        except urllib.error.HTTPError as exc:
+            status, replayed = exc.code, False
+        except OSError as exc:
+            emit(event="direct", status=0, error=str(exc)[:200], **info)
+            return False
+        emit(event="direct", status=status, replayed=replayed, **info)
+        return 200 <= status < 300
 
     def give_up(self, claim: Any, info: dict[str, Any]) -> None:
         """The task's own failure (retried later) or a release: the task goes back to PENDING."""
@@ -268,6 +306,9 @@ def main() -> None:
                         help="tasks in hand at once: as many claim-and-execute loops, each on a thread")
     parser.add_argument("--give-up", type=float, default=0.0,
                         help="probability that an execution fails (retry) or releases instead")
+    parser.add_argument("--downstream", default="",
+                        help="the downstream's base URL: make a direct call with claim.headers() "
+                             "and record an outbox message with each completion")
     parser.add_argument("--unsafe", action="store_true",
                         help="write the effect outside fenced() (to prove the checker fails)")
     args = parser.parse_args()
