@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from django.db import close_old_connections, connections, transaction
 from django.db.models import F, Q
 
+from . import outages, routing
 from .exceptions import InvalidArgument
 from .idempotency import fencing_headers
 from .models import OutboxMessage
@@ -204,17 +205,28 @@ class Relay:
         """One round over every database: the messages claimed (0 when none was due)."""
         claimed = 0
         for alias in self.databases:
-            self._round += 1
-            started = time.monotonic()
-            messages = claim_messages(alias, owner=f"{self.owner}#{self._round}", lease=self.lease, batch=self.batch)
-            claimed += len(messages)
-            for message in messages:
-                # A delivery that could outlast the lease would overlap the next relay's: give it back.
-                if time.monotonic() - started + self.timeout + 1.0 > self.lease or self.stop.is_set():
-                    release_message(alias, message)
-                    continue
-                self._deliver(alias, message)
+            try:
+                claimed += self._round_of(alias)
+                outages.up(alias)
+            except routing.UNREACHABLE as exc:
+                # A database restarting, failing over or dropping the session: said once, its
+                # session opened afresh next round. A message delivered whose answer could not be
+                # recorded is delivered again after its lease, with the same idempotency key.
+                outages.down(alias, exc)
+                connections[alias].close()
         return claimed
+
+    def _round_of(self, alias: str) -> int:
+        self._round += 1
+        started = time.monotonic()
+        messages = claim_messages(alias, owner=f"{self.owner}#{self._round}", lease=self.lease, batch=self.batch)
+        for message in messages:
+            # A delivery that could outlast the lease would overlap the next relay's: give it back.
+            if time.monotonic() - started + self.timeout + 1.0 > self.lease or self.stop.is_set():
+                release_message(alias, message)
+                continue
+            self._deliver(alias, message)
+        return len(messages)
 
     def _deliver(self, alias: str, message: Leased) -> None:
         answer = deliver(message, timeout=self.timeout)
@@ -232,9 +244,17 @@ class Relay:
                            "owner": message.relay_owner})
 
     def pending(self) -> int:
-        """Messages still to deliver in the relay's databases (due or not, leased or not)."""
-        return sum(OutboxMessage.objects.using(alias).filter(status=MessageStatus.PENDING).count()
-                   for alias in self.databases)
+        """Messages still to deliver in the relay's databases (due or not, leased or not); a
+        database out of reach counts as holding some (its messages are not known to be done)."""
+        left = 0
+        for alias in self.databases:
+            try:
+                left += OutboxMessage.objects.using(alias).filter(status=MessageStatus.PENDING).count()
+            except routing.UNREACHABLE as exc:
+                outages.down(alias, exc)
+                connections[alias].close()
+                left += 1
+        return left
 
     def run(self, *, until_drained: bool = False) -> None:
         """Deliver until stopped (or, with ``until_drained``, until no message is pending)."""

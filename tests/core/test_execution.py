@@ -24,6 +24,7 @@ from django_taskclaim.models import Attempt, Task
 from django_taskclaim.signals import task_claimed
 from django_taskclaim.worker import work
 from tests.conftest import expire
+from tests.sessions import kill_session_of
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,31 +165,6 @@ def test_batched_claims_age_from_the_claim_not_from_when_slow_receivers_returned
     assert Task.objects.get(key="a").owner == "thief"
 
 
-def _kill_session_of(alias_connection) -> None:  # type: ignore[no-untyped-def]
-    """Terminate the database session ``alias_connection`` holds, from another connection."""
-    from django.db import connections
-
-    if connection.vendor == "postgresql":
-        pid = alias_connection.connection.info.backend_pid
-        sql, params = "SELECT pg_terminate_backend(%s)", [pid]
-    else:
-        with alias_connection.cursor() as cursor:
-            cursor.execute("SELECT CONNECTION_ID()")
-            pid = cursor.fetchone()[0]
-        sql, params = "KILL CONNECTION %s", [pid]
-
-    def kill() -> None:
-        try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute(sql, params)
-        finally:
-            connections["default"].close()
-
-    killer = threading.Thread(target=kill)
-    killer.start()
-    killer.join(30)
-
-
 @pytest.mark.parametrize("after", ["queries", "returns"])
 def test_a_worker_survives_its_session_killed_during_a_handler(after: str) -> None:
     """Issue 25.5: a worker whose session is killed (pg_terminate_backend, KILL CONNECTION) during a
@@ -203,7 +179,7 @@ def test_a_worker_survives_its_session_killed_during_a_handler(after: str) -> No
     def handler(claim):  # type: ignore[no-untyped-def]
         ran[claim.attempt] += 1
         if claim.attempt == 1:
-            _kill_session_of(connection)
+            kill_session_of(connection)
             if after == "queries":
                 Effect.objects.count()  # the dead session: the handler raises
         return {"attempt": claim.attempt}
@@ -223,7 +199,7 @@ def test_a_claim_whose_session_dropped_before_its_completion_completes_once() ->
     if connection.vendor == "sqlite":
         pytest.skip("terminating a session needs a database server (PostgreSQL, MariaDB)")
     claim = Task.objects.claim("job").claim
-    _kill_session_of(connection)
+    kill_session_of(connection)
     claim.complete("done")
     assert Task.objects.values_list("status", "result").get() == ("succeeded", "done")
     assert Attempt.objects.get().outcome == "succeeded"

@@ -17,6 +17,7 @@ from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.models import OutboxMessage, Task
 from django_taskclaim.relay import Relay, backoff, claim_messages
 from django_taskclaim.store import DbNow
+from tests.sessions import kill_session_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -181,3 +182,17 @@ def test_a_relay_claims_while_another_connection_writes_on_sqlite(server: str) -
     assert isinstance(claimed, list), claimed
     # It waited for the writer's commit, so it found the writer's message too.
     assert sorted(m.task_key for m in claimed) == ["waiting", "writer"]
+
+
+def test_a_relay_whose_session_is_dropped_goes_on_with_a_new_one(server: str) -> None:
+    """A database restart or failover drops the relay's session: the round that meets it is said
+    (not raised, so the relay process lives on) and the next round delivers on a new session."""
+    if connection.vendor == "sqlite":
+        pytest.skip("terminating a session needs a database server (PostgreSQL, MariaDB)")
+    record(server + "/ok", "a")
+    relay = Relay(routing.databases(), lease=30, timeout=5)
+    connection.ensure_connection()
+    kill_session_of(connection)
+    assert relay.run_once() == 0
+    assert relay.run_once() == 1
+    assert OutboxMessage.objects.get().status == "delivered"
