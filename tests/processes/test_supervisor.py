@@ -168,7 +168,7 @@ def test_a_child_that_does_not_stop_by_itself_is_killed_after_the_grace(processe
 def test_a_child_that_is_done_exits_within_the_grace_however_long_its_interpreter_takes_to_tear_down(
         processes: Supervisor, tmp_path: Path) -> None:
     """A child holding nothing stops at once on SIGTERM: it leaves without the interpreter's
-    teardown (here an object's finaliser of 5 s, past the 1 s grace and its margin; in the wild,
+    teardown (here an object's finaliser of 3 s, past the 1 s grace and its margin; in the wild,
     seconds of tearing down Django's heap on loaded cores), so the supervisor does not kill it
     and exits 0, not 75. The exit hooks still run (a user's flush of its telemetry)."""
     Task.objects.ensure("first", queue="default")
