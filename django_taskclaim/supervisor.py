@@ -16,7 +16,8 @@ done; the supervisor ends when every child is.
 
 SIGTERM or SIGINT is forwarded to the children, which stop claiming, finish the tasks in hand
 within the grace (``--grace``, default the lease), release what they reserved and did not start
-(its attempt uncounted) and exit 0; then the supervisor exits 0. A child still running after the
+(its attempt uncounted) and exit 0 (at once, exit hooks run then ``os._exit``, rather than after seconds of
+interpreter teardown that the grace would count); then the supervisor exits 0. A child still running after the
 grace is killed (:data:`OVERTIME` for the supervisor): its tasks come back when their leases
 expire. A child outlives no supervisor: on Linux the kernel sends it SIGTERM when the supervisor
 dies (``PR_SET_PDEATHSIG``), elsewhere it watches its parent's pid every second.
@@ -24,6 +25,7 @@ dies (``PR_SET_PDEATHSIG``), elsewhere it watches its parent's pid every second.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -260,13 +262,30 @@ def run_child(options: dict[str, Any], parent: int) -> None:
     django.setup()
     from django.core.management import call_command
     from django.core.management.base import CommandError
+    from django.db import connections
 
+    code = 0
     try:
         call_command("taskclaim_worker", **options)
     except CommandError as exc:
         print(f"CommandError: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.returncode)
+        code = exc.returncode
+    _leave(code, connections.close_all)
+
+
+def _leave(code: int, close: Callable[[], None]) -> None:
+    """Exit at once with ``code`` once the worker is done: its connections closed, the exit hooks
+    run (``atexit``: a telemetry flush), its output and logs flushed. Not through the interpreter's
+    teardown (multiprocessing's spawn ends with ``sys.exit``): tearing down Django's modules and
+    collecting their objects takes seconds for processes sharing loaded cores, time in which a
+    child that holds nothing any more would be counted busy by the supervisor and killed after
+    the grace."""
+    close()
+    atexit._run_exitfuncs()  # what sys.exit would run first; only the teardown after them is skipped
+    logging.shutdown()  # flushes every handler
     sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _die_with(parent: int) -> None:

@@ -163,3 +163,20 @@ def test_a_child_that_does_not_stop_by_itself_is_killed_after_the_grace(processe
     assert stopped == {pid: "signal SIGKILL" if pid == frozen else "exit code 0" for pid in started.values()}
     assert Task.objects.get(key=frozen_key).status == Task.Status.RUNNING  # back when its lease expires
     assert Task.objects.exclude(key=frozen_key).get().status == Task.Status.SUCCEEDED
+
+
+def test_a_child_that_is_done_exits_within_the_grace_however_long_its_interpreter_takes_to_tear_down(
+        processes: Supervisor, tmp_path: Path) -> None:
+    """A child holding nothing stops at once on SIGTERM: it leaves without the interpreter's
+    teardown (here an object's finaliser of 3 s, past the 1 s grace and its margin; in the wild,
+    seconds of tearing down Django's heap on loaded cores), so the supervisor does not kill it
+    and exits 0, not 75. The exit hooks still run (a user's flush of its telemetry)."""
+    Task.objects.ensure("first", queue="default")
+    boss = supervisor(processes, "tests.programs.slow_teardown.effect", "--processes", "1", "--grace", "1",
+                      env={"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)})
+    wait_until(lambda: Effect.objects.filter(task_key="first").exists(), timeout=60, what="the child to run a task")
+    boss.signal(signal.SIGTERM)
+    assert boss.wait(30) == 0, boss.stderr()
+    stopped = [(e["pid"], e["how"]) for e in boss.events if e.get("event") == "worker_stopped"]
+    assert [how for _, how in stopped] == ["exit code 0"]
+    assert (tmp_path / f"atexit.{stopped[0][0]}").exists()
