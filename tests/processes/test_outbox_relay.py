@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 
 from devtools.processes import Supervisor
+from django_taskclaim.downstream.models import StoredResponse
 from django_taskclaim.idempotency import idempotency_key
 from django_taskclaim.models import OutboxMessage, Task
 from tests.conftest import expire
+from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,13 +25,14 @@ RELAY = ("--lease", "3", "--timeout", "1.9", "--batch", "1", "--backoff", "0.1")
 
 
 def record(url: str) -> list[str]:
-    """Complete ``TASKS`` tasks, each with one outbox message to ``url``; their idempotency keys."""
+    """Complete ``TASKS`` tasks, each with one outbox message to ``url`` (``{n}`` the task's
+    number); their idempotency keys."""
     keys = []
     for n in range(TASKS):
         claim = Task.objects.claim(f"publish:{n}", lease=30).claim
         assert claim is not None
         with claim.fenced():
-            claim.outbox.http("POST", url, json={"n": n}, effect="publish")
+            claim.outbox.http("POST", url.format(n=n), json={"n": n}, effect="publish")
             claim.complete({"n": n})
         keys.append(idempotency_key("", f"publish:{n}", "publish"))
     return keys
@@ -63,6 +66,37 @@ def test_relays_killed_mid_delivery_each_message_takes_effect_once(processes: Su
     assert sum(s["delivered"] for s in summaries) == TASKS  # the replacements delivered everything
     messages = OutboxMessage.objects.order_by("id")
     assert [(m.status, m.answer_status) for m in messages] == [("delivered", 200)] * TASKS
+    assert sorted(m.attempts for m in messages) == [1] * (TASKS - HELD) + [2] * HELD
+
+
+def test_relays_killed_mid_delivery_to_a_fenced_endpoint_take_effect_once(processes: Supervisor) -> None:
+    """The same against a Django service on ``fenced_endpoint`` (its own process, served over
+    HTTP): the killed relays' calls took effect (their transactions committed, the answers held);
+    the replacements' calls with the same Idempotency-Key get the stored response and the view
+    does not run again."""
+    downstream = processes.start("tests.programs.downstream", "serve", str(HELD))
+    port = downstream.event("ready", timeout=30)["port"]
+    keys = record(f"http://127.0.0.1:{port}/downstream/held/publish-{{n}}/")
+
+    doomed = [processes.start("django", "taskclaim_relay", *RELAY) for _ in range(HELD)]
+    held = {downstream.event("held", timeout=30)["key"] for _ in range(HELD)}
+    for relay in doomed:
+        relay.kill()
+    for relay in doomed:
+        relay.wait(10)
+    downstream.send("release")  # the held answers go to relays that are gone
+    survivors = [processes.start("django", "taskclaim_relay", *RELAY, "--until-drained", "--json")
+                 for _ in range(2)]
+    summaries = [relay.finish(60) for relay in survivors]
+
+    effects = dict.fromkeys((f"publish-{n}" for n in range(TASKS)), 0)
+    for effect in Effect.objects.all():
+        effects[effect.task_key] += 1
+    assert effects == dict.fromkeys(effects, 1)  # each exactly once, none lost
+    assert held <= set(keys) and StoredResponse.objects.count() == TASKS
+    assert sum(s["delivered"] for s in summaries) == TASKS
+    messages = OutboxMessage.objects.order_by("id")
+    assert [(m.status, m.answer_status) for m in messages] == [("delivered", 201)] * TASKS
     assert sorted(m.attempts for m in messages) == [1] * (TASKS - HELD) + [2] * HELD
 
 

@@ -1,7 +1,9 @@
 """Both sides of a fenced call, as OS processes (tests/integrations/downstream/test_downstream_processes.py).
 
-``python -m tests.programs.downstream serve``: the test project served over HTTP on a free port
-of 127.0.0.1 (wsgiref, one request at a time); says ``ready`` with its port.
+``python -m tests.programs.downstream serve [HOLD]``: the test project served over HTTP on a free
+port of 127.0.0.1 (wsgiref, a thread per request); says ``ready`` with its port; its view
+``downstream/held/`` holds the answers to its first HOLD calls after their effect committed
+(``held``) until the line ``release``.
 
 ``... call PATH HEADERS_JSON``: says ``ready``, waits for ``go``, says ``sending`` and POSTs
 ``{"amount": 10}`` to PATH through Django's test client in this process (its own database
@@ -40,16 +42,33 @@ def post(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def serve() -> None:
-    from wsgiref.simple_server import WSGIRequestHandler, make_server
+def serve(hold: int = 0) -> None:
+    """Serve the test project; with ``hold``, ``downstream/held/`` holds the answers to its first
+    ``hold`` calls after their effect (event ``held``) until the line ``release`` comes on stdin."""
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     from django.core.wsgi import get_wsgi_application
+
+    from tests.testapp import downstream_views
 
     class Quiet(WSGIRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
             pass
 
-    server = make_server("127.0.0.1", 0, get_wsgi_application(), handler_class=Quiet)
+    class Threading(ThreadingMixIn, WSGIServer):  # a held call does not hold up the next
+        daemon_threads = True
+
+    downstream_views.HOLD["left"] = hold
+    if hold:
+        def released() -> None:
+            while sys.stdin.readline().strip() != "release":
+                pass
+            downstream_views.RELEASED.set()
+
+        threading.Thread(target=released, daemon=True).start()
+    server = make_server("127.0.0.1", 0, get_wsgi_application(), server_class=Threading, handler_class=Quiet)
     emit(event="ready", port=server.server_port)
     server.serve_forever()
 
@@ -93,7 +112,7 @@ def main() -> None:
     django.setup()
     command, *args = sys.argv[1:]
     if command == "serve":
-        serve()
+        serve(int(args[0]) if args else 0)
     elif command == "call":
         call(args[0], json.loads(args[1]))
     elif command == "worker":

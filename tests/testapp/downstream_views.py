@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template import engines
@@ -22,6 +23,14 @@ from django_taskclaim.downstream import FencedEndpointMixin, fenced_endpoint
 from .models import Effect
 
 BIG = 2 * 1024 * 1024
+
+
+#: A served downstream (tests/programs/downstream.py ``serve HOLD``) holds the answers to the first
+#: HOLD calls of ``pay_held``, after their effect committed, until ``RELEASED`` is set: a caller
+#: killed then never hears the answer to a call that took effect.
+HOLD = {"left": 0}
+RELEASED = threading.Event()
+_holding = threading.Lock()
 
 
 def _effect(request: HttpRequest, key: str) -> HttpResponse:
@@ -47,6 +56,18 @@ def _effect(request: HttpRequest, key: str) -> HttpResponse:
 @fenced_endpoint
 def pay(request: HttpRequest, key: str) -> HttpResponse:
     return _effect(request, key)
+
+
+@csrf_exempt
+def pay_held(request: HttpRequest, key: str) -> HttpResponse:
+    """``pay``, whose answer may be held (see ``HOLD``) once its transaction committed."""
+    response = pay(request, key)
+    with _holding:
+        hold, HOLD["left"] = HOLD["left"] > 0, max(0, HOLD["left"] - 1)
+    if hold:
+        emit(event="held", key=request.headers.get("Idempotency-Key", ""))
+        RELEASED.wait(120)
+    return response
 
 
 @csrf_exempt
