@@ -27,7 +27,6 @@ from .rows import (
     ATTEMPT,
     ATTEMPT_COLUMNS,
     DATETIME_COLUMNS,
-    GROUP,
     JSON_COLUMNS,
     NO_ERROR,
     TASK,
@@ -125,6 +124,12 @@ def is_duplicate(row: TaskRow, expired: bool, fingerprint: str) -> bool:
     return row.queue is None and live_or_done and (not fingerprint or row.payload_fingerprint in ("", fingerprint))
 
 
+def pairs_params(held: Sequence[tuple[int, int]]) -> list[int]:
+    """The parameters of a list of claims written ``id IN (%s, ...) AND ((id = %s AND fencing_token
+    = %s) OR ...)``: the ids, then each claim's id and token."""
+    return [*(pk for pk, _ in held), *(v for pair in held for v in pair)]
+
+
 def placeholders(n: int) -> str:
     return ", ".join(["%s"] * n)
 
@@ -167,10 +172,13 @@ class SQLStore:
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
 
-    def sql(self, name: str) -> str:
+    def sql(self, name: str, n: int | None = None) -> str:
         """The statement ``name`` as this vendor runs it: its own file's, else common.sql's
-        (store/queries/)."""
-        return queries.STATEMENTS[self.vendor][name]
+        (store/queries/); with ``n``, its list written ``item, ...`` repeated for ``n`` items
+        (where the database has no arrays), put together once per ``n``."""
+        if n is None:
+            return queries.STATEMENTS[self.vendor][name]
+        return self.statement(("sql", name, n), lambda: queries.repeat(queries.STATEMENTS[self.vendor][name], n))
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], str]) -> str:
         """The SQL text ``build()`` makes for ``key``, put together once: a store's texts are fixed,
@@ -564,13 +572,6 @@ class SQLStore:
         return found
 
     # -- coalescing (``@coalesced`` Django tasks) ------------------------------------------------
-    #: The smaller of two datetimes (SQLite's scalar ``min()``).
-    least = "LEAST"
-
-    def plus_seconds(self, column: str) -> str:
-        """SQL for the datetime ``column`` plus ``%s`` seconds (the parameter from :meth:`lease_param`)."""
-        raise NotImplementedError
-
     def coalesce(
         self, cursor: Any, *, tenant: str, group: str, key: str, payload: str | None, fingerprint: str,
         max_attempts: int, dispatch: str | None, queue: str, priority: int, task_path: str, delay: float,
@@ -592,55 +593,34 @@ class SQLStore:
                 return row, False
         row = self.insert_waiting(cursor, (tenant, key, max_attempts, payload, fingerprint, dispatch, queue,
                                            priority, self.lease_param(delay), task_path))
-        cursor.execute(f"UPDATE {GROUP} SET task_id = %s WHERE tenant = %s AND name = %s", [row.id, tenant, group])
+        cursor.execute(self.sql("set_group_latest"), [row.id, tenant, group])
         return row, True
 
     def lock_group(self, cursor: Any, tenant: str, group: str) -> int | None:
         """Create the group's row unless it exists, lock it to the end of the transaction: its latest task's id."""
-        self.execute(cursor, f"INSERT INTO {GROUP} (tenant, name, task_id) VALUES (%s, %s, NULL) "
-                             f"ON CONFLICT (tenant, name) DO UPDATE SET task_id = {GROUP}.task_id RETURNING task_id",
-                     [tenant, group])
+        self.execute(cursor, self.sql("lock_group"), [tenant, group])
         found = cursor.fetchone()
         return None if found[0] is None else int(found[0])
 
-    def waiting_set(self, max_delay: float | None) -> str:
-        """The SET of a collapse: the newest arguments, "not before" now + delay, capped at the first
-        enqueue (``created_at``) + ``max_delay`` (parameters: payload, fingerprint, delay[, max_delay])."""
-        not_before = self.lease_sql() if max_delay is None else f"{self.least}({self.lease_sql()}, "\
-                                                                f"{self.plus_seconds('created_at')})"
-        return (f"payload = {self.json_param}, payload_fingerprint = {self.param('text')}, run_after = {not_before}, "
-                f"updated_at = {self.now}")
-
-    def waiting(self) -> str:
-        """The group's latest task still waits: pending and never claimed (a claim raises its token,
-        and a retried or released task is pending again with its token up). Parameters: id, task path."""
-        return f"id = %s AND status = {PENDING} AND fencing_token = 0 AND task_path = %s"
-
-    def coalesce_params(self, payload: str | None, fingerprint: str, delay: float,
-                        max_delay: float | None) -> list[Any]:
+    def refresh_waiting_call(self, task_id: int, task_path: str, payload: str | None, fingerprint: str,
+                             delay: float, max_delay: float | None) -> tuple[str, list[Any]]:
+        """The collapse's statement and parameters: the newest arguments, "not before" now + delay,
+        capped at the first enqueue (``created_at``) + ``max_delay`` where one is given."""
         params = [payload, fingerprint, self.lease_param(delay)]
-        return params if max_delay is None else [*params, self.lease_param(max_delay)]
+        if max_delay is None:
+            return self.sql("refresh_waiting"), [*params, task_id, task_path]
+        return self.sql("refresh_waiting_capped"), [*params, self.lease_param(max_delay), task_id, task_path]
 
     def refresh_waiting(self, cursor: Any, task_id: int, *, task_path: str, payload: str | None, fingerprint: str,
                         delay: float, max_delay: float | None) -> TaskRow | None:
-        """The task ``task_id`` with these arguments if it still waits (:meth:`waiting`); else ``None``."""
-        self.execute(cursor, f"UPDATE {TASK} SET {self.waiting_set(max_delay)} WHERE {self.waiting()} "
-                             f"RETURNING {self.returning()}",
-                     [*self.coalesce_params(payload, fingerprint, delay, max_delay), task_id, task_path])
+        """The task ``task_id`` with these arguments if it still waits (pending, never claimed); else ``None``."""
+        self.execute(cursor, *self.refresh_waiting_call(task_id, task_path, payload, fingerprint, delay, max_delay))
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
 
-    def waiting_values(self) -> str:
-        """A coalesced task's values: ``ensure()``'s, with "not before" now + the delay parameter."""
-        text = self.param("text")
-        return self.task_values(running=False, values=(
-            text, text, self.param("integer"), self.json_param, text, self.json_param, text,
-            self.param("smallint"), self.lease_sql(), text))
-
     def insert_waiting(self, cursor: Any, params: Sequence[Any]) -> TaskRow:
         """Insert a coalesced task (its key is new: 128 random bits); its row."""
-        self.execute(cursor, f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.waiting_values()}) "
-                             f"RETURNING {self.returning()}", list(params))
+        self.execute(cursor, self.sql("insert_waiting"), list(params))
         return self.decode(cursor.fetchone())
 
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
@@ -663,13 +643,7 @@ class SQLStore:
         at most): the ids renewed, with their new expiry. A pair missing was fenced off."""
         renewed: dict[int, datetime] = {}
         for chunk in chunks(held, 400):  # well under every database's parameter limit
-            pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
-            cursor.execute(
-                f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
-                f"WHERE id IN ({placeholders(len(chunk))}) AND status = {RUNNING} AND ({pairs}) "
-                f"RETURNING id, lease_expires_at",
-                [self.lease_param(lease), *(pk for pk, _ in chunk), *(v for pair in chunk for v in pair)],
-            )
+            cursor.execute(self.sql("heartbeat_many", len(chunk)), [self.lease_param(lease), *pairs_params(chunk)])
             renewed.update((int(pk), expires) for pk, expires in self._expiries(cursor))
         return renewed
 

@@ -45,11 +45,6 @@ class SQLiteStore(SQLStore):
     def lease_param(self, seconds: float) -> str:
         return f"{seconds:+.3f} seconds"
 
-    least = "min"  # the scalar min() of its arguments: datetimes are text in one format here
-
-    def plus_seconds(self, column: str) -> str:
-        return f"(strftime('%%Y-%%m-%%d %%H:%%M:%%f', {column}, %s) || '000')"
-
     def unsupported(self, connection: Any) -> str | None:
         if sqlite3.sqlite_version_info < MINIMUM_VERSION:
             return (f"SQLite {sqlite3.sqlite_version} is too old: claims need SQLite "

@@ -112,3 +112,46 @@ def test_the_loader_reads_a_statement_as_written() -> None:
 
     text = "-- name: two\n-- what it does\nSELECT 1\n  FROM t\n\n  -- why\nWHERE a = %s\n-- name: one\nSELECT 2"
     assert parse(text, "f.sql") == {"two": "SELECT 1 FROM t WHERE a = %s", "one": "SELECT 2"}
+
+
+def test_a_list_written_item_then_ellipsis_is_repeated_for_a_call() -> None:
+    """Where a database has no arrays, a list is written once in the file (``%s, ...``, a group
+    ``OR ...``) and repeated for the call's length; nothing else in the text changes."""
+    from django_taskclaim.store.queries import repeat
+
+    text = "UPDATE t SET a = %s WHERE id IN (%s, ...) AND ((id = %s AND token = %s) OR ...)"
+    assert repeat(text, 2) == ("UPDATE t SET a = %s WHERE id IN (%s, %s) "
+                               "AND ((id = %s AND token = %s) OR (id = %s AND token = %s))")
+    assert repeat("x IN (VALUES (%s, %s), ...)", 3) == "x IN (VALUES (%s, %s), (%s, %s), (%s, %s))"
+    with pytest.raises(ValueError, match="no list written"):
+        repeat("SELECT 1", 2)
+    with pytest.raises(ValueError, match="one item at least"):
+        repeat(text, 0)
+
+
+def test_every_task_column_list_written_out_is_the_rows_columns_in_order() -> None:
+    """A statement that reads or writes whole task rows names their columns in ``TASK_COLUMNS``
+    order (``decode`` reads them by position): a column added to the model and forgotten in one
+    file, or two swapped, fails here rather than as a wrong field at run time."""
+    from django_taskclaim.store.queries import FILES
+    from django_taskclaim.store.rows import TASK_COLUMNS
+
+    def bare(column: str) -> str:
+        column = column.strip().strip('`"')
+        return column.split("::")[0] if "::" in column else column
+
+    checked = 0
+    for stem, statements in FILES.items():
+        for name, text in statements.items():
+            for clause in re.findall(r"(?:RETURNING|SELECT)\s+(.*?)(?:\s+FROM\b|$)", text):
+                columns = [bare(c) for c in clause.split(",")]
+                if len(columns) < 5 or "tenant" not in columns:
+                    continue
+                rows = [c for c in columns if c != "clock_timestamp() AS claimed_at"]
+                assert tuple(rows) == TASK_COLUMNS, f"{stem}.sql: {name}: {rows}"
+                checked += 1
+            inserted = re.search(r"INSERT INTO django_taskclaim_task \((.*?)\)", text)
+            if inserted:
+                assert tuple(bare(c) for c in inserted[1].split(",")) == TASK_COLUMNS[1:], f"{stem}.sql: {name}"
+                checked += 1
+    assert checked, "no statement names the task columns: the check reads nothing"

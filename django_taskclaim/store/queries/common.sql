@@ -29,3 +29,14 @@ WHERE task_id = %s AND token = %s
 -- fingerprint, task id).
 UPDATE django_taskclaim_task SET payload = %s, payload_fingerprint = %s
 WHERE id = %s AND payload_fingerprint = ''
+
+-- name: lock_group
+-- A coalescing group's row (tenant, name), created unless it exists and locked to the end of the
+-- transaction either way (the no-op update locks a row that was there): its latest task's id.
+INSERT INTO django_taskclaim_coalescegroup (tenant, name, task_id) VALUES (%s, %s, NULL)
+ON CONFLICT (tenant, name) DO UPDATE SET task_id = django_taskclaim_coalescegroup.task_id
+RETURNING task_id
+
+-- name: set_group_latest
+-- The group's (tenant, name) latest task is now this one (task id, tenant, name).
+UPDATE django_taskclaim_coalescegroup SET task_id = %s WHERE tenant = %s AND name = %s

@@ -30,3 +30,52 @@ WHERE id = %s AND status = 'running' AND fencing_token = %s
 -- The lease expiry of a claim (task id, token) that this transaction just renewed or started.
 SELECT lease_expires_at FROM django_taskclaim_task
 WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: heartbeat_many
+-- Renew the leases of many claims at once (microseconds; the ids, then each claim's id and token).
+-- No RETURNING: leases_renewed reads them back. The ids first: the update locks only the rows it names.
+UPDATE django_taskclaim_task
+SET lease_expires_at = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), updated_at = UTC_TIMESTAMP(6)
+WHERE id IN (%s, ...) AND status = 'running' AND ((id = %s AND fencing_token = %s) OR ...)
+
+-- name: leases_renewed
+-- Of the claims heartbeat_many just renewed (the same parameters, without the lease), the ids
+-- with their new expiry.
+SELECT id, lease_expires_at FROM django_taskclaim_task
+WHERE id IN (%s, ...) AND status = 'running' AND ((id = %s AND fencing_token = %s) OR ...)
+
+-- name: lock_group
+-- A coalescing group's row (tenant, name), created unless it exists: the upsert takes the row's
+-- exclusive lock whether it inserted or met the row; locked_group then reads it.
+INSERT INTO django_taskclaim_coalescegroup (tenant, name, task_id) VALUES (%s, %s, NULL)
+ON DUPLICATE KEY UPDATE task_id = task_id
+
+-- name: locked_group
+-- The group's (tenant, name) latest task id, read under the lock lock_group took (READ COMMITTED:
+-- the latest committed value).
+SELECT task_id FROM django_taskclaim_coalescegroup WHERE tenant = %s AND name = %s FOR UPDATE
+
+-- name: refresh_waiting
+-- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay in
+-- microseconds, task id, task path) if it still waits (see postgresql.sql). InnoDB re-checks the
+-- WHERE on the latest committed version of the row it locks; the row count says whether it did.
+UPDATE django_taskclaim_task
+SET payload = %s, payload_fingerprint = %s, run_after = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)),
+    updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+
+-- name: refresh_waiting_capped
+-- refresh_waiting with a max_delay (microseconds, after the delay): capped at created_at + max_delay.
+UPDATE django_taskclaim_task
+SET payload = %s, payload_fingerprint = %s,
+    run_after = LEAST(TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), TIMESTAMPADD(MICROSECOND, %s, created_at)),
+    updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+
+-- name: insert_waiting
+-- A coalesced task, pending (the parameters of postgresql.sql's, the delay in microseconds).
+INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
+    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
+    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+    %s, %s, TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), %s)

@@ -17,3 +17,49 @@ SET attempts = attempts + 1, lease_expires_at = (strftime('%%Y-%%m-%%d %%H:%%M:%
     updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
 WHERE id = %s AND status = 'running' AND fencing_token = %s
 RETURNING lease_expires_at
+
+-- name: heartbeat_many
+-- Renew the leases of many claims at once (lease as for heartbeat; the ids, then each claim's id
+-- and token): the ids renewed, with their new expiry. A claim missing was fenced off.
+UPDATE django_taskclaim_task
+SET lease_expires_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id IN (%s, ...) AND status = 'running' AND ((id = %s AND fencing_token = %s) OR ...)
+RETURNING id, lease_expires_at
+
+-- name: refresh_waiting
+-- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay as
+-- '+1.000 seconds', task id, task path) if it still waits (see postgresql.sql). Its row, or none.
+UPDATE django_taskclaim_task
+SET payload = %s, payload_fingerprint = %s,
+    run_after = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+
+-- name: refresh_waiting_capped
+-- refresh_waiting with a max_delay after the delay: capped at created_at + max_delay (min() of
+-- two datetimes, which are text in one format here).
+UPDATE django_taskclaim_task
+SET payload = %s, payload_fingerprint = %s,
+    run_after = min((strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
+                    (strftime('%%Y-%%m-%%d %%H:%%M:%%f', created_at, %s) || '000')),
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+
+-- name: insert_waiting
+-- A coalesced task, pending (the parameters of postgresql.sql's). Its row.
+INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
+    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
+    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s,
+    (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
+    %s, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), %s)
+RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
