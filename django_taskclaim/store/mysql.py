@@ -95,7 +95,6 @@ class MySQLStore(SQLStore):
     now = "UTC_TIMESTAMP(6)"
     needs_transaction = True
     row_locks = True
-    for_update = " FOR UPDATE"
 
     def quote(self, name: str) -> str:
         return f"`{name}`"
@@ -145,13 +144,7 @@ class MySQLStore(SQLStore):
         if UTF8MB4_MIGRATION not in MigrationRecorder(connection).applied_migrations():
             return []
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT TABLE_NAME, COLUMN_NAME, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
-                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({placeholders(2)}) "
-                "AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME <> 'utf8mb4' "
-                "ORDER BY TABLE_NAME, ORDINAL_POSITION",
-                [TASK, ATTEMPT],
-            )
+            cursor.execute(self.sql("narrow_columns"), [TASK, ATTEMPT])
             narrow = cursor.fetchall()
         if not narrow:
             return []

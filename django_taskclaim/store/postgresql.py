@@ -125,7 +125,6 @@ class PostgreSQLStore(SQLStore):
     # statement's snapshot fails the claim's WHERE is not locked, ON CONFLICT DO NOTHING locks
     # nothing, and the duplicate's FOR KEY SHARE does not conflict with fenced()'s FOR NO KEY UPDATE.
     looks_first = False
-    for_update = " FOR UPDATE"
 
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"

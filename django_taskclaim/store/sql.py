@@ -159,8 +159,6 @@ class SQLStore:
     needs_transaction = True
     row_locks = False
     looks_first = True
-    #: Appended to the SELECT of rows an operator then changes (row locks where the database has them).
-    for_update = ""
     #: Seconds a duplicate delivery's audit row may wait for a transaction holding the task, where
     #: it would wait (SQLite's one write lock, MySQL's exclusive row lock), before it is left out:
     #: claims and completions hold it for a moment, an owner's fenced() block for as long as it
@@ -175,10 +173,10 @@ class SQLStore:
     def sql(self, name: str, n: int | None = None) -> str:
         """The statement ``name`` as this vendor runs it: its own file's, else common.sql's
         (store/queries/); with ``n``, its list written ``item, ...`` repeated for ``n`` items
-        (where the database has no arrays), put together once per ``n``."""
-        if n is None:
-            return queries.STATEMENTS[self.vendor][name]
-        return self.statement(("sql", name, n), lambda: queries.repeat(queries.STATEMENTS[self.vendor][name], n))
+        (where the database has no arrays). Not kept per ``n``: the lists are as long as a call's
+        ids (a purge's up to its limit), and repeating one is cheaper than sending it."""
+        text = queries.STATEMENTS[self.vendor][name]
+        return text if n is None else queries.repeat(text, n)
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], str]) -> str:
         """The SQL text ``build()`` makes for ``key``, put together once: a store's texts are fixed,
@@ -774,17 +772,12 @@ class SQLStore:
     # -- the sweeper and operators ---------------------------------------------------------
     def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
                 older_than: float | None) -> bool:
-        guard, params = "fencing_token = %s", [token]
-        if token is None:
-            if older_than is None:
-                raise ValueError("requeue needs the token of a reclaimed task or an age (older_than)")
-            cutoff, params = self.shifted_now(-older_than)
-            guard = f"updated_at < {cutoff}"
-        cursor.execute(
-            f"UPDATE {TASK} SET dispatch = {self.json_param}, updated_at = {self.now} "
-            f"WHERE id = %s AND status = {PENDING} AND {guard}",
-            [dispatch, task_id, *params],
-        )
+        if token is not None:
+            cursor.execute(self.sql("requeue"), [dispatch, task_id, token])
+        elif older_than is None:
+            raise ValueError("requeue needs the token of a reclaimed task or an age (older_than)")
+        else:
+            cursor.execute(self.sql("requeue_stale"), [dispatch, task_id, self.lease_param(-older_than)])
         return bool(cursor.rowcount == 1)
 
     def reclaim_set_sql(self, table: str = TASK) -> str:
@@ -814,25 +807,13 @@ class SQLStore:
 
     def close_running_attempts(self, cursor: Any, moved: Sequence[Moved], outcome: str) -> None:
         if moved:
-            cursor.executemany(
-                f"UPDATE {ATTEMPT} SET outcome = %s, ended_at = {self.now} "
-                f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING}",
-                [[outcome, m.id, m.token] for m in moved],
-            )
+            cursor.executemany(self.sql("close_running_attempt"), [[outcome, m.id, m.token] for m in moved])
 
     def fail_exhausted(self, cursor: Any, task_id: int, token: int, audit: bool) -> bool:
-        cursor.execute(
-            f"UPDATE {TASK} SET status = {FAILED}, error = %s, lease_expires_at = NULL, updated_at = {self.now} "
-            f"WHERE {owned()} AND lease_expires_at < {self.now} AND attempts >= max_attempts",
-            [EXHAUSTED_ERROR, task_id, token],
-        )
+        cursor.execute(self.sql("fail_exhausted"), [EXHAUSTED_ERROR, task_id, token])
         moved = cursor.rowcount == 1
         if moved and audit:
-            cursor.execute(
-                f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.EXPIRED)}, ended_at = {self.now} "
-                f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING}",
-                [task_id, token],
-            )
+            cursor.execute(self.sql("close_expired_attempt"), [task_id, token])
         return moved
 
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
@@ -856,49 +837,31 @@ class SQLStore:
         count = 0
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
-            cursor.execute(
-                f"UPDATE {TASK} SET status = {CANCELLED}, lease_expires_at = NULL, updated_at = {self.now} "
-                f"WHERE id IN ({placeholders(len(chunk))}) AND status IN ({PENDING}, {RUNNING})",
-                chunk,
-            )
+            cursor.execute(self.sql("cancel", len(chunk)), chunk)
             count += cursor.rowcount
             if audit:
-                cursor.execute(
-                    f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.CANCELLED)}, ended_at = {self.now} "
-                    f"WHERE task_id IN ({placeholders(len(chunk))}) AND outcome = {RUNNING} "
-                    f"AND task_id IN (SELECT id FROM {TASK} WHERE status = {CANCELLED})",
-                    chunk,
-                )
+                cursor.execute(self.sql("close_cancelled_attempts", len(chunk)), chunk)
         return count
 
     def reset(self, cursor: Any, ids: Sequence[int]) -> int:
         count = 0
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
-            cursor.execute(
-                f"UPDATE {TASK} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
-                f"lease_expires_at = NULL, updated_at = {self.now} "
-                f"WHERE id IN ({placeholders(len(chunk))}) AND status IN ({FAILED}, {CANCELLED})",
-                chunk,
-            )
+            cursor.execute(self.sql("reset", len(chunk)), chunk)
             count += cursor.rowcount
         return count
 
     def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
         # Row locks (FOR UPDATE, where there are any) make a concurrent reset wait, and a row
         # it already moved out of the finished states no longer matches once locked.
-        cursor.execute(
-            f"SELECT id FROM {TASK} WHERE status IN ({placeholders(len(statuses))}) AND updated_at < %s "
-            f"ORDER BY id LIMIT %s{self.for_update}",
-            [*statuses, cursor.db.ops.adapt_datetimefield_value(before), limit],
-        )
+        cursor.execute(self.sql("purge_select", len(statuses)),
+                       [*statuses, cursor.db.ops.adapt_datetimefield_value(before), limit])
         ids = [r[0] for r in cursor.fetchall()]
         if not ids:
             return 0, 0
-        marks = placeholders(len(ids))
-        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE task_id IN ({marks})", ids)
+        cursor.execute(self.sql("purge_attempts", len(ids)), ids)
         attempts = cursor.rowcount
-        cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
+        cursor.execute(self.sql("purge_tasks", len(ids)), ids)
         return cursor.rowcount, attempts
 
     def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:

@@ -40,3 +40,16 @@ RETURNING task_id
 -- name: set_group_latest
 -- The group's (tenant, name) latest task is now this one (task id, tenant, name).
 UPDATE django_taskclaim_coalescegroup SET task_id = %s WHERE tenant = %s AND name = %s
+
+-- name: purge_select
+-- Finished tasks to purge (statuses; updated before a datetime; at most a number), oldest id first.
+SELECT id FROM django_taskclaim_task WHERE status IN (%s, ...) AND updated_at < %s
+ORDER BY id LIMIT %s
+
+-- name: purge_attempts
+-- The attempt rows of the tasks purge_select chose (their ids).
+DELETE FROM django_taskclaim_attempt WHERE task_id IN (%s, ...)
+
+-- name: purge_tasks
+-- The tasks purge_select chose (their ids), after their attempt rows.
+DELETE FROM django_taskclaim_task WHERE id IN (%s, ...)

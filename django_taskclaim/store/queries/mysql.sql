@@ -79,3 +79,38 @@ INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_
     `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
 VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
     %s, %s, TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), %s)
+
+-- name: requeue
+-- A reclaimed task's new dispatch (JSON; task id, the token it was reclaimed with), if it is still
+-- pending under that token: the sweeper re-sends it.
+UPDATE django_taskclaim_task SET dispatch = %s, updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'pending' AND fencing_token = %s
+
+-- name: requeue_stale
+-- requeue for a pending task not touched for a while (JSON; task id; microseconds, negative).
+UPDATE django_taskclaim_task SET dispatch = %s, updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'pending' AND updated_at < TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6))
+
+-- name: fail_exhausted
+-- The claim (error, task id, token) whose lease expired with no attempts left: failed.
+UPDATE django_taskclaim_task
+SET status = 'failed', error = %s, lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+  AND lease_expires_at < UTC_TIMESTAMP(6) AND attempts >= max_attempts
+
+-- name: close_expired_attempt
+-- Its attempt row (task id, token), if still open: expired.
+UPDATE django_taskclaim_attempt SET outcome = 'expired', ended_at = UTC_TIMESTAMP(6)
+WHERE task_id = %s AND token = %s AND outcome = 'running'
+
+-- name: close_running_attempt
+-- An attempt row (outcome, task id, token) still open, closed with that outcome.
+UPDATE django_taskclaim_attempt SET outcome = %s, ended_at = UTC_TIMESTAMP(6)
+WHERE task_id = %s AND token = %s AND outcome = 'running'
+
+-- name: narrow_columns
+-- Text columns of the task tables (the two table names) that are not utf8mb4: check E023.
+SELECT TABLE_NAME, COLUMN_NAME, CHARACTER_SET_NAME FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (%s, %s)
+  AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME <> 'utf8mb4'
+ORDER BY TABLE_NAME, ORDINAL_POSITION

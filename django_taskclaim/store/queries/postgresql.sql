@@ -98,3 +98,37 @@ RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempt
     payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
     dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
     clock_timestamp() AS claimed_at
+
+-- name: purge_select
+-- Row locks make a concurrent reset wait, and a row it already moved out of the finished states no
+-- longer matches once locked.
+SELECT id FROM django_taskclaim_task WHERE status IN (%s, ...) AND updated_at < %s
+ORDER BY id LIMIT %s FOR UPDATE
+
+-- name: requeue
+-- A reclaimed task's new dispatch (JSON; task id, the token it was reclaimed with), if it is still
+-- pending under that token: the sweeper re-sends it.
+UPDATE django_taskclaim_task SET dispatch = %s::jsonb, updated_at = statement_timestamp()
+WHERE id = %s AND status = 'pending' AND fencing_token = %s
+
+-- name: requeue_stale
+-- requeue for a pending task not touched for a number of seconds (JSON; task id; seconds, negative).
+UPDATE django_taskclaim_task SET dispatch = %s::jsonb, updated_at = statement_timestamp()
+WHERE id = %s AND status = 'pending' AND updated_at < (statement_timestamp() + make_interval(secs => %s))
+
+-- name: fail_exhausted
+-- The claim (error, task id, token) whose lease expired with no attempts left: failed.
+UPDATE django_taskclaim_task
+SET status = 'failed', error = %s, lease_expires_at = NULL, updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+  AND lease_expires_at < statement_timestamp() AND attempts >= max_attempts
+
+-- name: close_expired_attempt
+-- Its attempt row (task id, token), if still open: expired.
+UPDATE django_taskclaim_attempt SET outcome = 'expired', ended_at = statement_timestamp()
+WHERE task_id = %s AND token = %s AND outcome = 'running'
+
+-- name: close_running_attempt
+-- An attempt row (outcome, task id, token) still open, closed with that outcome.
+UPDATE django_taskclaim_attempt SET outcome = %s, ended_at = statement_timestamp()
+WHERE task_id = %s AND token = %s AND outcome = 'running'

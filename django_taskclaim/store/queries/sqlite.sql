@@ -63,3 +63,57 @@ VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s,
 RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
     "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
     "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+
+-- name: requeue
+-- A reclaimed task's new dispatch (JSON; task id, the token it was reclaimed with), if it is still
+-- pending under that token: the sweeper re-sends it.
+UPDATE django_taskclaim_task SET dispatch = %s, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'pending' AND fencing_token = %s
+
+-- name: requeue_stale
+-- requeue for a pending task not touched for a while (JSON; task id; '-30.000 seconds').
+UPDATE django_taskclaim_task SET dispatch = %s, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'pending'
+  AND updated_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')
+
+-- name: fail_exhausted
+-- The claim (error, task id, token) whose lease expired with no attempts left: failed.
+UPDATE django_taskclaim_task
+SET status = 'failed', error = %s, lease_expires_at = NULL,
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+  AND lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000') AND attempts >= max_attempts
+
+-- name: close_expired_attempt
+-- Its attempt row (task id, token), if still open: expired.
+UPDATE django_taskclaim_attempt SET outcome = 'expired', ended_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE task_id = %s AND token = %s AND outcome = 'running'
+
+-- name: close_running_attempt
+-- An attempt row (outcome, task id, token) still open, closed with that outcome.
+UPDATE django_taskclaim_attempt SET outcome = %s, ended_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE task_id = %s AND token = %s AND outcome = 'running'
+
+-- name: cancel
+-- Pending or running tasks (their ids) cancelled.
+UPDATE django_taskclaim_task
+SET status = 'cancelled', lease_expires_at = NULL, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id IN (%s, ...) AND status IN ('pending', 'running')
+
+-- name: close_cancelled_attempts
+-- The open attempt rows of those tasks (the same ids) that cancel did cancel.
+UPDATE django_taskclaim_attempt SET outcome = 'cancelled', ended_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE task_id IN (%s, ...) AND outcome = 'running'
+  AND task_id IN (SELECT id FROM django_taskclaim_task WHERE status = 'cancelled')
+
+-- name: reset
+-- Failed or cancelled tasks (their ids) pending again, as never run.
+UPDATE django_taskclaim_task
+SET status = 'pending', attempts = 0, owner = '', error = '', lease_expires_at = NULL,
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id IN (%s, ...) AND status IN ('failed', 'cancelled')
+
+-- name: begin_write
+-- A write that matches nothing, as a transaction's first statement: it takes the one write lock
+-- now, waiting for it (the busy timeout) like any other write.
+UPDATE django_taskclaim_task SET id = id WHERE 0 = 1
