@@ -402,12 +402,7 @@ class SQLStore:
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
         audit: bool, in_transaction: bool,
     ) -> Found | None:
-        self.execute(
-            cursor,
-            f"SELECT {self.columns()}, (lease_expires_at < {self.now}) FROM {TASK} "
-            f"WHERE tenant = %s AND {self.quote('key')} = %s",
-            [tenant, key],
-        )
+        self.execute(cursor, self.sql("read_state"), [tenant, key])
         found = cursor.fetchone()
         if found is None:
             return None
@@ -622,8 +617,7 @@ class SQLStore:
         return self.decode(cursor.fetchone())
 
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
-        self.execute(cursor, f"SELECT {self.columns()} FROM {TASK} WHERE tenant = %s AND {self.quote('key')} = %s",
-                     [tenant, key])
+        self.execute(cursor, self.sql("read_task"), [tenant, key])
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
 

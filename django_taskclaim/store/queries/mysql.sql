@@ -114,3 +114,19 @@ SELECT TABLE_NAME, COLUMN_NAME, CHARACTER_SET_NAME FROM information_schema.COLUM
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (%s, %s)
   AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME <> 'utf8mb4'
 ORDER BY TABLE_NAME, ORDINAL_POSITION
+
+-- name: read_task
+-- The task (tenant, key): its row, or none.
+SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
+    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
+    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`
+FROM django_taskclaim_task WHERE tenant = %s AND `key` = %s
+
+-- name: read_state
+-- What a claim by key that did not claim met (tenant, key): the task's row, and whether its lease
+-- has expired.
+SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
+    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
+    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`,
+    (lease_expires_at < UTC_TIMESTAMP(6))
+FROM django_taskclaim_task WHERE tenant = %s AND `key` = %s

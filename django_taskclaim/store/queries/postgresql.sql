@@ -132,3 +132,10 @@ WHERE task_id = %s AND token = %s AND outcome = 'running'
 -- An attempt row (outcome, task id, token) still open, closed with that outcome.
 UPDATE django_taskclaim_attempt SET outcome = %s, ended_at = statement_timestamp()
 WHERE task_id = %s AND token = %s AND outcome = 'running'
+
+-- name: read_task
+-- The task (tenant, key): its row, or none.
+SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path
+FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s

@@ -117,3 +117,19 @@ WHERE id IN (%s, ...) AND status IN ('failed', 'cancelled')
 -- A write that matches nothing, as a transaction's first statement: it takes the one write lock
 -- now, waiting for it (the busy timeout) like any other write.
 UPDATE django_taskclaim_task SET id = id WHERE 0 = 1
+
+-- name: read_task
+-- The task (tenant, key): its row, or none.
+SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
+
+-- name: read_state
+-- What a claim by key that did not claim met (tenant, key): the task's row, and whether its lease
+-- has expired.
+SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path",
+    (lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'))
+FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
