@@ -494,9 +494,7 @@ class SQLStore:
     ) -> TaskRow | None:
         self.execute(
             cursor,
-            self.statement(("ensure",), lambda: (
-                f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=False)}) "
-                f"ON CONFLICT (tenant, {self.quote('key')}) DO NOTHING RETURNING {self.returning()}")),
+            self.sql("ensure"),
             [tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
              self.datetime_param(cursor, run_after), task_path],
         )

@@ -178,7 +178,7 @@ ALLOWED = {
     "sql.same_payload": PART, "sql.reclaim_set_sql": PART, "sql.duplicate_sql": PART,
     "sql.claim_key": HOT, "sql.claim_next": HOT, "sql.fail_exhausted_queued": HOT, "sql.finish": HOT,
     "sql.unstart": HOT, "sql.fail": HOT, "sql.close_attempt": HOT,
-    "sql.open_attempt": READ, "sql.insert_attempt": READ, "sql.ensure": READ,
+    "sql.open_attempt": READ, "sql.insert_attempt": READ,
     "sql._values_insert_sql": READ, "sql.read_tasks": READ,
     "sql.reclaim": OPERATOR, "sql.force_release": OPERATOR,
     "postgresql._START_ATTEMPT": PART, "postgresql._MOVED": PART, "postgresql._open_attempts": PART,

@@ -139,3 +139,17 @@ SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, 
     payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
     dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path
 FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
+
+-- name: ensure
+-- A new pending task unless its (tenant, key) exists (tenant, key, max_attempts, payload,
+-- fingerprint, dispatch, queue, priority, run_after, task path): its row, or none.
+INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+    lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+    updated_at, queue, priority, run_after, task_path)
+VALUES (%s::text, %s::text, 'pending', '', 0, 0, %s::integer, NULL, %s::jsonb, %s::text, NULL, '', '',
+    %s::jsonb, statement_timestamp(), statement_timestamp(), %s::text, %s::smallint, %s::timestamptz, %s::text)
+ON CONFLICT (tenant, "key") DO NOTHING
+RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+    clock_timestamp() AS claimed_at

@@ -133,3 +133,17 @@ SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "m
     "created_at", "updated_at", "queue", "priority", "run_after", "task_path",
     (lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'))
 FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
+
+-- name: ensure
+-- A new pending task unless its (tenant, key) exists (the parameters of postgresql.sql's): its
+-- row, or none.
+INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
+    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
+    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s,
+    (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
+    %s, %s, %s, %s)
+ON CONFLICT (tenant, "key") DO NOTHING
+RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
