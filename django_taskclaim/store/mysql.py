@@ -32,7 +32,6 @@ from .rows import (
     in_claim_order,
 )
 from .sql import (
-    CANCELLED,
     ENSURE_CHUNK,
     EXHAUSTED_ERROR,
     FAILED,
@@ -496,43 +495,32 @@ class MySQLStore(SQLStore):
         cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
         return cursor.rowcount, attempts
 
-    def _lock_rows(self, cursor: Any, ids: Sequence[int], statuses: str) -> list[int]:
-        """Lock the tasks ``ids`` whose status is in ``statuses`` (SQL), by primary key, in id order."""
-        cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE id IN ({placeholders(len(ids))}) "
-                       f"AND status IN ({statuses}) ORDER BY id FOR UPDATE", list(ids))
+    def _lock_rows(self, cursor: Any, sql: str, ids: Sequence[int]) -> list[int]:
+        """Lock the tasks ``ids`` that ``sql`` (lock_cancellable, lock_resettable) picks, by primary
+        key, in id order."""
+        cursor.execute(sql, list(ids))
         return [r[0] for r in cursor.fetchall()]
 
     def cancel(self, cursor: Any, ids: Sequence[int], audit: bool) -> int:
         count = 0
         for start in range(0, len(ids), 500):
-            locked = self._lock_rows(cursor, ids[start:start + 500], f"{PENDING}, {RUNNING}")
+            chunk = ids[start:start + 500]
+            locked = self._lock_rows(cursor, self.sql("lock_cancellable", len(chunk)), chunk)
             if not locked:
                 continue
-            marks = placeholders(len(locked))
-            cursor.execute(
-                f"UPDATE {TASK} {BY_ROW} SET status = {CANCELLED}, lease_expires_at = NULL, "
-                f"updated_at = {self.now} WHERE id IN ({marks})",
-                locked,
-            )
+            cursor.execute(self.sql("cancel", len(locked)), locked)
             count += cursor.rowcount
             if audit:
-                cursor.execute(
-                    f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.CANCELLED)}, ended_at = {self.now} "
-                    f"WHERE task_id IN ({marks}) AND outcome = {RUNNING}",
-                    locked,
-                )
+                cursor.execute(self.sql("close_cancelled_attempts", len(locked)), locked)
         return count
 
     def reset(self, cursor: Any, ids: Sequence[int]) -> int:
         count = 0
         for start in range(0, len(ids), 500):
-            locked = self._lock_rows(cursor, ids[start:start + 500], f"{FAILED}, {CANCELLED}")
+            chunk = ids[start:start + 500]
+            locked = self._lock_rows(cursor, self.sql("lock_resettable", len(chunk)), chunk)
             if locked:
-                cursor.execute(
-                    f"UPDATE {TASK} {BY_ROW} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
-                    f"lease_expires_at = NULL, updated_at = {self.now} WHERE id IN ({placeholders(len(locked))})",
-                    locked,
-                )
+                cursor.execute(self.sql("reset", len(locked)), locked)
                 count += cursor.rowcount
         return count
 

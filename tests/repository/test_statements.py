@@ -192,8 +192,8 @@ ALLOWED = {
     "mysql._rows_by_id": READ, "mysql._claimed_rows": HOT, "mysql._insert": READ, "mysql.claim_key": HOT,
     "mysql.record_duplicate": HOT, "mysql._open_attempt": HOT, "mysql.unstart": HOT, "mysql.claim_next": HOT,
     "mysql._fail_exhausted": HOT, "mysql.ensure_many": READ, "mysql.finish": HOT,
-    "mysql.reclaim": OPERATOR, "mysql.purge": OPERATOR, "mysql._lock_rows": OPERATOR, "mysql.cancel": OPERATOR,
-    "mysql.reset": OPERATOR, "mysql.force_release": OPERATOR, "mysql._held": OPERATOR,
+    "mysql.reclaim": OPERATOR, "mysql.purge": OPERATOR,
+    "mysql.force_release": OPERATOR, "mysql._held": OPERATOR,
 }
 
 

@@ -130,3 +130,32 @@ SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `m
     `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`,
     (lease_expires_at < UTC_TIMESTAMP(6))
 FROM django_taskclaim_task WHERE tenant = %s AND `key` = %s
+
+-- name: lock_cancellable
+-- Of the tasks (their ids), lock those pending or running, by primary key in id order (a plan on
+-- another index would lock gaps and deadlock with claims): their ids.
+SELECT id FROM django_taskclaim_task FORCE INDEX (PRIMARY)
+WHERE id IN (%s, ...) AND status IN ('pending', 'running') ORDER BY id FOR UPDATE
+
+-- name: cancel
+-- The tasks lock_cancellable locked (their ids), cancelled.
+UPDATE django_taskclaim_task FORCE INDEX (PRIMARY)
+SET status = 'cancelled', lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id IN (%s, ...)
+
+-- name: close_cancelled_attempts
+-- Their open attempt rows (the same ids): cancelled.
+UPDATE django_taskclaim_attempt SET outcome = 'cancelled', ended_at = UTC_TIMESTAMP(6)
+WHERE task_id IN (%s, ...) AND outcome = 'running'
+
+-- name: lock_resettable
+-- Of the tasks (their ids), lock those failed or cancelled, as lock_cancellable does: their ids.
+SELECT id FROM django_taskclaim_task FORCE INDEX (PRIMARY)
+WHERE id IN (%s, ...) AND status IN ('failed', 'cancelled') ORDER BY id FOR UPDATE
+
+-- name: reset
+-- The tasks lock_resettable locked (their ids) pending again, as never run.
+UPDATE django_taskclaim_task FORCE INDEX (PRIMARY)
+SET status = 'pending', attempts = 0, owner = '', error = '', lease_expires_at = NULL,
+    updated_at = UTC_TIMESTAMP(6)
+WHERE id IN (%s, ...)
