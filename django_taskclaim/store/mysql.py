@@ -22,7 +22,6 @@ from ..checkspec import spec
 from ..status import Outcome, Status
 from .rows import (
     ATTEMPT,
-    GROUP,
     TASK,
     Claimed,
     Found,
@@ -33,7 +32,6 @@ from .rows import (
     in_claim_order,
 )
 from .sql import (
-    CANCELLED,
     ENSURE_CHUNK,
     EXHAUSTED_ERROR,
     FAILED,
@@ -47,6 +45,7 @@ from .sql import (
     fits,
     has_room,
     owned,
+    pairs_params,
     placeholders,
     word,
 )
@@ -97,7 +96,6 @@ class MySQLStore(SQLStore):
     now = "UTC_TIMESTAMP(6)"
     needs_transaction = True
     row_locks = True
-    for_update = " FOR UPDATE"
 
     def quote(self, name: str) -> str:
         return f"`{name}`"
@@ -147,13 +145,7 @@ class MySQLStore(SQLStore):
         if UTF8MB4_MIGRATION not in MigrationRecorder(connection).applied_migrations():
             return []
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT TABLE_NAME, COLUMN_NAME, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
-                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({placeholders(2)}) "
-                "AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME <> 'utf8mb4' "
-                "ORDER BY TABLE_NAME, ORDINAL_POSITION",
-                [TASK, ATTEMPT],
-            )
+            cursor.execute(self.sql("narrow_columns"), [TASK, ATTEMPT])
             narrow = cursor.fetchall()
         if not narrow:
             return []
@@ -183,10 +175,14 @@ class MySQLStore(SQLStore):
         return [(self.decode(found), found[-1]) for found in cursor.fetchall()]
 
     def _insert(self, cursor: Any, values_sql: str, params: list[Any]) -> int | None:
-        """Insert one task; its id, or ``None`` when ``(tenant, key)`` exists (a committed or
-        concurrent insert: InnoDB makes the second wait for the first, then refuses it)."""
+        """Insert one task (its values' SQL); its id, or ``None`` when ``(tenant, key)`` exists."""
+        return self._inserted(cursor, f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({values_sql})", params)
+
+    def _inserted(self, cursor: Any, sql: str, params: list[Any]) -> int | None:
+        """Run an insert of one task; its id, or ``None`` when ``(tenant, key)`` exists (a committed
+        or concurrent insert: InnoDB makes the second wait for the first, then refuses it)."""
         try:
-            cursor.execute(f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({values_sql})", params)
+            cursor.execute(sql, params)
         except IntegrityError as exc:
             if _code(exc) != _DUPLICATE_KEY:
                 raise
@@ -408,30 +404,22 @@ class MySQLStore(SQLStore):
         return [found[(task.tenant, task.key)] if made else None for task, made in zip(tasks, inserted, strict=True)]
 
     # -- coalescing: the portable ``coalesce`` with MySQL's upsert and no RETURNING -------------
-    def plus_seconds(self, column: str) -> str:
-        return f"TIMESTAMPADD(MICROSECOND, %s, {column})"
-
     def lock_group(self, cursor: Any, tenant: str, group: str) -> int | None:
-        # The upsert takes the row's exclusive lock whether it inserted or met the row; the locking
-        # read then reads the latest committed task id (READ COMMITTED) under that lock.
-        cursor.execute(f"INSERT INTO {GROUP} (tenant, name, task_id) VALUES (%s, %s, NULL) "
-                       "ON DUPLICATE KEY UPDATE task_id = task_id", [tenant, group])
-        cursor.execute(f"SELECT task_id FROM {GROUP} WHERE tenant = %s AND name = %s FOR UPDATE", [tenant, group])
+        cursor.execute(self.sql("lock_group"), [tenant, group])
+        cursor.execute(self.sql("locked_group"), [tenant, group])
         found = cursor.fetchone()
         return None if found[0] is None else int(found[0])
 
     def refresh_waiting(self, cursor: Any, task_id: int, *, task_path: str, payload: str | None, fingerprint: str,
                         delay: float, max_delay: float | None) -> TaskRow | None:
-        # InnoDB re-checks the WHERE on the latest committed version of the row it locks.
-        cursor.execute(f"UPDATE {TASK} SET {self.waiting_set(max_delay)} WHERE {self.waiting()}",
-                       [*self.coalesce_params(payload, fingerprint, delay, max_delay), task_id, task_path])
+        cursor.execute(*self.refresh_waiting_call(task_id, task_path, payload, fingerprint, delay, max_delay))
         if cursor.rowcount != 1:
             return None
         [row] = self._rows_by_id(cursor, [task_id])
         return row
 
     def insert_waiting(self, cursor: Any, params: Sequence[Any]) -> TaskRow:
-        new_id = self._insert(cursor, self.waiting_values(), list(params))
+        new_id = self._inserted(cursor, self.sql("insert_waiting"), list(params))
         if new_id is None:  # 128 random bits met an existing key
             raise IntegrityError(f"coalesced task key {params[1]!r} exists already")
         [row] = self._rows_by_id(cursor, [new_id])
@@ -451,17 +439,10 @@ class MySQLStore(SQLStore):
         update locks only the rows it names), a chunk of 400 at most."""
         renewed: dict[int, datetime] = {}
         for chunk in chunks(held, 400):
-            ids = placeholders(len(chunk))
-            pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
-            flat = [*(pk for pk, _ in chunk), *(v for pair in chunk for v in pair)]
-            cursor.execute(
-                f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
-                f"WHERE id IN ({ids}) AND status = {RUNNING} AND ({pairs})",
-                [self.lease_param(lease), *flat],
-            )
+            flat = pairs_params(chunk)
+            cursor.execute(self.sql("heartbeat_many", len(chunk)), [self.lease_param(lease), *flat])
             if cursor.rowcount:
-                cursor.execute(f"SELECT id, lease_expires_at FROM {TASK} WHERE id IN ({ids}) "
-                               f"AND status = {RUNNING} AND ({pairs})", flat)
+                cursor.execute(self.sql("leases_renewed", len(chunk)), flat)
                 renewed.update((int(pk), expires) for pk, expires in self._expiries(cursor))
         return renewed
 
@@ -544,43 +525,32 @@ class MySQLStore(SQLStore):
         cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
         return cursor.rowcount, attempts
 
-    def _lock_rows(self, cursor: Any, ids: Sequence[int], statuses: str) -> list[int]:
-        """Lock the tasks ``ids`` whose status is in ``statuses`` (SQL), by primary key, in id order."""
-        cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE id IN ({placeholders(len(ids))}) "
-                       f"AND status IN ({statuses}) ORDER BY id FOR UPDATE", list(ids))
+    def _lock_rows(self, cursor: Any, sql: str, ids: Sequence[int]) -> list[int]:
+        """Lock the tasks ``ids`` that ``sql`` (lock_cancellable, lock_resettable) picks, by primary
+        key, in id order."""
+        cursor.execute(sql, list(ids))
         return [r[0] for r in cursor.fetchall()]
 
     def cancel(self, cursor: Any, ids: Sequence[int], audit: bool) -> int:
         count = 0
         for start in range(0, len(ids), 500):
-            locked = self._lock_rows(cursor, ids[start:start + 500], f"{PENDING}, {RUNNING}")
+            chunk = ids[start:start + 500]
+            locked = self._lock_rows(cursor, self.sql("lock_cancellable", len(chunk)), chunk)
             if not locked:
                 continue
-            marks = placeholders(len(locked))
-            cursor.execute(
-                f"UPDATE {TASK} {BY_ROW} SET status = {CANCELLED}, lease_expires_at = NULL, "
-                f"updated_at = {self.now} WHERE id IN ({marks})",
-                locked,
-            )
+            cursor.execute(self.sql("cancel", len(locked)), locked)
             count += cursor.rowcount
             if audit:
-                cursor.execute(
-                    f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.CANCELLED)}, ended_at = {self.now} "
-                    f"WHERE task_id IN ({marks}) AND outcome = {RUNNING}",
-                    locked,
-                )
+                cursor.execute(self.sql("close_cancelled_attempts", len(locked)), locked)
         return count
 
     def reset(self, cursor: Any, ids: Sequence[int]) -> int:
         count = 0
         for start in range(0, len(ids), 500):
-            locked = self._lock_rows(cursor, ids[start:start + 500], f"{FAILED}, {CANCELLED}")
+            chunk = ids[start:start + 500]
+            locked = self._lock_rows(cursor, self.sql("lock_resettable", len(chunk)), chunk)
             if locked:
-                cursor.execute(
-                    f"UPDATE {TASK} {BY_ROW} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
-                    f"lease_expires_at = NULL, updated_at = {self.now} WHERE id IN ({placeholders(len(locked))})",
-                    locked,
-                )
+                cursor.execute(self.sql("reset", len(locked)), locked)
                 count += cursor.rowcount
         return count
 

@@ -140,13 +140,9 @@ class PostgreSQLStore(SQLStore):
     # statement's snapshot fails the claim's WHERE is not locked, ON CONFLICT DO NOTHING locks
     # nothing, and the duplicate's FOR KEY SHARE does not conflict with fenced()'s FOR NO KEY UPDATE.
     looks_first = False
-    for_update = " FOR UPDATE"
 
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
-
-    def plus_seconds(self, column: str) -> str:
-        return f"{column} + make_interval(secs => %s)"
 
     def system_check(self, alias: str, connection: Any) -> list[CheckMessage]:
         """E010: prepared statements cannot live behind a transaction-mode pooler.
@@ -624,14 +620,8 @@ class PostgreSQLStore(SQLStore):
         """One statement for any number of claims: the (id, token) pairs as two arrays, joined."""
         if not held:
             return {}
-        t = TASK
-        cursor.execute(
-            f"UPDATE {t} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
-            f"FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token) "
-            f"WHERE {t}.id = h.id AND {t}.fencing_token = h.token AND {t}.status = {RUNNING} "
-            f"RETURNING {t}.id, {t}.lease_expires_at",
-            [self.lease_param(lease), [pk for pk, _ in held], [token for _, token in held]],
-        )
+        cursor.execute(self.sql("heartbeat_many"),
+                       [self.lease_param(lease), [pk for pk, _ in held], [token for _, token in held]])
         return {int(pk): expires for pk, expires in cursor.fetchall()}
 
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:

@@ -27,7 +27,6 @@ from .rows import (
     ATTEMPT,
     ATTEMPT_COLUMNS,
     DATETIME_COLUMNS,
-    GROUP,
     JSON_COLUMNS,
     NO_ERROR,
     TASK,
@@ -149,6 +148,12 @@ def is_duplicate(row: TaskRow, expired: bool, fingerprint: str) -> bool:
     return row.queue is None and live_or_done and (not fingerprint or row.payload_fingerprint in ("", fingerprint))
 
 
+def pairs_params(held: Sequence[tuple[int, int]]) -> list[int]:
+    """The parameters of a list of claims written ``id IN (%s, ...) AND ((id = %s AND fencing_token
+    = %s) OR ...)``: the ids, then each claim's id and token."""
+    return [*(pk for pk, _ in held), *(v for pair in held for v in pair)]
+
+
 def placeholders(n: int) -> str:
     return ", ".join(["%s"] * n)
 
@@ -178,8 +183,6 @@ class SQLStore:
     needs_transaction = True
     row_locks = False
     looks_first = True
-    #: Appended to the SELECT of rows an operator then changes (row locks where the database has them).
-    for_update = ""
     #: Seconds a duplicate delivery's audit row may wait for a transaction holding the task, where
     #: it would wait (SQLite's one write lock, MySQL's exclusive row lock), before it is left out:
     #: claims and completions hold it for a moment, an owner's fenced() block for as long as it
@@ -191,10 +194,13 @@ class SQLStore:
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
 
-    def sql(self, name: str) -> str:
+    def sql(self, name: str, n: int | None = None) -> str:
         """The statement ``name`` as this vendor runs it: its own file's, else common.sql's
-        (store/queries/)."""
-        return queries.STATEMENTS[self.vendor][name]
+        (store/queries/); with ``n``, its list written ``item, ...`` repeated for ``n`` items
+        (where the database has no arrays). Not kept per ``n``: the lists are as long as a call's
+        ids (a purge's up to its limit), and repeating one is cheaper than sending it."""
+        text = queries.STATEMENTS[self.vendor][name]
+        return text if n is None else queries.repeat(text, n)
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], str]) -> str:
         """The SQL text ``build()`` makes for ``key``, put together once: a store's texts are fixed,
@@ -420,12 +426,7 @@ class SQLStore:
         self, cursor: Any, *, tenant: str, key: str, owner: str, fingerprint: str, delivery_id: str,
         audit: bool, in_transaction: bool,
     ) -> Found | None:
-        self.execute(
-            cursor,
-            f"SELECT {self.columns()}, (lease_expires_at < {self.now}) FROM {TASK} "
-            f"WHERE tenant = %s AND {self.quote('key')} = %s",
-            [tenant, key],
-        )
+        self.execute(cursor, self.sql("read_state"), [tenant, key])
         found = cursor.fetchone()
         if found is None:
             return None
@@ -524,9 +525,7 @@ class SQLStore:
     ) -> TaskRow | None:
         self.execute(
             cursor,
-            self.statement(("ensure",), lambda: (
-                f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=False)}) "
-                f"ON CONFLICT (tenant, {self.quote('key')}) DO NOTHING RETURNING {self.returning()}")),
+            self.sql("ensure"),
             [tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
              self.datetime_param(cursor, run_after), task_path],
         )
@@ -599,13 +598,6 @@ class SQLStore:
         return found
 
     # -- coalescing (``@coalesced`` Django tasks) ------------------------------------------------
-    #: The smaller of two datetimes (SQLite's scalar ``min()``).
-    least = "LEAST"
-
-    def plus_seconds(self, column: str) -> str:
-        """SQL for the datetime ``column`` plus ``%s`` seconds (the parameter from :meth:`lease_param`)."""
-        raise NotImplementedError
-
     def coalesce(
         self, cursor: Any, *, tenant: str, group: str, key: str, payload: str | None, fingerprint: str,
         max_attempts: int, dispatch: str | None, queue: str, priority: int, task_path: str, delay: float,
@@ -627,60 +619,38 @@ class SQLStore:
                 return row, False
         row = self.insert_waiting(cursor, (tenant, key, max_attempts, payload, fingerprint, dispatch, queue,
                                            priority, self.lease_param(delay), task_path))
-        cursor.execute(f"UPDATE {GROUP} SET task_id = %s WHERE tenant = %s AND name = %s", [row.id, tenant, group])
+        cursor.execute(self.sql("set_group_latest"), [row.id, tenant, group])
         return row, True
 
     def lock_group(self, cursor: Any, tenant: str, group: str) -> int | None:
         """Create the group's row unless it exists, lock it to the end of the transaction: its latest task's id."""
-        self.execute(cursor, f"INSERT INTO {GROUP} (tenant, name, task_id) VALUES (%s, %s, NULL) "
-                             f"ON CONFLICT (tenant, name) DO UPDATE SET task_id = {GROUP}.task_id RETURNING task_id",
-                     [tenant, group])
+        self.execute(cursor, self.sql("lock_group"), [tenant, group])
         found = cursor.fetchone()
         return None if found[0] is None else int(found[0])
 
-    def waiting_set(self, max_delay: float | None) -> str:
-        """The SET of a collapse: the newest arguments, "not before" now + delay, capped at the first
-        enqueue (``created_at``) + ``max_delay`` (parameters: payload, fingerprint, delay[, max_delay])."""
-        not_before = self.lease_sql() if max_delay is None else f"{self.least}({self.lease_sql()}, "\
-                                                                f"{self.plus_seconds('created_at')})"
-        return (f"payload = {self.json_param}, payload_fingerprint = {self.param('text')}, run_after = {not_before}, "
-                f"updated_at = {self.now}")
-
-    def waiting(self) -> str:
-        """The group's latest task still waits: pending and never claimed (a claim raises its token,
-        and a retried or released task is pending again with its token up). Parameters: id, task path."""
-        return f"id = %s AND status = {PENDING} AND fencing_token = 0 AND task_path = %s"
-
-    def coalesce_params(self, payload: str | None, fingerprint: str, delay: float,
-                        max_delay: float | None) -> list[Any]:
+    def refresh_waiting_call(self, task_id: int, task_path: str, payload: str | None, fingerprint: str,
+                             delay: float, max_delay: float | None) -> tuple[str, list[Any]]:
+        """The collapse's statement and parameters: the newest arguments, "not before" now + delay,
+        capped at the first enqueue (``created_at``) + ``max_delay`` where one is given."""
         params = [payload, fingerprint, self.lease_param(delay)]
-        return params if max_delay is None else [*params, self.lease_param(max_delay)]
+        if max_delay is None:
+            return self.sql("refresh_waiting"), [*params, task_id, task_path]
+        return self.sql("refresh_waiting_capped"), [*params, self.lease_param(max_delay), task_id, task_path]
 
     def refresh_waiting(self, cursor: Any, task_id: int, *, task_path: str, payload: str | None, fingerprint: str,
                         delay: float, max_delay: float | None) -> TaskRow | None:
-        """The task ``task_id`` with these arguments if it still waits (:meth:`waiting`); else ``None``."""
-        self.execute(cursor, f"UPDATE {TASK} SET {self.waiting_set(max_delay)} WHERE {self.waiting()} "
-                             f"RETURNING {self.returning()}",
-                     [*self.coalesce_params(payload, fingerprint, delay, max_delay), task_id, task_path])
+        """The task ``task_id`` with these arguments if it still waits (pending, never claimed); else ``None``."""
+        self.execute(cursor, *self.refresh_waiting_call(task_id, task_path, payload, fingerprint, delay, max_delay))
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
 
-    def waiting_values(self) -> str:
-        """A coalesced task's values: ``ensure()``'s, with "not before" now + the delay parameter."""
-        text = self.param("text")
-        return self.task_values(running=False, values=(
-            text, text, self.param("integer"), self.json_param, text, self.json_param, text,
-            self.param("smallint"), self.lease_sql(), text))
-
     def insert_waiting(self, cursor: Any, params: Sequence[Any]) -> TaskRow:
         """Insert a coalesced task (its key is new: 128 random bits); its row."""
-        self.execute(cursor, f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.waiting_values()}) "
-                             f"RETURNING {self.returning()}", list(params))
+        self.execute(cursor, self.sql("insert_waiting"), list(params))
         return self.decode(cursor.fetchone())
 
     def read_task(self, cursor: Any, *, tenant: str, key: str) -> TaskRow | None:
-        self.execute(cursor, f"SELECT {self.columns()} FROM {TASK} WHERE tenant = %s AND {self.quote('key')} = %s",
-                     [tenant, key])
+        self.execute(cursor, self.sql("read_task"), [tenant, key])
         found = cursor.fetchone()
         return None if found is None else self.decode(found)
 
@@ -698,13 +668,7 @@ class SQLStore:
         at most): the ids renewed, with their new expiry. A pair missing was fenced off."""
         renewed: dict[int, datetime] = {}
         for chunk in chunks(held, 400):  # well under every database's parameter limit
-            pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
-            cursor.execute(
-                f"UPDATE {TASK} SET lease_expires_at = {self.lease_sql()}, updated_at = {self.now} "
-                f"WHERE id IN ({placeholders(len(chunk))}) AND status = {RUNNING} AND ({pairs}) "
-                f"RETURNING id, lease_expires_at",
-                [self.lease_param(lease), *(pk for pk, _ in chunk), *(v for pair in chunk for v in pair)],
-            )
+            cursor.execute(self.sql("heartbeat_many", len(chunk)), [self.lease_param(lease), *pairs_params(chunk)])
             renewed.update((int(pk), expires) for pk, expires in self._expiries(cursor))
         return renewed
 
@@ -835,17 +799,12 @@ class SQLStore:
     # -- the sweeper and operators ---------------------------------------------------------
     def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
                 older_than: float | None) -> bool:
-        guard, params = "fencing_token = %s", [token]
-        if token is None:
-            if older_than is None:
-                raise ValueError("requeue needs the token of a reclaimed task or an age (older_than)")
-            cutoff, params = self.shifted_now(-older_than)
-            guard = f"updated_at < {cutoff}"
-        cursor.execute(
-            f"UPDATE {TASK} SET dispatch = {self.json_param}, updated_at = {self.now} "
-            f"WHERE id = %s AND status = {PENDING} AND {guard}",
-            [dispatch, task_id, *params],
-        )
+        if token is not None:
+            cursor.execute(self.sql("requeue"), [dispatch, task_id, token])
+        elif older_than is None:
+            raise ValueError("requeue needs the token of a reclaimed task or an age (older_than)")
+        else:
+            cursor.execute(self.sql("requeue_stale"), [dispatch, task_id, self.lease_param(-older_than)])
         return bool(cursor.rowcount == 1)
 
     def reclaim_set_sql(self, table: str = TASK) -> str:
@@ -875,25 +834,13 @@ class SQLStore:
 
     def close_running_attempts(self, cursor: Any, moved: Sequence[Moved], outcome: str) -> None:
         if moved:
-            cursor.executemany(
-                f"UPDATE {ATTEMPT} SET outcome = %s, ended_at = {self.now} "
-                f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING}",
-                [[outcome, m.id, m.token] for m in moved],
-            )
+            cursor.executemany(self.sql("close_running_attempt"), [[outcome, m.id, m.token] for m in moved])
 
     def fail_exhausted(self, cursor: Any, task_id: int, token: int, audit: bool) -> bool:
-        cursor.execute(
-            f"UPDATE {TASK} SET status = {FAILED}, error = %s, lease_expires_at = NULL, updated_at = {self.now} "
-            f"WHERE {owned()} AND lease_expires_at < {self.now} AND attempts >= max_attempts",
-            [EXHAUSTED_ERROR, task_id, token],
-        )
+        cursor.execute(self.sql("fail_exhausted"), [EXHAUSTED_ERROR, task_id, token])
         moved = cursor.rowcount == 1
         if moved and audit:
-            cursor.execute(
-                f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.EXPIRED)}, ended_at = {self.now} "
-                f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING}",
-                [task_id, token],
-            )
+            cursor.execute(self.sql("close_expired_attempt"), [task_id, token])
         return moved
 
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
@@ -917,49 +864,31 @@ class SQLStore:
         count = 0
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
-            cursor.execute(
-                f"UPDATE {TASK} SET status = {CANCELLED}, lease_expires_at = NULL, updated_at = {self.now} "
-                f"WHERE id IN ({placeholders(len(chunk))}) AND status IN ({PENDING}, {RUNNING})",
-                chunk,
-            )
+            cursor.execute(self.sql("cancel", len(chunk)), chunk)
             count += cursor.rowcount
             if audit:
-                cursor.execute(
-                    f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.CANCELLED)}, ended_at = {self.now} "
-                    f"WHERE task_id IN ({placeholders(len(chunk))}) AND outcome = {RUNNING} "
-                    f"AND task_id IN (SELECT id FROM {TASK} WHERE status = {CANCELLED})",
-                    chunk,
-                )
+                cursor.execute(self.sql("close_cancelled_attempts", len(chunk)), chunk)
         return count
 
     def reset(self, cursor: Any, ids: Sequence[int]) -> int:
         count = 0
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
-            cursor.execute(
-                f"UPDATE {TASK} SET status = {PENDING}, attempts = 0, owner = '', error = '', "
-                f"lease_expires_at = NULL, updated_at = {self.now} "
-                f"WHERE id IN ({placeholders(len(chunk))}) AND status IN ({FAILED}, {CANCELLED})",
-                chunk,
-            )
+            cursor.execute(self.sql("reset", len(chunk)), chunk)
             count += cursor.rowcount
         return count
 
     def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
         # Row locks (FOR UPDATE, where there are any) make a concurrent reset wait, and a row
         # it already moved out of the finished states no longer matches once locked.
-        cursor.execute(
-            f"SELECT id FROM {TASK} WHERE status IN ({placeholders(len(statuses))}) AND updated_at < %s "
-            f"ORDER BY id LIMIT %s{self.for_update}",
-            [*statuses, cursor.db.ops.adapt_datetimefield_value(before), limit],
-        )
+        cursor.execute(self.sql("purge_select", len(statuses)),
+                       [*statuses, cursor.db.ops.adapt_datetimefield_value(before), limit])
         ids = [r[0] for r in cursor.fetchall()]
         if not ids:
             return 0, 0
-        marks = placeholders(len(ids))
-        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE task_id IN ({marks})", ids)
+        cursor.execute(self.sql("purge_attempts", len(ids)), ids)
         attempts = cursor.rowcount
-        cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
+        cursor.execute(self.sql("purge_tasks", len(ids)), ids)
         return cursor.rowcount, attempts
 
     def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:

@@ -17,7 +17,6 @@ from django.core.checks import CheckMessage
 from django.db import OperationalError
 
 from ..checkspec import spec
-from .rows import TASK
 from .sql import SQLStore
 
 MINIMUM_VERSION = (3, 35)  # UPDATE … RETURNING
@@ -44,11 +43,6 @@ class SQLiteStore(SQLStore):
 
     def lease_param(self, seconds: float) -> str:
         return f"{seconds:+.3f} seconds"
-
-    least = "min"  # the scalar min() of its arguments: datetimes are text in one format here
-
-    def plus_seconds(self, column: str) -> str:
-        return f"(strftime('%%Y-%%m-%%d %%H:%%M:%%f', {column}, %s) || '000')"
 
     def unsupported(self, connection: Any) -> str | None:
         if sqlite3.sqlite_version_info < MINIMUM_VERSION:
@@ -89,7 +83,7 @@ class SQLiteStore(SQLStore):
         # A write that matches nothing, as the first statement, takes the write lock now and
         # waits for it like any other write. (Django 5.1+ can do this for every transaction
         # with OPTIONS={"transaction_mode": "IMMEDIATE"}.)
-        cursor.execute(f"UPDATE {TASK} SET id = id WHERE 0 = 1")
+        cursor.execute(self.sql("begin_write"))
 
     def join_callers_transaction(self, db: Any) -> None:
         # With autocommit off, Python's sqlite3 opens a transaction only before a write. An

@@ -112,3 +112,138 @@ def test_the_loader_reads_a_statement_as_written() -> None:
 
     text = "-- name: two\n-- what it does\nSELECT 1\n  FROM t\n\n  -- why\nWHERE a = %s\n-- name: one\nSELECT 2"
     assert parse(text, "f.sql") == {"two": "SELECT 1 FROM t WHERE a = %s", "one": "SELECT 2"}
+
+
+def test_a_list_written_item_then_ellipsis_is_repeated_for_a_call() -> None:
+    """Where a database has no arrays, a list is written once in the file (``%s, ...``, a group
+    ``OR ...``) and repeated for the call's length; nothing else in the text changes."""
+    from django_taskclaim.store.queries import repeat
+
+    text = "UPDATE t SET a = %s WHERE id IN (%s, ...) AND ((id = %s AND token = %s) OR ...)"
+    assert repeat(text, 2) == ("UPDATE t SET a = %s WHERE id IN (%s, %s) "
+                               "AND ((id = %s AND token = %s) OR (id = %s AND token = %s))")
+    assert repeat("x IN (VALUES (%s, %s), ...)", 3) == "x IN (VALUES (%s, %s), (%s, %s), (%s, %s))"
+    with pytest.raises(ValueError, match="no list written"):
+        repeat("SELECT 1", 2)
+    with pytest.raises(ValueError, match="one item at least"):
+        repeat(text, 0)
+
+
+def test_every_task_column_list_written_out_is_the_rows_columns_in_order() -> None:
+    """A statement that reads or writes whole task rows names their columns in ``TASK_COLUMNS``
+    order (``decode`` reads them by position): a column added to the model and forgotten in one
+    file, or two swapped, fails here rather than as a wrong field at run time."""
+    from django_taskclaim.store.queries import FILES
+    from django_taskclaim.store.rows import TASK_COLUMNS
+
+    def bare(column: str) -> str:
+        column = column.strip().strip('`"')
+        return column.split("::")[0] if "::" in column else column
+
+    checked = 0
+    for stem, statements in FILES.items():
+        for name, text in statements.items():
+            for clause in re.findall(r"(?:RETURNING|SELECT)\s+(.*?)(?:\s+FROM\b|$)", text):
+                columns = [bare(c) for c in clause.split(",")]
+                if len(columns) < 5 or "tenant" not in columns:
+                    continue
+                # The row's columns first; a statement may read more after them (a claim's time,
+                # whether the lease expired), which decode() leaves to its caller.
+                assert tuple(columns[:len(TASK_COLUMNS)]) == TASK_COLUMNS, f"{stem}.sql: {name}: {columns}"
+                checked += 1
+            inserted = re.search(r"INSERT INTO django_taskclaim_task \((.*?)\)", text)
+            if inserted:
+                assert tuple(bare(c) for c in inserted[1].split(",")) == TASK_COLUMNS[1:], f"{stem}.sql: {name}"
+                checked += 1
+    assert checked, "no statement names the task columns: the check reads nothing"
+
+
+# -- no SQL put together in f-strings outside the allow-list ------------------------------------
+#: Text that reads as SQL in an f-string's fixed parts (case-sensitive: SQL's keywords are written
+#: in capitals in this package, its messages in prose).
+SQLISH = re.compile(r"\b(WHERE|FROM|SET|VALUES|ORDER BY|LIMIT|JOIN|THEN|AND|OR|CASE|IN)\s|\bRETURNING\s"
+                    r"|^\s*(SELECT|UPDATE|INSERT|DELETE|WITH)\s")
+
+HOT = ("a hot-path statement fused per call (claim by key, queue claim, finish, "
+       "complete_and_claim_next): issue 31 item 2 step 3, not moved yet (PostgreSQL's texts stay "
+       "prepared; the drain benchmark must not drop)")
+PART = "a shared part of the hot-path statements still composed: goes when they move"
+OPERATOR = "an operator's move with its audit rows, composed per vendor: not moved yet"
+READ = "a portable read or insert (read_state, read_task(s), ensure, attempts): not moved yet"
+#: Where a store module may still build SQL in an f-string ("module.function", or a module
+#: constant), and why. Each entry goes as its statements move to store/queries/.
+ALLOWED = {
+    "sql.RELEASE_SET": PART, "sql.claimable": PART, "sql.claimable_by_key": PART,
+    "sql.due_or_expired": PART, "sql.owned": PART, "sql.queue_filter": PART, "sql.adopt_payload_set": PART,
+    "sql.same_payload": PART, "sql.reclaim_set_sql": PART, "sql.duplicate_sql": PART,
+    "sql.has_room": PART, "sql.limited_running": PART,
+    "sql.claim_key": HOT, "sql.claim_next": HOT, "sql.fail_exhausted_queued": HOT, "sql.finish": HOT,
+    "sql.unstart": HOT, "sql.fail": HOT, "sql.close_attempt": HOT,
+    "sql.open_attempt": READ, "sql.insert_attempt": READ,
+    "sql._values_insert_sql": READ, "sql.read_tasks": READ,
+    "sql.reclaim": OPERATOR, "sql.force_release": OPERATOR,
+    "postgresql._START_ATTEMPT": PART, "postgresql._MOVED": PART, "postgresql._open_attempts": PART,
+    "postgresql._close_moved": PART, "postgresql._queue_results": PART, "postgresql.queue_filter": PART,
+    "postgresql.reserving_set": PART, "postgresql.claim_key_sql": PART, "postgresql._insert_sql": PART,
+    "postgresql._duplicate_sql": PART,
+    "postgresql._claim_new_sql": HOT, "postgresql._claim_key_sql": HOT, "postgresql._queue_claim_sql": HOT,
+    "postgresql.start": HOT, "postgresql.complete_and_claim_next": HOT, "postgresql.finish": HOT,
+    "postgresql._unnest_insert_sql": READ, "postgresql.read_tasks": READ, "postgresql._read_state_sql": READ,
+    "postgresql.reclaim": OPERATOR, "postgresql.force_release": OPERATOR, "postgresql.cancel": OPERATOR,
+    "mysql._rows_by_id": READ, "mysql._claimed_rows": HOT, "mysql._insert": READ, "mysql.claim_key": HOT,
+    "mysql.record_duplicate": HOT, "mysql._open_attempt": HOT, "mysql.unstart": HOT, "mysql.claim_next": HOT,
+    "mysql._fail_exhausted": HOT, "mysql.ensure_many": READ, "mysql.finish": HOT,
+    "mysql.reclaim": OPERATOR, "mysql.purge": OPERATOR,
+    "mysql.force_release": OPERATOR, "mysql._held": OPERATOR,
+}
+
+
+def sql_in_fstrings(source: str) -> set[str]:
+    """Where ``source`` (a store module) builds SQL in an f-string: each function, method or
+    module constant (by name; a method by its own name) holding one."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            at = where
+            # A function's own name, a method's (inside a class), a class's; a nested def stays its owner's.
+            named = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) and (where == "" or where[0].isupper())
+            if named or isinstance(child, ast.ClassDef):
+                at = child.name  # type: ignore[union-attr]
+            elif (isinstance(child, ast.Assign) and isinstance(node, ast.Module | ast.ClassDef)
+                  and isinstance(child.targets[0], ast.Name)):
+                at = child.targets[0].id
+            if isinstance(child, ast.JoinedStr):
+                fixed = "".join(part.value for part in child.values if isinstance(part, ast.Constant))
+                if SQLISH.search(fixed):
+                    found.add(at)
+            visit(child, at)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_a_store_module_builds_sql_in_an_f_string_only_where_the_allow_list_says_why() -> None:
+    """Statements are read as SQL in store/queries/: a store module that builds one in an f-string
+    fails here unless the allow-list names it with its reason; an entry whose code no longer
+    builds SQL fails too, so the list only shrinks."""
+    found = {f"{module}.{name}" for module in MODULES
+             for name in sql_in_fstrings((STORE / f"{module}.py").read_text())}
+    assert all(ALLOWED.values())
+    assert found - set(ALLOWED) == set(), "SQL built in an f-string: write it in store/queries/"
+    assert set(ALLOWED) - found == set(), "no longer builds SQL: take it off ALLOWED"
+
+
+def test_the_f_string_check_sees_sql_and_not_prose() -> None:
+    source = '''
+RELEASE = f"status = {P}, owner = ''"
+X = f"attempts = CASE WHEN a THEN {b} END"
+def messages(v):
+    return f"SQLite {v} is too old: claims need (UPDATE … RETURNING)"
+class Store:
+    def heartbeat_many(self, n):
+        return f"UPDATE {T} SET a = 1 WHERE id IN ({n})"
+    def fine(self):
+        return self.sql("heartbeat")
+'''
+    assert sql_in_fstrings(source) == {"X", "heartbeat_many"}

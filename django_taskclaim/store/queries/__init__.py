@@ -14,7 +14,10 @@ The rules that keep the files readable as they run:
   them (``django_taskclaim_task``, ``django_taskclaim_attempt``): no substitution at all.
 - A statement whose shape would vary per call takes the variation as a parameter instead: a
   list of ids is one array on PostgreSQL (``id = ANY(%s::bigint[])``). Where a database has no
-  arrays, the code expands an ``IN`` list (``sql.placeholders(n)``), the one part added in code.
+  arrays, the file writes the list once, as read: ``IN (%s, ...)`` or
+  ``((id = %s AND fencing_token = %s) OR ...)``, the item then its separator (``, `` or `` OR ``)
+  and ``...``; :func:`repeat` writes the item ``n`` times for a call (``SQLStore.sql(name, n)``),
+  the one part added in code, and never from a value.
 - The fused statements of the hot paths (claims, completions, queue claims: ``SQLStore`` and
   the vendor modules) are still put together in code from shared parts; they move here as
   they are rewritten, each under a name.
@@ -74,6 +77,21 @@ def parse(text: str, source: str) -> dict[str, str]:
         lines.append(stripped)
     close()
     return found
+
+
+#: An item written once then "...": ``%s`` or a parenthesised group (one level of nesting), its separator.
+_REPEATED = re.compile(r"(%s|\((?:[^()]|\([^()]*\))*\))(, | OR )\.\.\.")
+
+
+def repeat(text: str, n: int) -> str:
+    """``text`` with each item written ``X, ...`` (or ``X OR ...``) written ``n`` times: the list of a
+    call of ``n`` (``n`` ≥ 1). ``ValueError`` if the statement has no such list, or ``n`` < 1."""
+    if n < 1:
+        raise ValueError(f"a list of {n} items: a statement's list has one item at least")
+    expanded, found = _REPEATED.subn(lambda m: m[2].join([m[1]] * n), text)
+    if not found:
+        raise ValueError(f"no list written 'item, ...' to repeat in {text!r}")
+    return expanded
 
 
 def _read(stem: str) -> dict[str, str]:

@@ -34,3 +34,27 @@ WHERE id = %s AND payload_fingerprint = ''
 -- A new queued task's concurrency limit (key, limit, task id), written in the transaction that
 -- inserted it, so that no claim sees the task without its limit.
 UPDATE django_taskclaim_task SET concurrency_key = %s, concurrency_limit = %s WHERE id = %s
+
+-- name: lock_group
+-- A coalescing group's row (tenant, name), created unless it exists and locked to the end of the
+-- transaction either way (the no-op update locks a row that was there): its latest task's id.
+INSERT INTO django_taskclaim_coalescegroup (tenant, name, task_id) VALUES (%s, %s, NULL)
+ON CONFLICT (tenant, name) DO UPDATE SET task_id = django_taskclaim_coalescegroup.task_id
+RETURNING task_id
+
+-- name: set_group_latest
+-- The group's (tenant, name) latest task is now this one (task id, tenant, name).
+UPDATE django_taskclaim_coalescegroup SET task_id = %s WHERE tenant = %s AND name = %s
+
+-- name: purge_select
+-- Finished tasks to purge (statuses; updated before a datetime; at most a number), oldest id first.
+SELECT id FROM django_taskclaim_task WHERE status IN (%s, ...) AND updated_at < %s
+ORDER BY id LIMIT %s
+
+-- name: purge_attempts
+-- The attempt rows of the tasks purge_select chose (their ids).
+DELETE FROM django_taskclaim_attempt WHERE task_id IN (%s, ...)
+
+-- name: purge_tasks
+-- The tasks purge_select chose (their ids), after their attempt rows.
+DELETE FROM django_taskclaim_task WHERE id IN (%s, ...)
