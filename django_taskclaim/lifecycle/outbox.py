@@ -5,7 +5,7 @@ completion, so a message exists only if the claim still owned the task when it c
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from django.apps import apps
@@ -14,8 +14,16 @@ from ..exceptions import InvalidArgument, TaskClaimError
 from ..idempotency import idempotency_key
 from ..values import to_json, validate_text
 
-if TYPE_CHECKING:
-    from .claim import Claim
+
+class Claim(Protocol):
+    """What the outbox needs of the claim that records a message (:class:`~.claim.Claim`): named
+    here, not imported, so that the claim, which offers ``claim.outbox``, is the only arrow."""
+
+    key: str
+    tenant: str
+    token: int
+    using: str
+    _fences: int
 
 #: The HTTP methods a message may use (no CONNECT/TRACE/OPTIONS/HEAD: none of them is an effect).
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -23,7 +23,8 @@ import os
 import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import Any, Protocol
 
 from django.db import Error as DbError
 from django.db import connections
@@ -31,8 +32,26 @@ from django.db import connections
 from ..exceptions import StaleClaim
 from . import transitions
 
-if TYPE_CHECKING:
-    from .keepalive import KeepaliveMixin
+
+class KeepaliveMixin(Protocol):
+    """What a renewal needs of a claim (:class:`~django_taskclaim.lifecycle.keepalive.KeepaliveMixin`
+    provides it): named here, not imported, so that keepalive, which calls this module, stays the
+    only arrow between the two."""
+
+    task_id: int
+    key: str
+    tenant: str
+    token: int
+    owner: str
+    lease: float
+    using: str
+    lease_expires_at: datetime | None
+    _finishing: bool
+    _deadline: float
+
+    def _lose(self, exc: BaseException) -> None: ...
+    def named(self) -> str: ...
+    def log_extra(self) -> dict[str, Any]: ...
 
 logger = logging.getLogger("django_taskclaim")
 
