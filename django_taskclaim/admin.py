@@ -32,6 +32,7 @@ from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
 from .lifecycle.api import reclaim_expired_rows
 from .models import HELD_REASON, Attempt, OutboxMessage, Task, TaskQuerySet, held_ids
+from .readonly_admin import ReadOnlyAdmin
 from .store import DbNow, get_store
 
 logger = logging.getLogger("django_taskclaim")
@@ -247,7 +248,7 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(Task)
-class TaskAdmin(QueuedWorkAdminMixin, admin.ModelAdmin):
+class TaskAdmin(QueuedWorkAdminMixin, ReadOnlyAdmin):
     list_display = ("key", "tenant", "status_badge", "queue", "task_path_display", "priority", "owner",
                     "fencing_token", "attempts_display", "lease", "took_over", "result_display", "error_display",
                     "updated_at")
@@ -323,17 +324,7 @@ class TaskAdmin(QueuedWorkAdminMixin, admin.ModelAdmin):
             mark_held([task], task._state.db)
         return task
 
-    # -- permissions: read-only state, one permission per action ----------------------------
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Deleting a running task would hide it from the audit; old rows go with taskclaim_purge.
-        return False
-
+    # -- permissions: read-only state (ReadOnlyAdmin), one permission per action -------------
     def _has_task_perm(self, request: HttpRequest, codename: str) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
 
@@ -417,45 +408,42 @@ class TaskAdmin(QueuedWorkAdminMixin, admin.ModelAdmin):
                 "%(count)d held tasks were skipped: their lease expired, but %(why)s.", held,
             ) % {"count": held, "why": HELD_REASON}, messages.WARNING)
 
+    def _act(self, request: HttpRequest, queryset: QuerySet[Any], action: str, change: Callable[[], int],
+             done_message: Callable[[int], str], why_skipped: str) -> None:
+        """Run the queryset's guarded ``change``, log it as ``action``, and tell the operator how many
+        it changed and how many of the selection it skipped (and why)."""
+        selected = queryset.count()
+        done = change()
+        self._log(request, action, selected, done)
+        self.message_user(request, done_message(done) % {"count": done}, messages.SUCCESS)
+        self._skipped(request, selected - done, why_skipped)
+
     @admin.action(
         description=_("Release: force running tasks back to pending (fences off the owner)"),
         permissions=["release"])
     def release(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        selected = queryset.count()
-        released = queryset.force_release()  # type: ignore[attr-defined]
-        self._log(request, "release", selected, released)
-        self.message_user(request, ngettext(
+        self._act(request, queryset, "release", cast(TaskQuerySet, queryset).force_release, lambda n: ngettext(
             "Released %(count)d task; its owner is fenced off.",
-            "Released %(count)d tasks; their owners are fenced off.", released,
-        ) % {"count": released}, messages.SUCCESS)
-        self._skipped(request, selected - released, str(_("not running")))
+            "Released %(count)d tasks; their owners are fenced off.", n), str(_("not running")))
 
     @admin.action(description=_("Reset failed or cancelled tasks to pending"),
                   permissions=["reset"])
     def reset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        selected = queryset.count()
-        done = queryset.reset()  # type: ignore[attr-defined]
-        self._log(request, "reset", selected, done)
-        self.message_user(request, ngettext(
-            "Reset %(count)d task to pending.", "Reset %(count)d tasks to pending.", done,
-        ) % {"count": done}, messages.SUCCESS)
-        self._skipped(request, selected - done, str(_("not failed or cancelled")))
+        self._act(request, queryset, "reset", cast(TaskQuerySet, queryset).reset, lambda n: ngettext(
+            "Reset %(count)d task to pending.", "Reset %(count)d tasks to pending.", n),
+            str(_("not failed or cancelled")))
 
     @admin.action(description=_("Cancel unfinished tasks (fences off a running owner)"),
                   permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        selected = queryset.count()
-        done = queryset.cancel()  # type: ignore[attr-defined]
-        self._log(request, "cancel", selected, done)
-        self.message_user(request, ngettext(
-            "Cancelled %(count)d task.", "Cancelled %(count)d tasks.", done,
-        ) % {"count": done}, messages.SUCCESS)
-        self._skipped(request, selected - done, str(_("already finished")))
+        self._act(request, queryset, "cancel", cast(TaskQuerySet, queryset).cancel, lambda n: ngettext(
+            "Cancelled %(count)d task.", "Cancelled %(count)d tasks.", n), str(_("already finished")))
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(admin.ModelAdmin):
-    """The outbox, read-only: what waits for a relay, what was delivered, what failed and why."""
+class OutboxMessageAdmin(ReadOnlyAdmin):
+    """The outbox, read-only (a message changes only by a relay's fenced record of an answer): what
+    waits for a relay, what was delivered, what failed and why."""
 
     list_display = ("id", "method", "url_display", "task_key", "tenant", "effect", "status", "attempts",
                     "answer_status", "next_try_at", "created_at", "delivered_at")
@@ -476,13 +464,3 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     @admin.display(description=_("URL"), ordering="url")
     def url_display(self, obj: OutboxMessage) -> str:
         return obj.url if len(obj.url) <= 80 else obj.url[:79] + "…"
-
-    # Read-only: a message changes only by a relay's fenced record of an answer.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
