@@ -650,7 +650,8 @@ class Harness:
         end = start + opts.duration
         next_fault = start + self.rng.expovariate(1 / opts.fault_interval)
         next_failover: float | None = None
-        # --schedules: once, half-way, every scheduler paused at once (the missed ticks are caught up).
+        # --schedules: once, from half-way, every scheduler paused at once (the missed ticks are caught
+        # up), after the first pause and kill of a scheduler (they need a scheduler running).
         outage: float | None = start + opts.duration / 2 if opts.schedules else None
         last_report = start
         next_sweep = start + opts.lease
@@ -664,7 +665,8 @@ class Harness:
                 # What `manage.py taskclaim_reclaim --every` does, racing the workers' takeovers.
                 self.sweep()
                 next_sweep = now + opts.lease
-            if outage is not None and now >= outage:
+            if outage is not None and now >= outage and all(
+                    self.log.faults[f"scheduler_{kind}"] for kind in ("pause", "kill") if kind in self.drawn):
                 self.scheduler_outage()
                 outage = None
             if now >= next_fault:

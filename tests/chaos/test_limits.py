@@ -44,7 +44,7 @@ def test_checker_finds_a_key_over_its_limit() -> None:
     """The negative check: a third execution of k while two run (and not if it starts as one ends)."""
     tasks, effects = history()
     found = check_limits([*tasks, task("d")], [*effects, *run("d", 1, 1.0, 1.2)])[1]
-    assert list(k for k, v in found.items() if v) == ["limit exceeded"], found
+    assert [k for k, v in found.items() if v] == ["limit exceeded"], found
     [message] = found["limit exceeded"]
     assert message.startswith("k: 3 executions at once") and "d token 1" in message, message
     # A write of a paused owner after its task was taken over would extend its execution: caught too.

@@ -92,11 +92,12 @@ def test_checker_finds_a_tick_not_run_run_twice_or_early() -> None:
 def test_short_run_with_schedules_fires_every_tick_once(tmp_path: Path) -> None:
     """Three schedulers of a 1 s schedule among the workers, paused and killed (the first pause and
     kill go to a scheduler), all of them paused at once half-way, one 2 s ahead where the database's
-    clock decides; on PostgreSQL every fault kind besides (server restarts included)."""
+    clock decides; on PostgreSQL the server restarted besides."""
     require_binaries()
+    faults = "pause,kill,restart" if DB == "postgresql" else "pause,kill"
     code, out, report = chaos(
-        tmp_path, "--schedules", "--duration", "6", "--workers", "2", "--fault-interval", "0.7",
-        "--lease", "1", "--seed", "5", timeout=240)
+        tmp_path, "--schedules", "--duration", "6", "--workers", "2", "--faults", faults,
+        "--fault-interval", "0.7", "--lease", "1", "--seed", "5", timeout=240)
     assert code == 0, out
     assert report["ok"] and not report["violations"], out
     figures = report["figures"]
@@ -106,3 +107,5 @@ def test_short_run_with_schedules_fires_every_tick_once(tmp_path: Path) -> None:
     assert figures["scheduler_outages"] == 1, out
     assert figures["skewed_schedulers"] == (1 if DB in ("postgresql", "mariadb") else 0), out
     assert figures["effects_accepted"] == figures["tasks_enqueued"], out
+    if DB == "postgresql":
+        assert report["faults"].get("restart", 0) > 0, out
