@@ -9,6 +9,10 @@ task the workers claim and execute like the others, in fenced steps. Its catch-u
 tick (up to ``catch_up_limit``, 100), so no tick may be missing. (With ``latest`` or ``skip`` a
 gap after such a downtime is the documented behaviour; the harness does not run them.)
 
+The nemesis pauses and kills schedulers like workers, and once, from half-way, pauses every one of
+them at once (a scheduler outage: the first one back must fire the ticks missed meanwhile). On
+PostgreSQL and MariaDB the first scheduler's clock runs :data:`SKEW` ahead.
+
 The harness waits for the first tick to have a task before the faults begin (:func:`ticks_fired`)
 and, at the end of the faults, for the tick of that moment (:func:`newest_due`) before it stops
 the schedulers; those two bound the ticks that must be there. The checker (:func:`check_ticks`):
