@@ -3,10 +3,10 @@
 Everything the run needs is started here and stopped at the end: a throwaway PostgreSQL
 (``devtools.servers.PostgresServer``; with the ``failover`` fault a primary and its standby,
 ``devtools.replication.PostgresPair``) or a SQLite file, the schema (``migrate``), the workers
-(``tests.chaos.worker``) and the tasks; with ``--downstream`` a downstream service and relays, with
-``--schedules`` scheduler processes (tests/chaos/ticks.py). The nemesis draws every decision (which fault, which
-worker, how long) from one ``random.Random(seed)``; the timing of the processes is not
-deterministic, so a seed reproduces the fault schedule, not the interleaving.
+(``tests.chaos.worker``) and the tasks; with ``--downstream`` a downstream service and relays,
+with ``--schedules`` scheduler processes (tests/chaos/ticks.py). The nemesis draws every decision
+(which fault, which worker, how long) from one ``random.Random(seed)``; the timing of the
+processes is not deterministic, so a seed reproduces the fault schedule, not the interleaving.
 """
 
 from __future__ import annotations
