@@ -51,7 +51,9 @@ def test_checker_passes_every_tick_once() -> None:
     # A tick caught up late (its task created 3 s after its time) is counted, not refused.
     state = history()
     state["tasks"][2]["created_at"] = tick(5)
-    assert judge(state)[0]["ticks_late"] == 1
+    state["tasks"][3]["created_at"] = tick(1)  # and one 2 s early, by a scheduler whose clock is ahead
+    figures, found = judge(state)
+    assert not found and figures["ticks_late"] == figures["ticks_ahead"] == 1, found
 
 
 def test_checker_finds_a_missing_tick() -> None:

@@ -42,6 +42,8 @@ EARLY_SLACK = dt.timedelta(milliseconds=1)
 #: A tick whose task was created this long after the tick was caught up (figure only): a scheduler
 #: on time fires it within a few milliseconds of its time (within a second on a loaded machine).
 LATE = dt.timedelta(seconds=1.5)
+#: A tick whose task was created this long before the tick was fired by the skewed scheduler (figure only).
+AHEAD = dt.timedelta(seconds=0.5)
 
 
 def schedule() -> Any:
@@ -125,6 +127,8 @@ def check_ticks(tasks: list[dict[str, Any]], attempts: list[dict[str, Any]], eff
         "tick_claims": sum(len(starts.get(r["id"], [])) for rows in by_tick.values() for r in rows),
         "ticks_late": sum(1 for tick, rows in by_tick.items()
                           if any(r.get("created_at") and r["created_at"] - tick > LATE for r in rows)),
+        "ticks_ahead": sum(1 for tick, rows in by_tick.items()
+                           if any(r.get("created_at") and tick - r["created_at"] > AHEAD for r in rows)),
         "ticks_missing": len(violations["tick missing"]),
         "ticks_twice": len(violations["tick twice"]),
         "ticks_not_run": len(violations["tick not run"]),
@@ -139,6 +143,7 @@ LABELS = (
     ("ticks_fired", "ticks with a task"),
     ("ticks_reported", "  created, as told by the schedulers that exited cleanly"),
     ("ticks_late", "  created over 1.5 s after their time (caught up)"),
+    ("ticks_ahead", "  created over 0.5 s before their time (the skewed scheduler)"),
     ("tick_claims", "claims of tick tasks"),
     ("scheduler_kills", "schedulers SIGKILLed"),
     ("scheduler_pauses", "schedulers SIGSTOPped for 2-3x the lease"),
