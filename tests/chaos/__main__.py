@@ -122,6 +122,20 @@ def parser() -> argparse.ArgumentParser:
                         "the checker counts the effects downstream")
     p.add_argument("--relays", type=positive(int), default=2,
                    help="taskclaim_relay processes of --downstream (default: %(default)s)")
+    p.add_argument("--limits", action="store_true",
+                   help="every other task under one of --limit-keys concurrency keys with a limit of "
+                        "--limit; workers write a fenced start effect after each claim, and the checker "
+                        "counts the executions of each key at once (tests/chaos/limits.py)")
+    p.add_argument("--limit-keys", type=positive(int), default=3,
+                   help="concurrency keys of --limits (default: %(default)s)")
+    p.add_argument("--limit", type=positive(int), default=2,
+                   help="the concurrency limit of each key of --limits (default: %(default)s)")
+    p.add_argument("--schedules", action="store_true",
+                   help="--schedulers taskclaim_scheduler processes fire a 1-second schedule whose "
+                        "ticks the workers run; the nemesis pauses and kills them too, and the checker "
+                        "wants every tick exactly once (tests/chaos/ticks.py)")
+    p.add_argument("--schedulers", type=positive(int), default=3,
+                   help="taskclaim_scheduler processes of --schedules (default: %(default)s)")
     p.add_argument("--celery", action="store_true",
                    help="run Celery workers through django_taskclaim.celery instead "
                         "(needs redis-server, or rabbitmq-server with --broker rabbitmq)")

@@ -66,7 +66,8 @@ def load_state() -> dict[str, Any]:
     from tests.testapp.models import Effect
 
     return {
-        "tasks": list(Task.objects.values("id", "key", "status", "fencing_token", "attempts")),
+        "tasks": list(Task.objects.values("id", "key", "status", "fencing_token", "attempts",
+                                          "concurrency_key", "concurrency_limit", "created_at")),
         "attempts": list(Attempt.objects.values(
             "id", "task_id", "token", "owner", "started_at", "ended_at", "outcome", "stale_writes",
         )),
@@ -246,6 +247,7 @@ def owner_of(ev: dict[str, Any]) -> str | None:
 def check_commits(state: dict[str, Any], events: list[dict[str, Any]], verdict: Verdict) -> dict[str, int]:
     """What the workers saw committed against the final state: lost commits, reused tokens,
     and final effects lost with a server and then executed again. The figures, by name."""
+    from tests.chaos.worker import effect_name
     tasks = {t["key"]: t for t in state["tasks"]}
     attempt_owner = {(a["task_id"], a["token"]): a["owner"] for a in state["attempts"]
                      if a["token"] is not None}
@@ -281,7 +283,7 @@ def check_commits(state: dict[str, Any], events: list[dict[str, Any]], verdict: 
             continue
         if kind == "done":
             reported[key].add((token, owner))
-        name = f"{owner}#final" if kind == "done" else f"{owner}#step{ev.get('step')}"
+        name = f"{owner}#{'final' if kind == 'done' else effect_name(ev.get('step', ''))}"
         if (key, token, name) not in stored:
             effects_lost += 1
             verdict.lost_seen.append(ev.get("seen", 0.0))

@@ -3,14 +3,16 @@
 Everything the run needs is started here and stopped at the end: a throwaway PostgreSQL
 (``devtools.servers.PostgresServer``; with the ``failover`` fault a primary and its standby,
 ``devtools.replication.PostgresPair``) or a SQLite file, the schema (``migrate``), the workers
-(``tests.chaos.worker``) and the tasks. The nemesis draws every decision (which fault, which
-worker, how long) from one ``random.Random(seed)``; the timing of the processes is not
-deterministic, so a seed reproduces the fault schedule, not the interleaving.
+(``tests.chaos.worker``) and the tasks; with ``--downstream`` a downstream service and relays,
+with ``--schedules`` scheduler processes (tests/chaos/ticks.py). The nemesis draws every decision
+(which fault, which worker, how long) from one ``random.Random(seed)``; the timing of the
+processes is not deterministic, so a seed reproduces the fault schedule, not the interleaving.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -28,6 +30,8 @@ from typing import Any, TypeVar
 from devtools.processes import Child, Supervisor
 from devtools.replication import Failover, PostgresPair
 from devtools.servers import MariaDBServer, PostgresServer
+from tests.chaos import ticks
+from tests.chaos.limits import limit_of
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -89,6 +93,13 @@ class Options:
     #: ``--downstream``: a downstream service, direct calls and an outbox, relays (tests/chaos/downstream.py).
     downstream: bool = False
     relays: int = 2
+    #: ``--limits``: every other task under one of ``limit_keys`` concurrency keys (tests/chaos/limits.py).
+    limits: bool = False
+    limit_keys: int = 3
+    limit: int = 2
+    #: ``--schedules``: ``schedulers`` taskclaim_scheduler processes fire a 1 s schedule (tests/chaos/ticks.py).
+    schedules: bool = False
+    schedulers: int = 3
     keep: bool = False
     verbose: bool = False
 
@@ -103,6 +114,8 @@ class WorkerProc:
     stopping: bool = False
     #: A ``taskclaim_relay`` process (``--downstream``), not a worker: only paused or killed.
     relay: bool = False
+    #: A ``taskclaim_scheduler`` process (``--schedules``), not a worker: only paused or killed.
+    scheduler: bool = False
 
     @property
     def pid(self) -> int:
@@ -137,6 +150,11 @@ class RunLog:
     #: on their own (a database error under a server fault).
     downstream_effects: list[dict[str, Any]] = field(default_factory=list)
     relay_exits: int = 0
+    #: ``--schedules``: the first tick that had a task before the faults began, the tick due when
+    #: they ended, and the ticks the schedulers that exited cleanly said they created.
+    first_tick: Any = None
+    until_tick: Any = None
+    ticks_reported: int = 0
 
 
 class Harness:
@@ -172,6 +190,7 @@ class Harness:
         self.downstream: Child | None = None
         self.downstream_url = ""
         self.next_relay = 0
+        self.next_scheduler = 0
         # A relay's lease, shorter than the pause the nemesis gives a relay: a paused relay
         # wakes after another one has taken its message over (its HTTP timeout + 1.5 s at least).
         self.relay_timeout = 1.5
@@ -192,6 +211,8 @@ class Harness:
             "CHAOS_SEED": str(self.opts.seed),
             "CHAOS_APP_NAME": "chaos-harness",
         }
+        if self.opts.schedules:
+            env["CHAOS_SCHEDULES"] = json.dumps({ticks.NAME: ticks.SCHEDULE})
         if self.opts.db == "postgresql" and "failover" in self.kinds:
             self.server = PostgresPair(synchronous=self.opts.replication == "sync",
                                        lag=self.opts.standby_lag).start()
@@ -223,11 +244,17 @@ class Harness:
 
         if self.opts.downstream:
             self.start_downstream()  # it migrates its own database meanwhile
+        if self.opts.schedules and self.opts.db != "sqlite":
+            # Started while the schema is made (they boot meanwhile, and go on past the database
+            # errors of the first rounds); on SQLite after, so as not to hold the file's lock.
+            self.start_schedulers()
         call_command("migrate", verbosity=0)
         if self.opts.db == "sqlite":
             with connection.cursor() as cursor:
                 # Readers never wait for the writer; the mode is stored in the file.
                 cursor.execute("PRAGMA journal_mode=WAL")
+            if self.opts.schedules:
+                self.start_schedulers()
         if self.downstream is not None:
             ready = self.downstream.event("ready", timeout=120)
             self.downstream_url = f"http://127.0.0.1:{ready['port']}"
@@ -258,6 +285,73 @@ class Harness:
         self.worker_of[child] = relay
         self.workers.append(relay)
         return relay
+
+    def start_scheduler(self, skewed: bool = False) -> WorkerProc:
+        """A ``taskclaim_scheduler`` process of ``--schedules``; ``skewed``: its clock ahead (libfaketime)."""
+        tag = f"s{self.next_scheduler}"
+        self.next_scheduler += 1
+        env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}"}
+        if skewed:
+            # The scheduler's sleeps are on the monotonic clock: left alone.
+            env.update(LD_PRELOAD=FAKETIME_LIB, FAKETIME=ticks.SKEW, FAKETIME_DONT_FAKE_MONOTONIC="1")
+            self.log.faults["skewed_scheduler"] += 1
+        child = self.processes.start("django", "taskclaim_scheduler", "--json", env=env,
+                                     stderr=os.path.join(self.rundir, f"{tag}.stderr"))
+        scheduler = WorkerProc(tag=tag, child=child, skewed=skewed, started=time.monotonic(), scheduler=True)
+        self.worker_of[child] = scheduler
+        self.workers.append(scheduler)
+        return scheduler
+
+    def start_schedulers(self) -> None:
+        for i in range(self.opts.schedulers):
+            # The first one's clock runs ahead where the database's clock decides.
+            self.start_scheduler(skewed=self.skew_available and i == 0)
+
+    def wait_for_first_tick(self) -> None:
+        """Until the schedule's first tick has a task (the faults begin after it), reading events."""
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            self.drain_events()
+            self.replace_dead()
+            fired = self.db(ticks.ticks_fired)
+            if fired:
+                self.log.first_tick = fired[0]
+                return
+            time.sleep(0.1)  # poll the task table for the first tick
+        self.log.errors.append("no scheduler fired a tick within 60 s of their start")
+
+    def stop_schedulers(self) -> None:
+        """Wait until the tick due now has a task, then SIGTERM the schedulers and read their reports."""
+        from django_taskclaim.models import Task
+
+        until = self.db(ticks.newest_due)
+        self.log.until_tick = until
+        key = ticks.schedule().key(until)
+        end = time.monotonic() + 30
+        # Not found within the deadline: the checker reports the tick missing.
+        while time.monotonic() < end and not self.db(lambda: Task.objects.filter(key=key).exists()):
+            self.drain_events()
+            self.replace_dead()
+            time.sleep(0.1)  # poll for the tick's task
+        schedulers = [w for w in self.workers if w.scheduler and not w.stopping]
+        for scheduler in schedulers:
+            scheduler.stopping = True
+            scheduler.child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for scheduler in schedulers:
+            try:
+                code = scheduler.child.wait(max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                self.log.errors.append(f"scheduler {scheduler.tag} did not stop on SIGTERM; killed")
+                scheduler.child.kill()
+                scheduler.child.wait(30)
+                continue
+            # -SIGTERM: a replacement still starting up, before the command set its handler.
+            if code not in (0, -signal.SIGTERM):
+                self.log.errors.append(f"scheduler {scheduler.tag} exited with code {code} on SIGTERM "
+                                       f"(see {self.rundir}/{scheduler.tag}.stderr)")
+            scheduler.child.ended(10)  # its report read
+        self.drain_events()
 
     def db(self, fn: Callable[[], T], deadline: float = 120.0) -> T:
         """Run a query of the harness itself, reconnecting while the server restarts."""
@@ -291,6 +385,7 @@ class Harness:
             "--work-ms", str(self.opts.work_ms), "--give-up", str(self.opts.give_up),
             "--concurrency", str(self.opts.concurrency),
             *(["--unsafe"] if self.opts.unsafe else []),
+            *(["--mark-start"] if self.opts.limits else []),
             *(["--downstream", self.downstream_url] if self.opts.downstream else []),
             env=env, stderr=os.path.join(self.rundir, f"{tag}.stderr"),
         )
@@ -308,6 +403,12 @@ class Harness:
             if child is self.downstream:
                 continue  # read through its own cursor
             worker = self.worker_of[child]
+            if worker.scheduler:  # its only output: what it created, or its error, on exit (--json)
+                if isinstance(event.get("fired"), int):
+                    self.log.ticks_reported += event["fired"]
+                elif "error" in event:
+                    self.log.errors.append(f"scheduler {worker.tag}: {event['error']}")
+                continue
             event.update(tag=worker.tag, pid=worker.pid, skewed=worker.skewed)
             self.log.events.append(event)
             kind = event.get("event")
@@ -337,6 +438,14 @@ class Harness:
                         self.log.relay_exits += 1
                     self.start_relay()
                     continue
+                if worker.scheduler:
+                    # It survives database errors (the loop goes on): any exit but a SIGKILL is one.
+                    if worker.child.returncode != -signal.SIGKILL:
+                        self.log.errors.append(
+                            f"scheduler {worker.tag} exited with code {worker.child.returncode} "
+                            f"(see {self.rundir}/{worker.tag}.stderr)")
+                    self.start_scheduler()
+                    continue
                 if worker.child.returncode != -signal.SIGKILL:
                     self.log.errors.append(
                         f"worker {worker.tag} exited with code {worker.child.returncode} "
@@ -355,8 +464,10 @@ class Harness:
         if cap is not None:
             want = min(want, cap - len(self.log.enqueued))
         for _ in range(max(want, 0)):
-            key = f"chaos:{self.opts.seed}:{len(self.log.enqueued)}"
-            self.db(partial(Task.objects.ensure, key, max_attempts=100_000, queue="default"))
+            n = len(self.log.enqueued)
+            key = f"chaos:{self.opts.seed}:{n}"
+            limited = limit_of(n, self.opts.limit_keys, self.opts.limit) if self.opts.limits else {}
+            self.db(partial(Task.objects.ensure, key, max_attempts=100_000, queue="default", **limited))
             self.log.enqueued.append(key)
 
     # -- the nemesis ----------------------------------------------------------------------
@@ -366,7 +477,11 @@ class Harness:
         weights = [FAULTS[k][0] for k in self.drawn]
         kind = self.first[0] if self.first else self.rng.choices(self.drawn, weights)[0]
         candidates = [w for w in self.live_workers() if w.paused_until is None
-                      and (kind in ("pause", "kill") or not w.relay)]
+                      and (kind in ("pause", "kill") or not (w.relay or w.scheduler))]
+        # The first pause and the first kill go to a scheduler, so that a short run hits them too.
+        schedulers = [w for w in candidates if w.scheduler]
+        if schedulers and kind in ("pause", "kill") and not self.log.faults[f"scheduler_{kind}"]:
+            candidates = schedulers
         if kind != "restart" and not candidates:
             return
         target = self.rng.choice(candidates) if candidates else None
@@ -384,6 +499,8 @@ class Harness:
             self.log.faults["relay_pause"] += 1
         else:
             seconds = self.rng.uniform(2, 3) * self.opts.lease
+            if worker.scheduler:
+                self.log.faults["scheduler_pause"] += 1
         worker.child.stop()
         worker.paused_until = time.monotonic() + seconds
         # Resumed by a timer, not by the main loop: on SQLite a worker paused inside its write
@@ -392,6 +509,19 @@ class Harness:
         timer.daemon = True
         timer.start()
         self.log.faults["pause"] += 1
+
+    def scheduler_outage(self) -> None:
+        """SIGSTOP every running scheduler for one 2-3 x the lease: nobody fires the ticks due
+        meanwhile, and the first one to wake up must fire each of them (``catch_up: all``)."""
+        seconds = self.rng.uniform(2, 3) * self.opts.lease
+        for worker in self.live_workers():
+            if worker.scheduler and worker.paused_until is None:
+                worker.child.stop()
+                worker.paused_until = time.monotonic() + seconds
+                timer = threading.Timer(seconds, self.resume, args=(worker,))
+                timer.daemon = True
+                timer.start()
+        self.log.faults["scheduler_outage"] += 1
 
     def resume(self, worker: WorkerProc) -> None:
         with self.lock:
@@ -411,6 +541,8 @@ class Harness:
         self.log.faults["kill"] += 1
         if worker.relay:
             self.log.faults["relay_kill"] += 1
+        if worker.scheduler:
+            self.log.faults["scheduler_kill"] += 1
 
     def _terminate(self, column: str, value: Any) -> int:
         from django.db import connection
@@ -512,10 +644,15 @@ class Harness:
             self.start_worker(skewed=True if (skewed_first and i == 0) else None)
         for _ in range(opts.relays if opts.downstream else 0):
             self.start_relay()
+        if opts.schedules:
+            self.wait_for_first_tick()
         start = time.monotonic()
         end = start + opts.duration
         next_fault = start + self.rng.expovariate(1 / opts.fault_interval)
         next_failover: float | None = None
+        # --schedules: once, from half-way, every scheduler paused at once (the missed ticks are caught
+        # up), after the first pause and kill of a scheduler (they need a scheduler running).
+        outage: float | None = start + opts.duration / 2 if opts.schedules else None
         last_report = start
         next_sweep = start + opts.lease
         while time.monotonic() < end:
@@ -528,6 +665,10 @@ class Harness:
                 # What `manage.py taskclaim_reclaim --every` does, racing the workers' takeovers.
                 self.sweep()
                 next_sweep = now + opts.lease
+            if outage is not None and now >= outage and all(
+                    self.log.faults[f"scheduler_{kind}"] for kind in ("pause", "kill") if kind in self.drawn):
+                self.scheduler_outage()
+                outage = None
             if now >= next_fault:
                 self.nemesis()
                 next_fault = time.monotonic() + self.rng.expovariate(1 / opts.fault_interval)
@@ -572,6 +713,8 @@ class Harness:
         from django_taskclaim.models import Task
 
         self.resume_due(everyone=True)
+        if self.opts.schedules:
+            self.stop_schedulers()  # no new tick once the quiet period begins
         start = time.monotonic()
         limit = self.opts.quiet if self.opts.quiet is not None else max(60.0, 20 * self.opts.lease)
         while time.monotonic() - start < limit:
@@ -583,6 +726,8 @@ class Harness:
             time.sleep(self.opts.lease / 4)  # sweep interval; leases are what we wait for
         self.log.quiet_seconds = time.monotonic() - start
         for worker in self.workers:
+            if worker.scheduler:
+                continue  # stopped already
             worker.stopping = True
             if worker.relay:
                 worker.child.signal(signal.SIGTERM)  # a relay stops after the message in hand

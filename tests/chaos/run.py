@@ -11,14 +11,17 @@ from typing import Any, TypeVar
 from tests.chaos.checker import Verdict, check, load_state, recovery, table
 from tests.chaos.downstream import check_downstream, load_outbox
 from tests.chaos.harness import Harness, Options
+from tests.chaos.limits import check_limits, limit_lines
+from tests.chaos.ticks import check_ticks, tick_lines
 
 HarnessT = TypeVar("HarnessT", bound=Harness)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.celery and args.downstream:
-        print("error: --downstream runs the harness's own workers, not --celery", file=sys.stderr)
-        return 2
+    for mode in ("downstream", "limits", "schedules"):
+        if args.celery and getattr(args, mode):
+            print(f"error: --{mode} runs the harness's own workers, not --celery", file=sys.stderr)
+            return 2
     if args.celery:
         from tests.chaos.celery_run import run_celery
 
@@ -31,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
         faults=args.faults, failover_interval=args.failover_interval, replication=args.replication,
         standby_lag=args.standby_lag, concurrency=args.concurrency,
         downstream=args.downstream, relays=args.relays,
+        limits=args.limits, limit_keys=args.limit_keys, limit=args.limit,
+        schedules=args.schedules, schedulers=args.schedulers,
         unsafe=args.unsafe, keep=args.keep, verbose=args.verbose,
     )
     harness = build(Harness, opts)
@@ -50,9 +55,15 @@ def run(args: argparse.Namespace) -> int:
         rows = recovery(log.failovers, log.events, opts.lease, verdict.lost_seen) if failing_over else None
         report["failovers"] = rows
         text = table(log.faults, verdict, header, harness.kinds, harness.skew_available, opts.crash, rows)
-        if opts.downstream:  # its section goes with the run's figures, before the violations
-            text = text.replace("\n\nviolations\n", downstream_lines(harness, verdict) + "\n\nviolations\n", 1)
-        return text
+        if opts.schedules:
+            report.update(first_tick=str(log.first_tick), until_tick=str(log.until_tick))
+        # The sections of the modes go with the run's figures, before the violations.
+        sections = "".join([
+            downstream_lines(harness, verdict) if opts.downstream else "",
+            limit_lines(verdict.figures, opts.limit_keys, opts.limit) if opts.limits else "",
+            tick_lines(verdict.figures, opts.schedulers, log.first_tick, log.until_tick) if opts.schedules else "",
+        ])
+        return text.replace("\n\nviolations\n", sections + "\n\nviolations\n", 1)
 
     report: dict[str, Any] = {"kinds": harness.kinds}
     if failing_over:
@@ -98,6 +109,14 @@ def build(factory: Callable[[Options], HarnessT], opts: Options) -> HarnessT | N
         return None
 
 
+def merge(verdict: Verdict, figures: dict[str, int], found: dict[str, list[str]]) -> None:
+    """Add a mode's figures and violations to the run's verdict."""
+    verdict.figures.update(figures)
+    for kind, items in found.items():
+        for item in items:
+            verdict.add(kind, item)
+
+
 def drive(harness: Harness, args: argparse.Namespace, render: Callable[[Verdict], str], *,
           banner: str, report: dict[str, Any]) -> int:
     """Set up, inject faults, go quiet, check and report; the exit status (0 ok, 1 violation)."""
@@ -122,6 +141,15 @@ def drive(harness: Harness, args: argparse.Namespace, render: Callable[[Verdict]
             for kind, items in found.items():
                 for item in items:
                     verdict.add(kind, item)
+        if opts.limits:
+            merge(verdict, *check_limits(state["tasks"], state["effects"]))
+        if opts.schedules:
+            merge(verdict, *check_ticks(state["tasks"], state["attempts"], state["effects"],
+                                        log.first_tick, log.until_tick, log.ticks_reported))
+            verdict.figures.update(scheduler_kills=log.faults["scheduler_kill"],
+                                   scheduler_pauses=log.faults["scheduler_pause"],
+                                   scheduler_outages=log.faults["scheduler_outage"],
+                                   skewed_schedulers=log.faults["skewed_scheduler"])
         for error in log.errors:
             verdict.add("harness", error)
         print(render(verdict), flush=True)

@@ -7,8 +7,13 @@ With the ``failover`` fault, ``HOST`` and ``PORT`` list both servers of the pair
 (``"127.0.0.1,127.0.0.1"``, ``"5433,5434"``: Django hands them to libpq as they are) and
 ``OPTIONS`` adds ``target_session_attrs = "read-write"``, so that every connection, first or
 after a failover, goes to whichever server is the primary.
+
+With ``--schedules`` the schedule comes in ``CHAOS_SCHEDULES`` (JSON, tests/chaos/ticks.py), and the
+default attempts are the harness's own tasks' (100,000): a tick taken over again and again under
+the nemesis must not end FAILED for running out of attempts.
 """
 
+import json
 import os
 
 from tests.settings import *  # noqa: F403
@@ -23,3 +28,7 @@ if DB_VENDOR == "postgresql":
     if os.environ.get("CHAOS_TARGET_SESSION_ATTRS"):
         _options["target_session_attrs"] = os.environ["CHAOS_TARGET_SESSION_ATTRS"]
     DATABASES["default"]["OPTIONS"] = _options
+
+if os.environ.get("CHAOS_SCHEDULES"):
+    TASKCLAIM_SCHEDULES = json.loads(os.environ["CHAOS_SCHEDULES"])
+    TASKCLAIM_MAX_ATTEMPTS = 100_000

@@ -8,6 +8,10 @@ exactly-once recipe). With ``--downstream URL`` the last step first calls the do
 (tests/chaos/downstream.py). It prints one JSON line per event on stdout, which the harness reads
 (the "replies").
 
+With ``--mark-start`` (the harness's ``--limits``) each execution first writes a fenced ``start``
+effect, before any work: the checker measures executions of limited tasks from it
+(tests/chaos/limits.py).
+
 With ``--concurrency N`` it runs N such loops at once, each on a thread with its own database
 connection (as ``taskclaim_worker --concurrency`` runs sync tasks), so that a SIGKILL or SIGSTOP of
 the process strikes N claims in hand at once.
@@ -190,9 +194,11 @@ class Worker:
         from django_taskclaim.store import DbNow
         from tests.testapp.models import Effect
 
-        for step in range(self.args.steps):
+        steps: list[int | str] = ["start"] if self.args.mark_start else []
+        for step in [*steps, *range(self.args.steps)]:
             final = step == self.args.steps - 1
-            self.work()
+            if step != "start":
+                self.work()
             if final and self.rng.random() < self.args.give_up:
                 self.give_up(claim, info)
                 return
@@ -202,13 +208,13 @@ class Worker:
                 try:
                     # Half the steps go straight to the fenced write, so that a worker resumed
                     # after a pause meets the refusal there as well as in a heartbeat.
-                    if self.rng.random() < 0.5:
+                    if step != "start" and self.rng.random() < 0.5:
                         expires = claim.heartbeat()
                         emit(event="beat", expires=expires, **info)
                     with claim.fenced():
                         effect = Effect.objects.create(
                             task_key=claim.key, token=claim.token,
-                            worker=f"{self.owner}#{'final' if final else f'step{step}'}")
+                            worker=f"{self.owner}#{'final' if final else effect_name(step)}")
                         # Stamped with the database clock, inside the transaction: the
                         # checker places each effect within its claim's interval.
                         Effect.objects.filter(pk=effect.pk).update(created_at=DbNow())
@@ -282,6 +288,12 @@ class Worker:
                     emit(event="abandon", step="give_up", **info)
 
 
+def effect_name(step: int | str) -> str:
+    """The name of a non-final effect (after the owner and ``#``): ``start`` for the write right
+    after the claim (``--mark-start``), ``step0``, ``step1`` … for the steps."""
+    return step if isinstance(step, str) else f"step{step}"
+
+
 def parse_crash(spec: str) -> dict[str, float]:
     points = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -309,6 +321,9 @@ def main() -> None:
     parser.add_argument("--downstream", default="",
                         help="the downstream's base URL: make a direct call with claim.headers() "
                              "and record an outbox message with each completion")
+    parser.add_argument("--mark-start", action="store_true",
+                        help="write a fenced 'start' effect right after each claim, before any work: "
+                             "the checker measures each execution of a limited task from it (--limits)")
     parser.add_argument("--unsafe", action="store_true",
                         help="write the effect outside fenced() (to prove the checker fails)")
     args = parser.parse_args()
