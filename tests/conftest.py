@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from django.db import OperationalError, connection, connections
+from django.db import connection, connections
 
 from devtools.processes import Child, Supervisor
 from devtools.servers import PostgresServer
@@ -115,24 +115,20 @@ def spawn(processes: Supervisor) -> Callable[..., Child]:
 @pytest.fixture
 def shard_server() -> Iterator[PostgresServer]:
     """The second task database's server of the sharded configurations (started by the test
-    runner), to stop and start; started again if a test left it stopped."""
+    runner), to stop, start and freeze; continued and started again if a test left it so.
+
+    Told apart by the server's processes, never by connecting: a connection to a server left
+    frozen (SIGSTOP) waits for ever, and so would every later test's.
+    """
     described = os.environ.get("TASKCLAIM_TEST_SHARD_SERVER")
     if not described:
         pytest.skip("the runner did not start the second server (python3 -m tests --config sharded)")
     server = PostgresServer.attached(described)
     yield server
-    if not _shard_answers():
-        server.resume()
+    server.thaw_all()
     connections["shard2"].close()
-
-
-def _shard_answers() -> bool:
-    try:
-        connections["shard2"].close()
-        connections["shard2"].ensure_connection()
-    except OperationalError:
-        return False
-    return True
+    if not server.running():
+        server.resume()
 
 
 def db_now() -> dt.datetime:
