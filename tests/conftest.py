@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections
 
+from devtools import stacks
 from devtools.processes import Child, Supervisor
 from devtools.servers import PostgresServer
 
@@ -55,6 +57,33 @@ def child_env() -> dict[str, str]:
     if "shard2" in connections:  # the sharded configurations
         env["TASKCLAIM_TEST_SHARD_DB_NAME"] = str(connections["shard2"].settings_dict["NAME"])
     return env
+
+
+#: Seconds pytest waits at its end for threads a test left running, before it names them and exits.
+THREADS_AT_EXIT = float(os.environ.get("TASKCLAIM_TEST_THREADS_AT_EXIT", "60"))
+_STDERR = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every thread's stack on SIGUSR1 (the runner's deadline, tests/__main__.py) and on SIGTERM, to
+    this process's stderr (a copy of it made now: a test's output is captured elsewhere)."""
+    config.stash[_STDERR] = os.dup(sys.stderr.fileno())
+    stacks.dump_on_signals(config.stash[_STDERR])
+
+
+@pytest.hookimpl(trylast=True)  # after the other plugins' ends: the reports are written
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """pytest never waits for ever at its end: the interpreter waits at exit for every non-daemon
+    thread (a worker's lanes a test started and never stopped); still running after
+    ``THREADS_AT_EXIT`` seconds, they are named with their stacks and the process exits with 1."""
+    left = stacks.threads_left(THREADS_AT_EXIT)
+    if not left:
+        return
+    sys.stdout.flush()
+    report = (f"\npytest would wait for ever at exit for {len(left)} thread(s) a test left running "
+              f"(still running {THREADS_AT_EXIT:g} s after the last test); their stacks:\n{stacks.stacks(left)}")
+    os.write(config.stash.get(_STDERR, 2), report.encode(errors="replace"))
+    os._exit(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,12 +1,18 @@
 """A test run never waits for ever (the configurations leg of CI once hung until CI was killed).
 
 A server frozen with SIGSTOP is never left so: ``freeze()`` survives a backend that exits as it
-runs, and a failure part-way continues what it stopped; ``stop()`` ends a frozen server. A call
-that may never return fails its deadline on a daemon thread.
+runs, and a failure part-way continues what it stopped; ``stop()`` ends a frozen server. pytest
+names the threads a test left running instead of waiting for them at exit, and the runner stops
+a pytest run past its deadline with its threads' stacks.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -15,10 +21,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from devtools import stacks
 from devtools.polling import wait_until
 from devtools.servers import PostgresServer, postgres_bindir
 from devtools.threads import call_in_thread
-from tests.conftest import requirement_missing
+from tests.conftest import ROOT, requirement_missing
 
 pytestmark = pytest.mark.slow
 
@@ -109,13 +116,66 @@ def test_stop_ends_a_server_left_frozen(server: PostgresServer) -> None:
                what="the frozen server's processes to end")
 
 
+def test_pytest_names_the_threads_a_test_left_running_instead_of_waiting_for_them(tmp_path: Path) -> None:
+    """A non-daemon thread that never ends (a worker started by a test and never stopped): the
+    interpreter would wait for it at exit for ever, and the runner for pytest."""
+    (tmp_path / "test_left.py").write_text(textwrap.dedent("""
+        import threading
+
+        def test_leaves_a_thread() -> None:
+            threading.Thread(target=threading.Event().wait, name="never-ends").start()
+    """))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="tests.settings", TASKCLAIM_TEST_DB="sqlite",
+               TASKCLAIM_TEST_THREADS_AT_EXIT="1")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                           "-p", "no:randomly", "-q", "--rootdir", str(tmp_path), str(tmp_path / "test_left.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 60
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "1 passed" in done.stdout
+    assert "would wait for ever at exit for 1 thread(s)" in done.stderr and "'never-ends'" in done.stderr
+    assert "in wait" in done.stderr, done.stderr  # its stack: where it waits
+
+
+def test_stacks_name_each_thread_left_running_and_where_it_waits() -> None:
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, name="left-here")
+    thread.start()
+    try:
+        assert thread in stacks.threads_left(0.2)
+        assert "thread 'left-here'" in stacks.stacks([thread]) and "in wait" in stacks.stacks([thread])
+    finally:
+        release.set()
+        thread.join(10)
+    assert thread not in stacks.threads_left(5)
+
+
 def test_a_call_in_a_thread_that_never_returns_fails_its_deadline_and_holds_nothing() -> None:
     never = threading.Event()
     with pytest.raises(TimeoutError, match="the call that never returns"):
         call_in_thread(never.wait, timeout=0.3, what="the call that never returns")
-    # A daemon: nothing for the interpreter to wait for at exit.
-    assert [t for t in threading.enumerate() if not t.daemon] == [threading.main_thread()]
+    [left] = [t for t in threading.enumerate() if t.name == "call-in-thread: the call that never returns"]
+    assert left.daemon  # nothing for the interpreter to wait for at exit
     assert call_in_thread(lambda: 7, timeout=10, what="seven") == 7
     with pytest.raises(ZeroDivisionError):
         call_in_thread(lambda: 1 / 0, timeout=10, what="a division")
     never.set()
+
+
+def test_the_runner_stops_a_run_past_its_deadline_with_its_stacks(monkeypatch: pytest.MonkeyPatch,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    from tests import __main__ as runner
+
+    monkeypatch.setattr(runner, "RUN_DEADLINE", 2)
+    hung = ("import os, sys, threading; from devtools import stacks; stacks.dump_on_signals(2); "
+            "print('hung', flush=True); threading.Event().wait()")
+    started = time.monotonic()
+    code = runner.run_with_deadline([sys.executable, "-c", hung], dict(os.environ, PYTHONPATH=str(ROOT)),
+                                    "the hung run")
+    assert code == 124 and time.monotonic() - started < 30
+    out, err = capfd.readouterr()
+    assert "hung" in out
+    assert "the hung run did not end within 2 s" in err
+    assert "Current thread" in err or "Thread 0x" in err, err  # faulthandler's dump of its stacks
+    assert signal.SIGUSR1 in stacks.DUMP_SIGNALS
