@@ -17,7 +17,12 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any, Self
+
+#: Seconds a server's own tool (initdb, pg_ctl, the MariaDB client) may take before it is given up
+#: on, naming it: no tool of a healthy server takes a tenth of that on a loaded 2-core machine.
+TOOL_DEADLINE = 180
 
 
 def free_port() -> int:
@@ -137,10 +142,12 @@ class PostgresServer(ManagedServer):
             os.chmod(self.dir, 0o755)
 
     def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        """Run one of the server's tools; ``TimeoutExpired`` naming it past ``TOOL_DEADLINE`` seconds
+        (``pg_ctl`` gives up after its own ``-t``, 60 s, first)."""
         argv = [os.path.join(self.bindir, cmd[0]), *cmd[1:]]
         if self.user:
             argv = ["runuser", "-u", self.user, "--", *argv]
-        return subprocess.run(argv, check=check, capture_output=True, env=without_libpq_env())
+        return subprocess.run(argv, check=check, capture_output=True, env=without_libpq_env(), timeout=TOOL_DEADLINE)
 
     @property
     def env(self) -> dict[str, str]:
@@ -163,21 +170,29 @@ class PostgresServer(ManagedServer):
 
     def restart(self, mode: str = "immediate") -> None:
         """Stop (``immediate`` is a crash: no checkpoint) and start again on the same port."""
-        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop", check=False)
+        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop", check=False)
         self._start()
 
     def halt(self, mode: str = "fast") -> None:
         """Stop the server and keep its data: :meth:`resume` starts it again on the same port."""
-        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
 
     def resume(self) -> None:
         """Start a server :meth:`halt` stopped."""
         self._start()
 
+    def running(self) -> bool:
+        """Whether the server runs (``pg_ctl status``): stopped by :meth:`halt`, it does not."""
+        return self._run("pg_ctl", "-D", self.data, "status", check=False).returncode == 0
+
     def processes(self) -> list[int]:
-        """The server's process ids: its postmaster first, then every process it started."""
-        with open(os.path.join(self.data, "postmaster.pid")) as f:
-            main = int(f.readline())
+        """The server's process ids: its postmaster first, then every process it started (none
+        when it is not running)."""
+        try:
+            with open(os.path.join(self.data, "postmaster.pid")) as f:
+                main = int(f.readline())
+        except FileNotFoundError:  # stopped (pg_ctl removes the file), or never started
+            return []
         children = []
         for name in os.listdir("/proc"):
             if name.isdigit() and _parent_pid(int(name)) == main:
@@ -186,12 +201,42 @@ class PostgresServer(ManagedServer):
 
     def freeze(self, *, postmaster_only: bool = False) -> list[int]:
         """SIGSTOP the server (every process, or its postmaster alone) and return the ids stopped,
-        for :meth:`thaw`. A stopped server's kernel still accepts connections and acknowledges what
-        is sent: a client waits for its answer, no socket timeout fires."""
+        for :meth:`thaw` (or use :meth:`frozen`). A stopped server's kernel still accepts
+        connections and acknowledges what is sent: a client waits for its answer, no socket
+        timeout fires.
+
+        A child that exits between the listing and its signal (the backend of a connection just
+        closed, reaped by the postmaster before it was stopped) needs no stopping and is left out.
+        Any other failure continues what was already stopped before it is raised: a failed freeze
+        never leaves the postmaster stopped, on which every later connection would wait for ever.
+        """
         pids = self.processes()[:1] if postmaster_only else self.processes()
-        for pid in pids:  # the postmaster first: it starts no new process meanwhile
-            os.kill(pid, signal.SIGSTOP)
-        return pids
+        if not pids:
+            raise RuntimeError(f"PostgreSQL on port {self.port} is not running: nothing to freeze")
+        stopped: list[int] = []
+        try:
+            for pid in pids:  # the postmaster first: it starts no new process meanwhile
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    if pid == pids[0]:
+                        raise RuntimeError(f"the postmaster of PostgreSQL on port {self.port} (pid {pid}) "
+                                           "exited: nothing to freeze") from None
+                    continue  # a child that exited meanwhile
+                stopped.append(pid)
+        except BaseException:
+            self.thaw(stopped)
+            raise
+        return stopped
+
+    @contextlib.contextmanager
+    def frozen(self, *, postmaster_only: bool = False) -> Iterator[list[int]]:
+        """:meth:`freeze` for the block, :meth:`thaw` on the way out however it ends."""
+        stopped = self.freeze(postmaster_only=postmaster_only)
+        try:
+            yield stopped
+        finally:
+            self.thaw(stopped)
 
     @staticmethod
     def thaw(pids: list[int]) -> None:
@@ -199,6 +244,11 @@ class PostgresServer(ManagedServer):
         for pid in reversed(pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+
+    def thaw_all(self) -> None:
+        """SIGCONT every process of the server (harmless to one that runs): whatever a failed test
+        left stopped, so that neither a connection nor ``pg_ctl stop`` waits on it for ever."""
+        self.thaw(self.processes())  # the postmaster last, as after freeze()
 
     def description(self) -> str:
         """What another process needs to halt and resume this server (:meth:`attached`), as JSON."""
@@ -217,7 +267,13 @@ class PostgresServer(ManagedServer):
         return found
 
     def stop(self) -> None:
-        self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop", check=False)
+        """Stop the server for good and remove its folder; a server left frozen is continued first
+        (stopped, its postmaster would never see pg_ctl's signal: pg_ctl would give up after 60 s
+        and leave it behind, holding its port and memory), and one that ignores a fast shutdown
+        is stopped in immediate mode."""
+        self.thaw_all()
+        if self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "-t", "60", "stop", check=False).returncode:
+            self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "-t", "30", "stop", check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -260,7 +316,7 @@ class MariaDBServer(ManagedServer):
         subprocess.run(
             [self.install_db, f"--datadir={self.data}", f"--user={self.user}", "--skip-test-db",
              "--auth-root-authentication-method=normal", "--skip-name-resolve"],
-            check=True, capture_output=True,
+            check=True, capture_output=True, timeout=TOOL_DEADLINE,
         )
         self.proc = subprocess.Popen(
             [self.server, "--no-defaults", f"--datadir={self.data}", f"--user={self.user}", f"--port={self.port}",
@@ -286,8 +342,8 @@ class MariaDBServer(ManagedServer):
         """
         client = shutil.which("mariadb") or shutil.which("mysql") or "mariadb"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MYSQL_")}
-        subprocess.run([client, "--protocol=SOCKET", f"--socket={self.socket}", "-uroot", "-e", statements],
-                       check=True, capture_output=True, env=env)
+        subprocess.run([client, "--protocol=SOCKET", f"--socket={self.socket}", "-uroot", "--connect-timeout=30",
+                        "-e", statements], check=True, capture_output=True, env=env, timeout=TOOL_DEADLINE)
 
     def create_database(self, name: str) -> None:
         """An empty utf8mb4 database (for processes that connect to it by name, as the harness's)."""

@@ -19,6 +19,7 @@ routed there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -27,6 +28,34 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Seconds one pytest run may take (``TASKCLAIM_TEST_RUN_DEADLINE``): the whole suite on one
+#: database takes about ten minutes on a loaded 2-core machine; an hour is a run that hangs.
+RUN_DEADLINE = float(os.environ.get("TASKCLAIM_TEST_RUN_DEADLINE", "3600"))
+
+
+def run_with_deadline(argv: list[str], env: dict[str, str], what: str) -> int:
+    """Run ``argv`` (a pytest run) to its end and return its exit code, or 124 once it has run
+    ``RUN_DEADLINE`` seconds: then its threads' stacks are asked for (SIGUSR1, tests/conftest.py)
+    and it is killed, so that the servers started for it are stopped and the next run starts; the
+    message names what was waited for."""
+    with subprocess.Popen(argv, cwd=ROOT, env=env) as proc:
+        try:
+            return proc.wait(RUN_DEADLINE)
+        except subprocess.TimeoutExpired:
+            print(f"\nERROR: {what} did not end within {RUN_DEADLINE:g} s (TASKCLAIM_TEST_RUN_DEADLINE); "
+                  "its threads' stacks follow, then it is stopped", file=sys.stderr, flush=True)
+            proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)  # the stacks are written meanwhile
+            proc.kill()  # what it started dies with it or on its stdin's end; the servers go below
+            proc.wait()
+            return 124
+        except BaseException:  # interrupted (SIGTERM, Ctrl-C): the run goes with the runner
+            proc.kill()
+            proc.wait()
+            raise
+
+
 def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
     from devtools.servers import MariaDBServer, PgBouncerServer, PostgresServer
     from tests.configurations import SHARD_SERVER
@@ -61,7 +90,7 @@ def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
     try:
         label = db if config == "default" else f"{db}, configuration {config}"
         print(f"\n===== tests on {label} =====", flush=True)
-        return subprocess.call([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env)
+        return run_with_deadline([sys.executable, "-m", "pytest", *pytest_args], env, f"pytest on {label}")
     finally:
         if bouncer is not None:
             bouncer.stop()

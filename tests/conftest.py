@@ -6,13 +6,15 @@ import datetime as dt
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
-from django.db import OperationalError, connection, connections
+from django.db import connection, connections
 
+from devtools import stacks
 from devtools.processes import Child, Supervisor
 from devtools.servers import PostgresServer
 
@@ -55,6 +57,33 @@ def child_env() -> dict[str, str]:
     if "shard2" in connections:  # the sharded configurations
         env["TASKCLAIM_TEST_SHARD_DB_NAME"] = str(connections["shard2"].settings_dict["NAME"])
     return env
+
+
+#: Seconds pytest waits at its end for threads a test left running, before it names them and exits.
+THREADS_AT_EXIT = float(os.environ.get("TASKCLAIM_TEST_THREADS_AT_EXIT", "60"))
+_STDERR = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every thread's stack on SIGUSR1 (the runner's deadline, tests/__main__.py) and on SIGTERM, to
+    this process's stderr (a copy of it made now: a test's output is captured elsewhere)."""
+    config.stash[_STDERR] = os.dup(sys.stderr.fileno())
+    stacks.dump_on_signals(config.stash[_STDERR])
+
+
+@pytest.hookimpl(trylast=True)  # after the other plugins' ends: the reports are written
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """pytest never waits for ever at its end: the interpreter waits at exit for every non-daemon
+    thread (a worker's lanes a test started and never stopped); still running after
+    ``THREADS_AT_EXIT`` seconds, they are named with their stacks and the process exits with 1."""
+    left = stacks.threads_left(THREADS_AT_EXIT)
+    if not left:
+        return
+    sys.stdout.flush()
+    report = (f"\npytest would wait for ever at exit for {len(left)} thread(s) a test left running "
+              f"(still running {THREADS_AT_EXIT:g} s after the last test); their stacks:\n{stacks.stacks(left)}")
+    os.write(config.stash.get(_STDERR, 2), report.encode(errors="replace"))
+    os._exit(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -115,24 +144,20 @@ def spawn(processes: Supervisor) -> Callable[..., Child]:
 @pytest.fixture
 def shard_server() -> Iterator[PostgresServer]:
     """The second task database's server of the sharded configurations (started by the test
-    runner), to stop and start; started again if a test left it stopped."""
+    runner), to stop, start and freeze; continued and started again if a test left it so.
+
+    Told apart by the server's processes, never by connecting: a connection to a server left
+    frozen (SIGSTOP) waits for ever, and so would every later test's.
+    """
     described = os.environ.get("TASKCLAIM_TEST_SHARD_SERVER")
     if not described:
         pytest.skip("the runner did not start the second server (python3 -m tests --config sharded)")
     server = PostgresServer.attached(described)
     yield server
-    if not _shard_answers():
-        server.resume()
+    server.thaw_all()
     connections["shard2"].close()
-
-
-def _shard_answers() -> bool:
-    try:
-        connections["shard2"].close()
-        connections["shard2"].ensure_connection()
-    except OperationalError:
-        return False
-    return True
+    if not server.running():
+        server.resume()
 
 
 def db_now() -> dt.datetime:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections, transaction
 
+from devtools.threads import call_in_thread
 from django_taskclaim import checks
 from django_taskclaim.conf import settings as tc_settings
 from django_taskclaim.exceptions import StaleClaim
@@ -40,24 +40,16 @@ def task_db() -> Any:
 
 
 def in_other_thread(func: Callable[[], Any]) -> Any:
-    """Run ``func`` on another thread, i.e. on another database connection, and return its result."""
-    box: dict[str, Any] = {}
+    """Run ``func`` on another thread, i.e. on another database connection, and return its result
+    (``TimeoutError`` after 60 s: a daemon thread, left behind, cannot keep pytest from exiting)."""
 
-    def run() -> None:
+    def run() -> Any:
         try:
-            box["value"] = func()
-        except BaseException as exc:  # handed to the test thread
-            box["error"] = exc
+            return func()
         finally:
             connections.close_all()
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive(), "the other connection did not finish"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return call_in_thread(run, timeout=60, what="the other connection's call")
 
 
 # ---- Each configuration is what it claims to be ---------------------------------------------

@@ -130,8 +130,10 @@ def test_a_worker_logs_a_database_down_once_and_once_when_it_is_back(
     Task.objects.ensure("a-0", tenant=ON_A[0], queue="default")
     stop = threading.Event()
     ran: list[str] = []
+    # A daemon, and so are the lanes it starts: a worker that never stops fails the test below, and
+    # cannot keep pytest from exiting.
     thread = threading.Thread(target=worker.work, args=(lambda claim: ran.append(claim.using),),
-                              kwargs={"poll": 0.01, "stop": stop})
+                              kwargs={"poll": 0.01, "stop": stop}, daemon=True)
     caplog.set_level(logging.INFO, logger="django_taskclaim")
     thread.start()
     try:
@@ -146,6 +148,7 @@ def test_a_worker_logs_a_database_down_once_and_once_when_it_is_back(
     finally:
         stop.set()
         thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop within 30 s of its stop event"
     # Lines about the database itself (a task's own lines name it too: "id=shard2:7").
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("task database 'shard2'")]
     assert lines[1:] == ["task database 'shard2' answers again"], lines

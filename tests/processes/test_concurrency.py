@@ -140,14 +140,16 @@ def test_chaos_pauses_past_the_lease_and_kills_never_double_or_lose_work(process
         proc, event = got
         if paused < 3 or (kills >= 2 and rng.random() < 0.5):
             proc.stop()
-            # Hold it until another worker has taken its task over (token moved on), so that
-            # its fenced write on waking is certainly stale.
-            until = time.monotonic() + 10
-            while Task.objects.filter(key=event["key"], fencing_token=event["token"]).exists():
-                if time.monotonic() > until or not Task.objects.unfinished().exists():
-                    break
-                time.sleep(0.05)
-            proc.cont()
+            try:
+                # Hold it until another worker has taken its task over (token moved on), so that
+                # its fenced write on waking is certainly stale.
+                until = time.monotonic() + 10
+                while Task.objects.filter(key=event["key"], fencing_token=event["token"]).exists():
+                    if time.monotonic() > until or not Task.objects.unfinished().exists():
+                        break
+                    time.sleep(0.05)
+            finally:
+                proc.cont()  # never left stopped by an error above
             paused += 1
             while fleet.next(0):  # events queued meanwhile are old: act on fresh ones only
                 pass

@@ -22,7 +22,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -35,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from devtools.polling import wait_until
 from devtools.processes import Child, Supervisor
 from devtools.servers import PostgresServer
+from devtools.threads import call_in_thread
 from django_taskclaim import metrics
 from django_taskclaim.exceptions import DatabaseUnreachable
 from django_taskclaim.models import Attempt, Task
@@ -120,19 +120,22 @@ def test_workers_drain_both_databases_and_apply_every_effect_once(procs: Supervi
 
 def test_a_takeover_in_each_database_fences_off_the_paused_owner(procs: Supervisor) -> None:
     holders = {tenant: start(procs, "hold", "report", tenant, "--lease", "1") for tenant in (ON_A[0], ON_B[0])}
-    for tenant, holder in holders.items():
-        claimed = event_of(procs, holder, "claimed")
-        assert claimed["database"] == tenant_database(tenant) and claimed["token"] == 1
-        holder.stop()  # SIGSTOP: paused with its claim, past its lease
-    for tenant in holders:
-        taker = wait_until(lambda tenant=tenant: Task.objects.claim("report", tenant=tenant, owner="taker").claim,
-                           timeout=30, what=f"a takeover of {tenant}'s task")
-        assert taker.token == 2 and taker.using == tenant_database(tenant)
-        with taker.fenced():
-            Effect.objects.create(task_key=f"{tenant}/report", token=taker.token, worker="taker")
-            taker.complete("taken over")
+    try:
+        for tenant, holder in holders.items():
+            claimed = event_of(procs, holder, "claimed")
+            assert claimed["database"] == tenant_database(tenant) and claimed["token"] == 1
+            holder.stop()  # SIGSTOP: paused with its claim, past its lease
+        for tenant in holders:
+            taker = wait_until(lambda tenant=tenant: Task.objects.claim("report", tenant=tenant, owner="taker").claim,
+                               timeout=30, what=f"a takeover of {tenant}'s task")
+            assert taker.token == 2 and taker.using == tenant_database(tenant)
+            with taker.fenced():
+                Effect.objects.create(task_key=f"{tenant}/report", token=taker.token, worker="taker")
+                taker.complete("taken over")
+    finally:
+        for holder in holders.values():
+            holder.cont()  # never left stopped by a failure above
     for holder in holders.values():
-        holder.cont()
         holder.send("write now")
         assert event_of(procs, holder, "stale")["token"] == 1
         assert holder.wait(60) == 0, holder.stderr()
@@ -256,15 +259,12 @@ def test_a_hung_server_delays_only_its_own_tenants(procs: Supervisor, shard_serv
     wait_until(_lock_waiters, timeout=30, what="the worker's statement waiting on the second server")
     for n in range(3):
         Task.objects.ensure(f"b-later-{n}", tenant=ON_B[n], queue="default")
-    stopped = shard_server.freeze(postmaster_only=postmaster_only)
-    try:
+    with shard_server.frozen(postmaster_only=postmaster_only):  # continued however the block ends
         if postmaster_only:
             _advisory("unlock")  # the sessions run on; a new connection waits for the postmaster
         for n in range(40):
             Task.objects.ensure(f"a-{n}", tenant=ON_A[n % 3], queue="default")
         done_events(procs, A, 40, 20)  # all of them, promptly: the broken worker ran 0 to 14
-    finally:
-        shard_server.thaw(stopped)
     if not postmaster_only:
         _advisory("unlock")
     done_events(procs, B, 7, 60)  # resumed: the task in flight and those queued meanwhile, once
@@ -300,13 +300,9 @@ def test_claim_next_in_user_code_skips_a_hung_database(shard_server: PostgresSer
             connections.close_all()
         return got, took, None
 
-    stopped = shard_server.freeze()
-    pool = ThreadPoolExecutor(1)
-    try:
-        got, took, error = pool.submit(calls).result(timeout=30)  # the broken call never returns
-    finally:
-        shard_server.thaw(stopped)
-        pool.shutdown(wait=True)
+    with shard_server.frozen():
+        # On a daemon thread: the broken call never returns, and must not keep pytest from exiting.
+        got, took, error = call_in_thread(calls, timeout=30, what="claim_next() with the second server hung")
     assert sorted(got) == [(f"m-a-{n}", A) for n in range(4)]
     assert took < 10, took  # one deadline (1 s) at most, not one per call
     assert error is not None and "'shard2'" in str(error) and "TASKCLAIM_DATABASE_TIMEOUT" in str(error)
