@@ -97,9 +97,12 @@ def enqueue(system: str, count: int, kind: str, args: str = "[]", how: str = "lo
     in one transaction, the way ``how`` says (``benchmarks.tasks_systems.bulk_enqueue``)."""
     from django.db import transaction
 
-    from benchmarks.io_tasks import KINDS
     from benchmarks.tasks_systems import bulk_enqueue
 
+    if kind.startswith("limited"):  # ours only: django_taskclaim's claim_options
+        from benchmarks.limited_tasks import KINDS
+    else:
+        from benchmarks.io_tasks import KINDS
     with transaction.atomic():
         bulk_enqueue(system, how, KINDS[kind], count, tuple(json.loads(args)))
     return {"enqueued": count}

@@ -477,10 +477,10 @@ class OutboxMessage(models.Model):
 
 class ConcurrencyGate(models.Model):
     """A concurrency key's gate: the row each queue claim that starts a pending task of the key
-    bumps (``version``), in the claim's own transaction. A claim counts the key's running tasks in
-    its snapshot, and starts the key's tasks only if the gate still has the version it saw there
-    (PostgreSQL), or after taking the gate's row lock and counting again (MySQL): two claims can
-    never both fill the last slot. SQLite's one writer needs no gate.
+    bumps (``version``), in the claim's own transaction. A claim takes the gate's row lock, then
+    counts the key's running tasks again, in a snapshot taken after the lock (PostgreSQL's
+    ``taskclaim_fit()``) or by a READ COMMITTED read (MySQL): two claims can never both fill the
+    last slot. SQLite's one writer needs no gate.
     """
 
     id = models.BigAutoField(primary_key=True)

@@ -62,17 +62,19 @@ _START_ATTEMPT = (f", sa AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT s.
 
 # Concurrency limits. The queue claim passes over the pending tasks of a full key (taskclaim_room(),
 # in the statement's snapshot) and claims only the picked tasks that taskclaim_fit() returns: two
-# functions of migration 0008 (SQL there). taskclaim_fit() returns every picked task at once when
-# none is a pending task of a limited key. Else it locks each such key's gate row (in key order:
-# two claims never deadlock on gates), then counts the key's running tasks in a snapshot of its
-# own, taken after the lock (a VOLATILE function's statements each take a new one): every claim of
-# the key committed before is counted, and any claim of the key not yet committed holds the gate.
-# Of the key's picked tasks it returns those that fit (sql.fits). The task that ``done`` completes
-# in the same statement is still RUNNING in its snapshots, and is not counted. (Functions, not SQL
-# here: the statement stays under psycopg's cached statement length.)
+# functions of migration 0008 (SQL there). The claim calls taskclaim_fit() only when a task it
+# picked has a concurrency key (a subplan run at its first use, from a row with a key), so unlimited
+# work never pays for it. It locks each limited key's gate row (in key order: two claims never
+# deadlock on gates), then counts the key's running tasks in a snapshot of its own, taken after the
+# lock (a VOLATILE function's statements each take a new one): every claim of the key committed
+# before is counted, and any claim of the key not yet committed holds the gate. Of the key's picked
+# tasks it returns those that fit (sql.fits). The task that ``done`` completes in the same statement
+# is still RUNNING in its snapshots, and is not counted. (Functions, not SQL here: the statement
+# stays under psycopg's cached statement length.)
 def done_id(prefix: str) -> str:
-    """The task the statement completes (``prefix``: the completion's CTEs, ``done``), as SQL."""
-    return "(SELECT id FROM done)" if prefix else "NULL"
+    """The task the statement completes (``prefix``: the completion's CTEs, ``done``), as SQL: a
+    parameter, the id the completion names (a task it fails to complete is claimed by nothing)."""
+    return "%s" if prefix else "NULL"
 
 
 def _open_attempts(single: bool, takes_over: bool = True, only_first: bool = False) -> str:
@@ -387,9 +389,13 @@ class PostgreSQLStore(SQLStore):
         fparams: list[Any] = [list(queues) if several else queues[0], *([] if tenant is None else [tenant])]
         eparams = [*fparams, exclude] if exclude else fparams
         # Several queues: the same parameters, and one more limit (each queue's, then all of them).
-        params: list[Any] = [*eparams, limit, *fparams, *([limit] if several else []), limit, limit, owner, lease]
+        # The task a completion ends (``exclude``), for the limits' counts: in ``pending``, then in ``claimed``.
+        done = [exclude] if prefix else []
+        params: list[Any] = [*eparams, limit, *fparams, *done, *([limit] if several else []), limit, limit, owner,
+                             lease]
         if reserve is not None:
             params.append(reserve)
+        params += done
         if audit:
             params.append(delivery_id)
         key = ("queue_claim", where, bool(exclude), audit, prefix, only_if, reserve is not None)
@@ -406,7 +412,7 @@ class PostgreSQLStore(SQLStore):
         due = (f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also} "
                f"AND (t.concurrency_key = '' OR taskclaim_room(t.id, {done_id(prefix)}))")
         if each_queue is None:  # one queue: the queued index gives its tasks in claim order
-            pending = (f"SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {where} "
+            pending = (f"SELECT t.id, t.priority FROM {TASK} t WHERE {where} AND {due} "
                        f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
         else:
             # Several: each queue's first tasks from the queued index (as one queue's), then the first
@@ -414,7 +420,7 @@ class PostgreSQLStore(SQLStore):
             # time in proportion to the tasks waiting. The candidates of each queue are locked for the
             # statement (its transaction), and those not picked are left as they were.
             pending = (f"SELECT c.id, c.priority FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL "
-                       f"(SELECT t.id, t.priority FROM {TASK} t WHERE {due} AND {each_queue} "
+                       f"(SELECT t.id, t.priority FROM {TASK} t WHERE {each_queue} AND {due} "
                        f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED) c "
                        f"ORDER BY c.priority DESC, c.id LIMIT %s")
         # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
@@ -432,12 +438,12 @@ class PostgreSQLStore(SQLStore):
             f"lease_expires_at = NULL, updated_at = {now} FROM expired e WHERE x.id = e.id AND NOT e.again "
             f"AND x.status = {RUNNING} RETURNING {self.returning('x')}), "
             f"pending AS MATERIALIZED ({pending}), "
-            f"picked AS (SELECT id, priority FROM (SELECT id, priority FROM expired WHERE again "
-            f"UNION ALL SELECT id, priority FROM pending) u "
+            f"picked AS (SELECT id, priority FROM expired WHERE again UNION ALL SELECT id, priority FROM pending "
             f"LIMIT %s), "
             f"{_FIRST if reserve else ''}"
             f"claimed AS (UPDATE {TASK} q SET {self.reserving_set('q') if reserve else self.claim_set('q')} "
-            f"WHERE q.id = ANY(ARRAY(SELECT taskclaim_fit(ARRAY(SELECT id FROM picked), {done_id(prefix)}))) "
+            f"WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND (q.concurrency_key = '' "
+            f"OR q.id IN (SELECT taskclaim_fit(ARRAY(SELECT id FROM picked), {done_id(prefix)}))) "
             f"AND {claimable('q', now)} RETURNING {self.returning('q')})"
         )
         if audit:

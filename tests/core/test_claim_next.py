@@ -170,6 +170,39 @@ def test_a_locked_row_is_skipped_not_waited_for() -> None:
     assert out["keys"] == ["free"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_mid_transaction_locks_only_what_it_took() -> None:
+    """PostgreSQL, MySQL: a claim whose transaction is still open holds only the task it took; a
+    racing claim takes the next one. On MySQL/MariaDB the claim once sorted the queue's backlog and
+    kept every row it sorted locked (migration 0009): the racer skipped them all and came away empty,
+    which under a concurrency limit left a free place unclaimed (issue 33)."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has one writer: the racer waits for the first claim's commit")
+    for n in range(6):
+        Task.objects.ensure(f"t{n}", queue="default")
+    out: dict[str, object] = {}
+
+    def other_worker() -> None:
+        try:
+            out["keys"] = [c.key for c in Task.objects.claim_next(limit=2)]
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        assert [c.key for c in Task.objects.claim_next(limit=1)] == ["t0"]  # not committed yet
+        thread = threading.Thread(target=other_worker, daemon=True)
+        thread.start()
+        thread.join(30)
+        waited = thread.is_alive()
+    thread.join(30)
+    assert not waited, "claim_next waited for a row lock instead of skipping the row"
+    assert out["keys"] == ["t1", "t2"]
+
+
 @pytest.mark.django_db(transaction=True)  # the starts commit, as a worker's do
 def test_a_reserving_claim_starts_only_its_first_task_and_a_death_charges_only_that_one() -> None:
     """Issue 30, item 1 (in one process): a worker's batch (``reserve=True``) starts the first task

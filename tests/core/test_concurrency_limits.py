@@ -144,3 +144,32 @@ def test_complete_and_claim_next_respects_the_limit() -> None:
     first, second = Task.objects.claim_next(owner="w", limit=2)
     following = first.complete_and_claim_next(limit=5)
     assert [c.key for c in following] == ["t2"]
+
+
+def test_unlimited_claims_never_call_the_gate_function() -> None:
+    """PostgreSQL: a claim whose picked tasks have no concurrency key never calls taskclaim_fit()
+    (unlimited work pays nothing for limits); a claim that picked a limited task calls it once."""
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("taskclaim_fit() is PostgreSQL's")
+
+    def fit_calls() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_get_xact_function_calls('taskclaim_fit(bigint[], bigint)'::regprocedure)")
+            return int(cursor.fetchone()[0] or 0)
+
+    for i in range(3):
+        Task.objects.ensure(f"free-{i}", queue="default")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL track_functions = 'all'")
+        first = Task.objects.claim_next(owner="w", limit=2)
+        following = first[0].complete_and_claim_next()
+        assert [c.key for c in [*first, *following]] == ["free-0", "free-1", "free-2"]
+        assert fit_calls() == 0
+        # (A task with a key that the claim did not pick may still call it where the plan scans the
+        # table instead of taking the picked ids from the index: a tiny table's.)
+        limited("l0", limit=1)
+        assert [c.key for c in following[0].complete_and_claim_next()] == ["l0"]
+        assert fit_calls() == 1
