@@ -38,6 +38,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from . import outages, routing
 from .conf import settings
+from .db_threads import threads_for
 from .exceptions import InvalidArgument, StaleClaim, TimedOut
 from .lifecycle.api import claim_next, default_owner
 from .lifecycle.claim import Claim
@@ -55,6 +56,8 @@ Handler = Callable[[Claim], Any]
 #: The database cannot be reached (a restart, a failover): the worker waits and tries again.
 _UNREACHABLE = (OperationalError, InterfaceError)
 _counting = threading.Lock()
+#: :func:`default_batch`'s cap: the batch the no-op drain was measured at (docs/benchmarks.md).
+MOST_BATCH = 16
 
 
 @dataclass
@@ -161,7 +164,7 @@ class HandlerRunner(Runner):
 
 def work(
     handler: Handler | Runner, *, owner: str | None = None, lease: float | timedelta | None = None,
-    tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int = 1,
+    tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int | None = None,
     poll: float | None = None, max_tasks: int | None = None, until_drained: bool = False, atomic: bool = False,
     stop: threading.Event | None = None, using: str | None = None, concurrency: int = 1,
     timeout: float | timedelta | None = None,
@@ -170,7 +173,8 @@ def work(
     ``stop`` is set (or idle, or ``max_tasks``).
 
     ``handler`` may also be a :class:`Runner` (the Django Tasks backend's ``TaskRunner``).
-    ``batch`` tasks are claimed at a time; the last completion of a batch claims the next one.
+    ``batch`` tasks are claimed at a time; the last completion of a batch claims the next one
+    (default: 1, and with ``concurrency`` N, :func:`default_batch`: min(N, 16)).
     A claim that waited its turn until less than two thirds of its lease may be left (counted
     from before the claim was sent, not from when the call returned) is renewed before its
     handler runs, and skipped, counted as fenced off, if another worker took it over meanwhile.
@@ -193,8 +197,9 @@ def work(
     """
     runner = handler if isinstance(handler, Runner) else HandlerRunner(handler, atomic=atomic)
     seconds = lease_seconds(runner.lease if lease is None else lease)
-    positive_int(batch, "batch")
     positive_int(concurrency, "concurrency")
+    batch = default_batch(concurrency) if batch is None else batch
+    positive_int(batch, "batch")
     seconds_max = None if timeout is None else timeout_seconds(timeout, "timeout")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
@@ -209,6 +214,15 @@ def work(
     else:
         _serve_lanes(job, lanes)
     return job.stats
+
+
+def default_batch(concurrency: int) -> int:
+    """The most tasks one claim takes when the caller names no ``batch``: 1 for one task at a time
+    (a batch's later tasks would wait, reserved, for the ones before them), and with several slots
+    as many as there are, 16 at most. A worker with slots claims only what its free slots take at
+    once (each task started as it gets its slot), so a larger batch holds nothing back from other
+    workers: it only saves the claimer a statement per task when several slots free together."""
+    return 1 if concurrency == 1 else min(concurrency, MOST_BATCH)
 
 
 @dataclass
@@ -340,7 +354,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     starts (its attempt counted) as it takes its slot, at once, so a reservation is never held
     longer than that. Stopped: nothing more is claimed, and the tasks in flight finish."""
     pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim), arun=lambda claim: _aslot(job, claim),
-                is_async=job.runner.is_async)
+                is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, connections[alias].vendor))
     stop, runner = job.stop, job.runner
     try:
         while not stop.is_set() and not pool.errors:
@@ -387,7 +401,8 @@ def _slot(job: _Job, claim: Claim) -> None:
 
 
 async def _aslot(job: _Job, claim: Claim) -> None:
-    """:func:`_slot` for a coroutine body, on the pool's event loop (ORM calls on its sync thread)."""
+    """:func:`_slot` for a coroutine body, on the pool's event loop (its ORM calls on one of the pool's
+    database threads)."""
     claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
         await sync_to_async(_release_unstarted)(claim)
