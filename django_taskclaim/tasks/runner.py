@@ -113,11 +113,12 @@ class TaskRunner(Runner):
         """:meth:`execute` for a coroutine function task, awaited on the caller's event loop."""
         task = self._task(claim.task_path)  # importable: is_async() said so
         sender, result, call_args, kwargs, store = await sync_to_async(self._prepare)(claim, task, finish)
-        executed = await aexecute(claim, task.func, call_args, kwargs, policy=self._policy(claim.task_path),
-                                  finish=store)
-        if not executed.fenced_off:
-            await sync_to_async(self._finished)(sender, result, executed)
-        return executed
+        def finished(executed: Executed) -> None:  # on the ORM thread, in the call that ended the claim
+            if not executed.fenced_off:
+                self._finished(sender, result, executed)
+
+        return await aexecute(claim, task.func, call_args, kwargs, policy=self._policy(claim.task_path),
+                              finish=store, then=finished)
 
     def _prepare(self, claim: Claim, task: Any, finish: Finish) -> tuple[type, Any, tuple[Any, ...], dict[str, Any],
                                                                          Finish]:
