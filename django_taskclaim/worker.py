@@ -350,11 +350,11 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
 
 def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     """:func:`_serve` with up to ``job.concurrency`` tasks in flight: one claimer (this thread) fills
-    the free slots, at most ``job.batch`` tasks a statement. It claims only as many as there are free
-    slots, and hands each to its slot at once: the claim starts them all (their attempts counted) in
-    its one statement, rather than reserving them and starting each with a statement of its own as
-    it takes its slot, which it does at once anyway. Stopped: nothing more is claimed, and the tasks
-    in flight finish."""
+    the free slots, at most ``job.batch`` tasks a statement, reserving all but the first; each task
+    starts (its attempt counted, its lease counted from then) as it takes its slot, at once, so a
+    reservation is never held longer than that. (Started all by the claim, a batch of async tasks
+    would see their leases run while they wait their turn on a database thread, before their
+    keepalive joins the renewal.) Stopped: nothing more is claimed, and the tasks in flight finish."""
     pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim), arun=lambda claim: _aslot(job, claim),
                 is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, connections[alias].vendor))
     stop, runner = job.stop, job.runner
@@ -371,7 +371,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
             claims, drained = [], False
             try:
                 claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues, path=runner.path,
-                                    using=using)
+                                    using=using, reserve=True)
                 outages.up(alias)
                 drained = (not claims and job.until_drained and pool.free() == job.concurrency
                            and not _unfinished(job.tenant, job.queues, runner.path, using))
@@ -392,9 +392,9 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
 
 
 def _slot(job: _Job, claim: Claim) -> None:
-    """One sync task in its slot: started by its claim (a reserved one started now, or given back
-    instead when the worker is stopping), then run, counted; its lease renewed with the other tasks
-    in flight, one statement a round for all (:mod:`~django_taskclaim.lifecycle.renewal`)."""
+    """One sync task in its slot: started now (a reserved one given back instead when the worker is
+    stopping), then run, counted; its lease renewed with the other tasks in flight, one statement a
+    round for all (:mod:`~django_taskclaim.lifecycle.renewal`)."""
     claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
         _release_unstarted(claim)
