@@ -351,10 +351,8 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
 def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     """:func:`_serve` with up to ``job.concurrency`` tasks in flight: one claimer (this thread) fills
     the free slots, at most ``job.batch`` tasks a statement, reserving all but the first; each task
-    starts (its attempt counted, its lease counted from then) as it takes its slot, at once, so a
-    reservation is never held longer than that. (Started all by the claim, a batch of async tasks
-    would see their leases run while they wait their turn on a database thread, before their
-    keepalive joins the renewal.) Stopped: nothing more is claimed, and the tasks in flight finish."""
+    starts (its attempt counted) as it takes its slot, at once, so a reservation is never held
+    longer than that. Stopped: nothing more is claimed, and the tasks in flight finish."""
     pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim), arun=lambda claim: _aslot(job, claim),
                 is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, connections[alias].vendor))
     stop, runner = job.stop, job.runner
