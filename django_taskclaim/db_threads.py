@@ -23,7 +23,7 @@ from django.db import connections
 #: Async tasks in flight per database thread, and the most threads a loop gets (connections).
 TASKS_PER_THREAD, MOST_THREADS = 8, 8
 #: Whether this asgiref takes an executor for a thread-sensitive context (asgiref 3.13+); before,
-#: the context's executor is set where asgiref looks it up (:func:`_legacy_context`).
+#: the context's executor is set where asgiref looks it up (:class:`_LegacyContext`).
 EXECUTOR_CONTEXTS = "executor" in inspect.signature(ThreadSensitiveContext).parameters
 
 

@@ -252,6 +252,7 @@ async def aexecute(
                 value = await afunc(*args, **(kwargs or {}))
         except BaseException as exc:
             raised = exc
+
     def end() -> Executed:
         executed = conclude(claim, value, raised, policy=policy, finish=finish, rolled_back=rolled_back)
         if then is not None:
