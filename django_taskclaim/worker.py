@@ -44,6 +44,7 @@ from .lifecycle.api import claim_next, default_owner
 from .lifecycle.claim import Claim
 from .lifecycle.deadlines import watch
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute, execute
+from .lifecycle.transitions import in_transaction
 from .models import Task
 from .status import Status
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
@@ -97,6 +98,16 @@ class WorkerStats:
             setattr(self, outcome, getattr(self, outcome) + 1)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What a coroutine task's :meth:`Runner.prepare` made on the ORM thread, and whether that thread
+    was inside a transaction then (what its keepalive would otherwise cross to that thread to ask;
+    ``None``: not asked)."""
+
+    value: Any
+    outer: bool | None
+
+
 class Runner:
     """How a worker runs one claimed task. A plain handler runs under the execution protocol
     (:class:`HandlerRunner`); a subclass may know more about the task it is given (the Django
@@ -111,9 +122,15 @@ class Runner:
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         raise NotImplementedError
 
-    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
-        """:meth:`execute` for a task whose body is a coroutine function (:meth:`is_async`)."""
+    async def aexecute(self, claim: Claim, finish: Finish, prepared: Prepared | None = None) -> Executed:
+        """:meth:`execute` for a task whose body is a coroutine function (:meth:`is_async`).
+        ``prepared``: what :meth:`prepare` made of it on the ORM thread (``None``: not done yet)."""
         raise NotImplementedError
+
+    def prepare(self, claim: Claim, finish: Finish) -> Any:
+        """The sync work :meth:`aexecute` does on the ORM thread before the body (nothing here): the
+        worker does it in the one call that starts the claim, so as to cross to that thread once."""
+        return None
 
     def is_async(self, claim: Claim) -> bool:
         """Whether ``claim``'s body is a coroutine function: run by :meth:`aexecute` on an event loop."""
@@ -147,8 +164,9 @@ class HandlerRunner(Runner):
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         return execute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
 
-    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
-        return await aexecute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
+    async def aexecute(self, claim: Claim, finish: Finish, prepared: Prepared | None = None) -> Executed:
+        return await aexecute(claim, self.handler, (claim,), policy=self.policy, finish=finish,
+                              outer=None if prepared is None else prepared.outer)
 
     def is_async(self, claim: Claim) -> bool:
         return self.coroutine
@@ -406,14 +424,25 @@ async def _aslot(job: _Job, claim: Claim) -> None:
     claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
         await sync_to_async(_release_unstarted)(claim)
-    elif not claim.reserved or await sync_to_async(_started)(claim, None, job.stats):
-        try:
-            executed = await _aexecute(job.runner, claim, _finisher(0, None, [], ""),
-                                       _timeout(job.runner, claim, job.timeout))
-        except _UNREACHABLE as exc:
-            _unrecorded(claim, job.stats, exc)
-            return
-        _counted(executed, job.stats)
+        return
+    finish = _finisher(0, None, [], "")
+    try:
+        prepared = await sync_to_async(_begin)(job, claim, finish)
+        if prepared is None:
+            return  # taken over before it started: counted as fenced off
+        executed = await _aexecute(job.runner, claim, finish, _timeout(job.runner, claim, job.timeout), prepared)
+    except _UNREACHABLE as exc:
+        _unrecorded(claim, job.stats, exc)
+        return
+    _counted(executed, job.stats)
+
+
+def _begin(job: _Job, claim: Claim, finish: Finish) -> Prepared | None:
+    """On the ORM thread, in one call: start a reserved claim (``None`` if it was taken over), then
+    the runner's :meth:`~Runner.prepare`, and whether the thread is in a transaction."""
+    if not _started(claim, None, job.stats):
+        return None
+    return Prepared(job.runner.prepare(claim, finish), in_transaction(claim.using))
 
 
 def _release_unstarted(claim: Claim) -> None:
@@ -496,13 +525,14 @@ def _timeout(runner: Runner, claim: Claim, timeout: float | None) -> float | Non
     return timeout if own is None else own
 
 
-async def _aexecute(runner: Runner, claim: Claim, finish: Finish, seconds: float | None) -> Executed:
+async def _aexecute(runner: Runner, claim: Claim, finish: Finish, seconds: float | None,
+                    prepared: Prepared | None = None) -> Executed:
     """Await ``claim``'s coroutine body; past ``seconds`` its claim is fenced off, then the body cancelled."""
     task, loop = asyncio.current_task(), asyncio.get_running_loop()
     cancel = None if task is None else (lambda: loop.call_soon_threadsafe(task.cancel))
     try:
         with watch(claim, seconds, runner.policy_for(claim), cancel):
-            return await runner.aexecute(claim, finish)
+            return await runner.aexecute(claim, finish, prepared)
     except asyncio.CancelledError:
         if not isinstance(claim.lost_reason, TimedOut):
             raise  # not our cancellation: a shutdown
