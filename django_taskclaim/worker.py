@@ -38,11 +38,13 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from . import outages, routing
 from .conf import settings
+from .db_threads import threads_for
 from .exceptions import InvalidArgument, StaleClaim, TimedOut
 from .lifecycle.api import claim_next, default_owner
 from .lifecycle.claim import Claim
 from .lifecycle.deadlines import watch
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute, execute
+from .lifecycle.transitions import in_transaction
 from .models import Task
 from .status import Status
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
@@ -55,6 +57,8 @@ Handler = Callable[[Claim], Any]
 #: The database cannot be reached (a restart, a failover): the worker waits and tries again.
 _UNREACHABLE = (OperationalError, InterfaceError)
 _counting = threading.Lock()
+#: :func:`default_batch`'s cap: the batch the no-op drain was measured at (docs/benchmarks.md).
+MOST_BATCH = 16
 
 
 @dataclass
@@ -94,6 +98,16 @@ class WorkerStats:
             setattr(self, outcome, getattr(self, outcome) + 1)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What a coroutine task's :meth:`Runner.prepare` made on the ORM thread, and whether that thread
+    was inside a transaction then (what its keepalive would otherwise cross to that thread to ask;
+    ``None``: not asked)."""
+
+    value: Any
+    outer: bool | None
+
+
 class Runner:
     """How a worker runs one claimed task. A plain handler runs under the execution protocol
     (:class:`HandlerRunner`); a subclass may know more about the task it is given (the Django
@@ -108,9 +122,15 @@ class Runner:
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         raise NotImplementedError
 
-    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
-        """:meth:`execute` for a task whose body is a coroutine function (:meth:`is_async`)."""
+    async def aexecute(self, claim: Claim, finish: Finish, prepared: Prepared | None = None) -> Executed:
+        """:meth:`execute` for a task whose body is a coroutine function (:meth:`is_async`).
+        ``prepared``: what :meth:`prepare` made of it on the ORM thread (``None``: not done yet)."""
         raise NotImplementedError
+
+    def prepare(self, claim: Claim, finish: Finish) -> Any:
+        """The sync work :meth:`aexecute` does on the ORM thread before the body (nothing here): the
+        worker does it in the one call that starts the claim, so as to cross to that thread once."""
+        return None
 
     def is_async(self, claim: Claim) -> bool:
         """Whether ``claim``'s body is a coroutine function: run by :meth:`aexecute` on an event loop."""
@@ -144,8 +164,9 @@ class HandlerRunner(Runner):
     def execute(self, claim: Claim, finish: Finish) -> Executed:
         return execute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
 
-    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
-        return await aexecute(claim, self.handler, (claim,), policy=self.policy, finish=finish)
+    async def aexecute(self, claim: Claim, finish: Finish, prepared: Prepared | None = None) -> Executed:
+        return await aexecute(claim, self.handler, (claim,), policy=self.policy, finish=finish,
+                              outer=None if prepared is None else prepared.outer)
 
     def is_async(self, claim: Claim) -> bool:
         return self.coroutine
@@ -161,7 +182,7 @@ class HandlerRunner(Runner):
 
 def work(
     handler: Handler | Runner, *, owner: str | None = None, lease: float | timedelta | None = None,
-    tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int = 1,
+    tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int | None = None,
     poll: float | None = None, max_tasks: int | None = None, until_drained: bool = False, atomic: bool = False,
     stop: threading.Event | None = None, using: str | None = None, concurrency: int = 1,
     timeout: float | timedelta | None = None,
@@ -170,7 +191,8 @@ def work(
     ``stop`` is set (or idle, or ``max_tasks``).
 
     ``handler`` may also be a :class:`Runner` (the Django Tasks backend's ``TaskRunner``).
-    ``batch`` tasks are claimed at a time; the last completion of a batch claims the next one.
+    ``batch`` tasks are claimed at a time; the last completion of a batch claims the next one
+    (default: 1, and with ``concurrency`` N, :func:`default_batch`: min(N, 16)).
     A claim that waited its turn until less than two thirds of its lease may be left (counted
     from before the claim was sent, not from when the call returned) is renewed before its
     handler runs, and skipped, counted as fenced off, if another worker took it over meanwhile.
@@ -193,8 +215,9 @@ def work(
     """
     runner = handler if isinstance(handler, Runner) else HandlerRunner(handler, atomic=atomic)
     seconds = lease_seconds(runner.lease if lease is None else lease)
-    positive_int(batch, "batch")
     positive_int(concurrency, "concurrency")
+    batch = default_batch(concurrency) if batch is None else batch
+    positive_int(batch, "batch")
     seconds_max = None if timeout is None else timeout_seconds(timeout, "timeout")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
@@ -209,6 +232,15 @@ def work(
     else:
         _serve_lanes(job, lanes)
     return job.stats
+
+
+def default_batch(concurrency: int) -> int:
+    """The most tasks one claim takes when the caller names no ``batch``: 1 for one task at a time
+    (a batch's later tasks would wait, reserved, for the ones before them), and with several slots
+    as many as there are, 16 at most. A worker with slots claims only what its free slots take at
+    once (each task started as it gets its slot), so a larger batch holds nothing back from other
+    workers: it only saves the claimer a statement per task when several slots free together."""
+    return 1 if concurrency == 1 else min(concurrency, MOST_BATCH)
 
 
 @dataclass
@@ -340,7 +372,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     starts (its attempt counted) as it takes its slot, at once, so a reservation is never held
     longer than that. Stopped: nothing more is claimed, and the tasks in flight finish."""
     pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim), arun=lambda claim: _aslot(job, claim),
-                is_async=job.runner.is_async)
+                is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, connections[alias].vendor))
     stop, runner = job.stop, job.runner
     try:
         while not stop.is_set() and not pool.errors:
@@ -387,18 +419,30 @@ def _slot(job: _Job, claim: Claim) -> None:
 
 
 async def _aslot(job: _Job, claim: Claim) -> None:
-    """:func:`_slot` for a coroutine body, on the pool's event loop (ORM calls on its sync thread)."""
+    """:func:`_slot` for a coroutine body, on the pool's event loop (its ORM calls on one of the pool's
+    database threads)."""
     claim.renew_together = True
     if job.stop.is_set() and claim.reserved:
         await sync_to_async(_release_unstarted)(claim)
-    elif await sync_to_async(_started)(claim, None, job.stats):
-        try:
-            executed = await _aexecute(job.runner, claim, _finisher(0, None, [], ""),
-                                       _timeout(job.runner, claim, job.timeout))
-        except _UNREACHABLE as exc:
-            _unrecorded(claim, job.stats, exc)
-            return
-        _counted(executed, job.stats)
+        return
+    finish = _finisher(0, None, [], "")
+    try:
+        prepared = await sync_to_async(_begin)(job, claim, finish)
+        if prepared is None:
+            return  # taken over before it started: counted as fenced off
+        executed = await _aexecute(job.runner, claim, finish, _timeout(job.runner, claim, job.timeout), prepared)
+    except _UNREACHABLE as exc:
+        _unrecorded(claim, job.stats, exc)
+        return
+    _counted(executed, job.stats)
+
+
+def _begin(job: _Job, claim: Claim, finish: Finish) -> Prepared | None:
+    """On the ORM thread, in one call: start a reserved claim (``None`` if it was taken over), then
+    the runner's :meth:`~Runner.prepare`, and whether the thread is in a transaction."""
+    if not _started(claim, None, job.stats):
+        return None
+    return Prepared(job.runner.prepare(claim, finish), in_transaction(claim.using))
 
 
 def _release_unstarted(claim: Claim) -> None:
@@ -481,13 +525,14 @@ def _timeout(runner: Runner, claim: Claim, timeout: float | None) -> float | Non
     return timeout if own is None else own
 
 
-async def _aexecute(runner: Runner, claim: Claim, finish: Finish, seconds: float | None) -> Executed:
+async def _aexecute(runner: Runner, claim: Claim, finish: Finish, seconds: float | None,
+                    prepared: Prepared | None = None) -> Executed:
     """Await ``claim``'s coroutine body; past ``seconds`` its claim is fenced off, then the body cancelled."""
     task, loop = asyncio.current_task(), asyncio.get_running_loop()
     cancel = None if task is None else (lambda: loop.call_soon_threadsafe(task.cancel))
     try:
         with watch(claim, seconds, runner.policy_for(claim), cancel):
-            return await runner.aexecute(claim, finish)
+            return await runner.aexecute(claim, finish, prepared)
     except asyncio.CancelledError:
         if not isinstance(claim.lost_reason, TimedOut):
             raise  # not our cancellation: a shutdown

@@ -2,10 +2,12 @@
 
 A :class:`Pool` holds up to ``size`` claims in flight: sync tasks each on one of ``size``
 threads (each with its own Django connections, closed when the thread ends), ``async def``
-tasks on one event loop in one thread of its own. A slot is free again only when its task's
-body has returned: a sync body past its timeout cannot be stopped, and keeps its slot until
-it returns. The pool knows nothing of claims beyond handing each to ``run`` or ``arun``; the
-worker (:mod:`django_taskclaim.worker`) claims, starts and counts.
+tasks on one event loop in one thread of its own, their ORM calls on a few database threads
+(:mod:`django_taskclaim.db_threads`: each task's on one of them, each thread its own
+connection). A slot is free again only when its task's body has returned: a sync body past its
+timeout cannot be stopped, and keeps its slot until it returns. The pool knows nothing of claims
+beyond handing each to ``run`` or ``arun``; the worker (:mod:`django_taskclaim.worker`) claims,
+starts and counts.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import connections
+
+from .db_threads import DbThreads
 
 #: A thread's "no more work" in its queue.
 _DONE: Any = object()
@@ -26,12 +29,14 @@ _DONE: Any = object()
 
 class Pool:
     """Up to ``size`` tasks in flight: ``run(item)`` on threads, ``arun(item)`` on one event loop
-    (``is_async(item)`` says which). The first error a task lets out stops the pool's intake
-    and is raised by :meth:`close` (a shutdown inside a task, an unexpected error)."""
+    (``is_async(item)`` says which), their ORM calls on ``db_threads`` database threads. The first
+    error a task lets out stops the pool's intake and is raised by :meth:`close` (a shutdown inside
+    a task, an unexpected error)."""
 
     def __init__(self, size: int, run: Callable[[Any], None], arun: Callable[[Any], Awaitable[None]],
-                 is_async: Callable[[Any], bool]) -> None:
+                 is_async: Callable[[Any], bool], db_threads: int = 1) -> None:
         self.size, self.run, self.arun, self.is_async = size, run, arun, is_async
+        self.db = DbThreads(db_threads)
         self.busy = 0
         self.changed = threading.Condition(threading.Lock())
         self.errors: list[BaseException] = []
@@ -81,9 +86,8 @@ class Pool:
             self.jobs.put(_DONE)
         for thread in self.threads:
             thread.join()
+        self.db.close()  # the connections of the async tasks' ORM calls, each on its own thread
         if self.loop is not None and self.loop_thread is not None:
-            # The ORM thread of the loop's sync_to_async calls keeps a connection: close it there.
-            asyncio.run_coroutine_threadsafe(sync_to_async(connections.close_all)(), self.loop).result()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.loop_thread.join()
             self.loop.close()
@@ -114,7 +118,8 @@ class Pool:
     async def _arun(self, item: Any) -> None:
         error = None
         try:
-            await self.arun(item)
+            async with self.db.lane():
+                await self.arun(item)
         except BaseException as exc:
             error = exc
         self._done(error)

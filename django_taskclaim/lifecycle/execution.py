@@ -234,11 +234,15 @@ def execute(
 async def aexecute(
     claim: Claim, afunc: Callable[..., Awaitable[Any]], args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None, *, policy: Policy = DEFAULT, finish: Finish | None = None,
+    then: Callable[[Executed], None] | None = None, outer: bool | None = None,
 ) -> Executed:
     """:func:`execute` for a coroutine function: ``akeepalive`` around it, then the same rules.
 
     Django has no async transactions: ``policy.atomic`` is refused, and a body inside a
-    caller's transaction gets no savepoint of its own.
+    caller's transaction gets no savepoint of its own. ``then(executed)``: sync work to do once the
+    claim has ended, on the ORM thread in the same call as the ending (one hop to it, not two).
+    ``outer``: whether the ORM thread is inside a transaction, when the caller has just asked it
+    there (``None``: the keepalive asks, one more call on that thread).
     """
     if policy.atomic:
         raise ValueError("an atomic policy needs a sync body: Django's transactions cannot span awaits")
@@ -246,12 +250,18 @@ async def aexecute(
     rolled_back = claim._rolled_back
     with _running(claim):
         try:
-            async with claim.akeepalive():
+            async with claim._akeepalive(None, outer):
                 value = await afunc(*args, **(kwargs or {}))
         except BaseException as exc:
             raised = exc
-    return await sync_to_async(conclude)(claim, value, raised, policy=policy, finish=finish,
-                                         rolled_back=rolled_back)
+
+    def end() -> Executed:
+        executed = conclude(claim, value, raised, policy=policy, finish=finish, rolled_back=rolled_back)
+        if then is not None:
+            then(executed)
+        return executed
+
+    return await sync_to_async(end)()
 
 
 def _scope(claim: Claim, policy: Policy, inside: bool) -> AbstractContextManager[Any]:

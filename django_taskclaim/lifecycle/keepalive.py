@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -88,15 +88,21 @@ class KeepaliveMixin:
         """:meth:`keepalive` for a caller that has just asked whether a transaction is open."""
         return _Block(self, None, outer)
 
-    @asynccontextmanager
-    async def akeepalive(self, interval: float | None = None) -> AsyncIterator[Any]:
+    def akeepalive(self, interval: float | None = None) -> AbstractAsyncContextManager[Any]:
         """:meth:`keepalive` for async code: the same heartbeat thread and the same rules.
 
         The transaction it looks at is the one of the thread Django runs this context's ORM
         calls on (``sync_to_async``), which is the caller's ``atomic()`` when a sync view runs
         async work through ``async_to_sync``.
         """
-        outer = await sync_to_async(transitions.in_transaction)(self.using)
+        return self._akeepalive(interval, None)
+
+    @asynccontextmanager
+    async def _akeepalive(self, interval: float | None, outer: bool | None) -> AsyncIterator[Any]:
+        """:meth:`akeepalive`; ``outer``: whether the ORM thread is in a transaction, when the caller
+        has just asked it there (``None``: ask, one call on that thread)."""
+        if outer is None:
+            outer = await sync_to_async(transitions.in_transaction)(self.using)
         beats = self._begin(interval, outer)
         try:
             yield self

@@ -80,6 +80,10 @@ class _Renewal:
         self.cond = threading.Condition(threading.Lock())
         self.members: dict[int, Member] = {}
         self.thread: threading.Thread | None = None
+        # When the thread looks at its members next: the end of its wait (inf: until notified),
+        # -inf while it is not waiting. A member due later needs no wake-up (most join a busy
+        # renewal with a due time after the soonest one's), so joining costs no thread switch.
+        self.wakes_at = -math.inf
 
     def join(self, claim: KeepaliveMixin, every: float) -> Member:
         member = Member(self, claim, every)
@@ -89,7 +93,9 @@ class _Renewal:
                 self.thread = threading.Thread(target=self._run, daemon=True,
                                                name=f"taskclaim-renewal-{self.using}")
                 self.thread.start()
-            self.cond.notify()  # it may be due sooner than the thread would look
+            if member.due < self.wakes_at:  # due sooner than the thread would look
+                self.wakes_at = member.due
+                self.cond.notify()
         return member
 
     def leave(self, member: Member) -> None:
@@ -107,7 +113,9 @@ class _Renewal:
                         break
                     if soonest == math.inf:  # nothing to keep alive: hold no session meanwhile
                         connections[self.using].close()
+                    self.wakes_at = soonest
                     self.cond.wait(None if soonest == math.inf else delay)
+                    self.wakes_at = -math.inf
                 now = time.monotonic()
                 due = [m for m in self.members.values() if m.due - m.every / 2 <= now]
                 for member in due:  # not looked at again before this round has answered

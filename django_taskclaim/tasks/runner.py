@@ -23,7 +23,7 @@ from ..claims import Claim
 from ..exceptions import InvalidArgument, InvalidResult, StaleClaim
 from ..execution import FENCED_OFF, Executed, Finish, Policy, aexecute, error_text, execute, record_failure
 from ..status import Status
-from ..worker import Runner
+from ..worker import Prepared, Runner
 from .compat import TaskContext, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
 from .identity import options_of
 from .results import STATUS, load_task, new_result, result_of
@@ -109,15 +109,22 @@ class TaskRunner(Runner):
             self._finished(sender, result, executed)
         return executed
 
-    async def aexecute(self, claim: Claim, finish: Finish) -> Executed:
+    def prepare(self, claim: Claim, finish: Finish) -> Any:
+        """What running a coroutine function task needs, made on the ORM thread (:meth:`_prepare`)."""
+        return self._prepare(claim, self._task(claim.task_path), finish)  # importable: is_async() said so
+
+    async def aexecute(self, claim: Claim, finish: Finish, prepared: Prepared | None = None) -> Executed:
         """:meth:`execute` for a coroutine function task, awaited on the caller's event loop."""
         task = self._task(claim.task_path)  # importable: is_async() said so
-        sender, result, call_args, kwargs, store = await sync_to_async(self._prepare)(claim, task, finish)
-        executed = await aexecute(claim, task.func, call_args, kwargs, policy=self._policy(claim.task_path),
-                                  finish=store)
-        if not executed.fenced_off:
-            await sync_to_async(self._finished)(sender, result, executed)
-        return executed
+        if prepared is None:
+            prepared = Prepared(await sync_to_async(self.prepare)(claim, finish), outer=None)
+        sender, result, call_args, kwargs, store = prepared.value
+        def finished(executed: Executed) -> None:  # on the ORM thread, in the call that ended the claim
+            if not executed.fenced_off:
+                self._finished(sender, result, executed)
+
+        return await aexecute(claim, task.func, call_args, kwargs, policy=self._policy(claim.task_path),
+                              finish=store, then=finished, outer=prepared.outer)
 
     def _prepare(self, claim: Claim, task: Any, finish: Finish) -> tuple[type, Any, tuple[Any, ...], dict[str, Any],
                                                                          Finish]:

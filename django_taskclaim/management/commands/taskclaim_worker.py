@@ -63,8 +63,9 @@ class Command(TaskClaimCommand):
         parser.add_argument("--lease", type=lease, default=None,
                             help=f"Lease in seconds, from {MIN_LEASE:g} to TASKCLAIM_MAX_LEASE "
                                  "(default: TASKCLAIM_DEFAULT_LEASE, or the backend's LEASE).")
-        parser.add_argument("--batch", type=positive_int, default=1,
-                            help="Tasks claimed at a time, at most (default: 1).")
+        parser.add_argument("--batch", type=positive_int, default=None,
+                            help="Tasks claimed at a time, at most (default: 1; with --concurrency N, as many "
+                                 "as N, 16 at most: a claim takes only what the free slots run at once).")
         parser.add_argument("--concurrency", type=positive_int, default=1,
                             help="Tasks in flight at once in this process: sync ones on as many threads, "
                                  "async ones on one event loop (default: 1).")
@@ -92,7 +93,7 @@ class Command(TaskClaimCommand):
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
-               lease: float | None, batch: int, max_tasks: int | None, until_drained: bool, atomic: bool,
+               lease: float | None, batch: int | None, max_tasks: int | None, until_drained: bool, atomic: bool,
                owner: str | None, as_json: bool = False, database: str | None = None, concurrency: int = 1,
                timeout: float | None = None, schedule: bool = False, processes: int | None = None,
                grace: float | None = None, **options: Any) -> None:
