@@ -74,6 +74,10 @@ def error_text(error: object) -> str:
     return clean_text(text, MAX_ERROR_LENGTH)
 
 
+
+class _Overran(Exception):
+    """A fenced() block ended after the attempt's timeout: rolled back, then refused."""
+
 class Claim(KeepaliveMixin):
     """Proof that this worker owns a task until its lease expires: the token fences every write.
 
@@ -138,6 +142,9 @@ class Claim(KeepaliveMixin):
         self._ending_sent = 0.0  # when the ending that carried a start was sent (monotonic)
         # fenced() blocks open on this claim whose token check passed: the outbox records only then.
         self._fences = 0
+        # By this process's monotonic clock, when the attempt's timeout runs out (deadlines.watch()
+        # sets it): a fenced() block past it rolls back, even before the watcher fenced the claim off.
+        self.timeout_at: float | None = None
 
     @classmethod
     def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "", *, sent: float,
@@ -180,6 +187,10 @@ class Claim(KeepaliveMixin):
     def named(self) -> transitions.Named:
         """The task as log messages name it (its path, id, key, tenant, token, owner)."""
         return transitions.Named(self)
+
+    def overran(self) -> bool:
+        """Whether the attempt has run past its timeout (by this process's clock)."""
+        return self.timeout_at is not None and time.monotonic() >= self.timeout_at
 
     def _refuse(self, action: str) -> None:
         """Count the fenced-off write in the audit trail, tell receivers, raise ``StaleClaim``."""
@@ -227,7 +238,10 @@ class Claim(KeepaliveMixin):
         return Start(successor.task_id, successor.token, successor.owner, successor.lease, successor.delivery_id)
 
     def _finishing_write(self, action: str, write: Any, *args: Any) -> str:
-        """Run an ending transition (complete, fail, release); ``StaleClaim`` if fenced off."""
+        """Run an ending transition (complete, fail, release); ``StaleClaim`` if fenced off, or
+        when a completion comes after the attempt's timeout (its end is then the timeout's)."""
+        if action == "complete" and self.overran():
+            self._refuse(action)
         if self.reserved and action != "release":
             self.start()  # a reserved claim that ran after all: its attempt counts
         finishing, self._finishing = self._finishing, True
@@ -366,6 +380,8 @@ class Claim(KeepaliveMixin):
             except UNREACHABLE as exc:
                 unreachable(exc, home, tenant)
         result_json = self._result_json(result, result_ref)
+        if self.overran():
+            self._refuse("complete")  # past the timeout: the attempt's end is TimedOut, not this
         finishing, self._finishing = self._finishing, True
         sent = time.monotonic()
         try:
@@ -468,13 +484,18 @@ class Claim(KeepaliveMixin):
         ending = self._ended
         try:
             with transaction.atomic(using=self.using), writes_only_to(self.using, self.key, self.tenant):
-                if transitions.lock(self):
+                # Past the attempt's timeout the claim is lost even if the watcher has not fenced it
+                # off yet (a paused or starved process wakes with both due at once): checked once the
+                # row is locked, and again before the COMMIT.
+                if transitions.lock(self) and not self.overran():
                     held = self._row_held
                     # Inside an outer transaction the lock outlives this block: keepalive may rest.
                     self._row_held = held or nested
                     self._fences += 1
                     try:
                         yield self
+                        if self.overran():
+                            raise _Overran
                     except BaseException:
                         self._row_held = held  # the savepoint rolled back, and its lock with it
                         raise
@@ -482,13 +503,15 @@ class Claim(KeepaliveMixin):
                         self._fences -= 1
                 else:
                     refused = True
-        except BaseException:
+        except BaseException as exc:
             # The block rolled back, by an error in it or a COMMIT that failed (the server gone
             # at that moment): an ending written in it went with it, and the claim holds the
             # task as it did before.
             if self._ended is not None and ending is None:
                 self._forget_ending()
-            raise
+            if not isinstance(exc, _Overran):
+                raise
+            refused = True
         if not nested and self._ended is not None and ending is None:
             self._ended_committed = True  # written in this block, which has just committed
         # Recorded after the (empty) transaction ended, so the count is not rolled back with it.

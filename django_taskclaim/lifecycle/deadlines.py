@@ -14,6 +14,7 @@ block of the body that holds it) and must not hold up the other deadlines.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -41,12 +42,30 @@ def watch(claim: Claim, seconds: float | None, policy: Policy,
         yield
         return
     entry = _Deadline(claim, seconds, policy, cancel)
+    claim.timeout_at = entry.due
     _watcher().add(entry)
     try:
         yield
     finally:
         if entry.disarm():
             _watcher().dropped()
+            if time.monotonic() >= entry.due:
+                # The body returned late and the watcher has not got to it (this process was
+                # paused or starved): the attempt timed out all the same, fenced off here (its
+                # completion was refused by the same clock: Claim.overran()). An event loop's
+                # thread may not use the ORM: the write then goes to a thread of its own.
+                if _in_event_loop():
+                    entry.fire_now(late=True)
+                else:
+                    entry.fence(late=True, on_this_thread=True)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def time_out(claim: Claim, seconds: float, policy: Policy) -> str | None:
@@ -91,10 +110,20 @@ class _Deadline:
             if not self.armed:
                 return
             self.armed = False
-        threading.Thread(target=self._fence, name=f"taskclaim-timeout-{self.claim.token}", daemon=True).start()
+        self.fire_now()
 
-    def _fence(self) -> None:
+    def fire_now(self, late: bool = False) -> None:
+        threading.Thread(target=self.fence, args=(late,), name=f"taskclaim-timeout-{self.claim.token}",
+                         daemon=True).start()
+
+    def fence(self, late: bool = False, on_this_thread: bool = False) -> None:
+        """Write the claim's timeout (``time_out``), then cancel what can be cancelled; on a thread
+        of its own, close its connections after (not those of the thread that ran the body).
+        ``late``: the body has returned, and there is nothing to do if the claim ended itself (only
+        then may its ending be asked for: a body still in a fenced() block holds it uncommitted)."""
         try:
+            if late and self.claim.ended() is not None:
+                return
             if time_out(self.claim, self.seconds, self.policy) is not None and self.cancel is not None:
                 self.cancel()
         except DbError as exc:
@@ -102,7 +131,8 @@ class _Deadline:
             logger.warning("a timed-out task could not be fenced off: %s: %s", self.claim.named(), exc,
                            extra=self.claim.log_extra())
         finally:
-            connections.close_all()
+            if not on_this_thread:
+                connections.close_all()
 
 
 class _Watcher:

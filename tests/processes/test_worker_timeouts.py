@@ -20,6 +20,7 @@ from django.test import override_settings
 
 from devtools.polling import wait_until
 from django_taskclaim.exceptions import InvalidArgument, StaleClaim
+from django_taskclaim.lifecycle import deadlines
 from django_taskclaim.models import Attempt, Task
 from django_taskclaim.tasks import claim_options
 from django_taskclaim.tasks.runner import TaskRunner
@@ -46,6 +47,40 @@ def late_write(claim: Any) -> str:
     except StaleClaim:
         return "refused"
     return "committed"
+
+
+def test_a_body_past_its_timeout_commits_nothing_even_before_the_watcher_fenced_it_off() -> None:
+    """A paused or starved worker wakes with its deadline passed and the watcher thread not yet
+    run: the body's fenced write is refused by the clock all the same (the claim still RUNNING),
+    and the task ends FAILED with TimedOut, not with the late body's result."""
+    Task.objects.ensure("starved", queue="default", max_attempts=1)
+    met: dict[str, Any] = {}
+    watcher = deadlines._watcher()
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        with watcher.cond:  # the watcher thread cannot take a deadline off its queue meanwhile
+            time.sleep(0.4)  # the body's work, past its timeout
+            met["running"] = not fenced_off(claim)
+            met["write"] = late_write(claim)
+        return "late"
+
+    work(handler, owner="starved", timeout=0.2, until_drained=True, poll=0.05)
+    assert met == {"running": True, "write": "refused"}
+    assert not Effect.objects.exists()
+    task = Task.objects.get(key="starved")
+    assert (task.status, task.result) == (Task.Status.FAILED, None)
+    assert task.error.startswith("TimedOut: the attempt ran past its timeout of 0.2 s")
+
+
+def test_a_completion_after_the_timeout_is_refused_and_changes_nothing() -> None:
+    claim = Task.objects.claim("overran", lease=30).claim
+    claim.timeout_at = time.monotonic()  # as deadlines.watch() sets it: passed now
+    with pytest.raises(StaleClaim):
+        claim.complete("late")
+    with pytest.raises(StaleClaim):
+        claim.complete_and_claim_next("late")
+    task = Task.objects.get(key="overran")
+    assert (task.status, task.fencing_token, task.result) == (Task.Status.RUNNING, claim.token, None)
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
