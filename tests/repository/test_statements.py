@@ -67,12 +67,18 @@ def needed(vendor: str) -> set[str]:
     todo = [found for f in protocol.body if isinstance(f, ast.FunctionDef) if (found := find(f.name, False))]
     seen: set[tuple[str, str]] = set()
     wanted: set[str] = set()
+    asked: set[str] = set()
     while todo:
         module, method = todo.pop()
         if (module, method.name) in seen:
             continue
         seen.add((module, method.name))
         constants = classes[module][1]
+        # What it asks self.sql() for by a name written there, always; other strings that name a
+        # statement (passed on to another method, or in a table of names).
+        asked |= {node.args[0].value for node in ast.walk(method)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sql"
+                  and node.args and isinstance(node.args[0], ast.Constant)}
         wanted |= strings(method)
         wanted |= {v for n in ast.walk(method) if isinstance(n, ast.Name) for v in constants.get(n.id, ())}
         for node in ast.walk(method):
@@ -87,7 +93,7 @@ def needed(vendor: str) -> set[str]:
                 continue
             if found:
                 todo.append(found)
-    return wanted & known
+    return asked | (wanted & known)
 
 
 def test_every_statement_named_in_the_code_is_in_the_files_and_every_one_in_the_files_is_used() -> None:
@@ -161,6 +167,9 @@ def test_a_list_written_item_then_ellipsis_is_repeated_for_a_call() -> None:
     assert repeat(text, 2) == ("UPDATE t SET a = %s WHERE id IN (%s, %s) "
                                "AND ((id = %s AND token = %s) OR (id = %s AND token = %s))")
     assert repeat("x IN (VALUES (%s, %s), ...)", 3) == "x IN (VALUES (%s, %s), (%s, %s), (%s, %s))"
+    # A row of values may call a function inside parentheses (SQLite's clock): two levels of nesting.
+    assert repeat("VALUES (%s, (strftime('%%f', 'now') || '000')), ... RETURNING id", 2) == (
+        "VALUES (%s, (strftime('%%f', 'now') || '000')), (%s, (strftime('%%f', 'now') || '000')) RETURNING id")
     with pytest.raises(ValueError, match="no list written"):
         repeat("SELECT 1", 2)
     with pytest.raises(ValueError, match="one item at least"):
