@@ -2,6 +2,8 @@
 
 A claim (insert-or-take-over plus its audit rows), a completion (task plus attempt), a queue
 claim (``FOR UPDATE SKIP LOCKED`` plus audit) and each operator action are one round trip.
+The statements are in ``store/queries/postgresql.sql``, a statement per form (audited or not, a
+reserved claim to start in the same commit…); the queue claim's are still composed here.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ class PostgreSQLStore(SQLStore):
         return _name(name)
 
     #: Which claim statement a session sends first for a claim by key follows what its last
-    #: claim met (see _claim_key_sql; kept per session by ``prepared.claim_hint``): ``"insert"``
+    #: claim met (postgresql.sql's claims by key; kept per session by ``prepared.claim_hint``): ``"insert"``
     #: after a claim that inserted a new task, ``"lean"`` after one that claimed an existing task,
     #: ``"reading"`` after one that met a task it could not claim. A hint only: every statement
     #: gives the same answers, at most one round trip later. A session's first claim sends this.

@@ -2,8 +2,9 @@
 
 SQLite uses it as it is (inside one write transaction opened by the lifecycle); other stores
 override the clock, fuse statements (PostgreSQL) or replace what their dialect lacks (MySQL
-has no ``UPDATE … RETURNING``). Every value is a parameter; the only text put together here
-is fixed SQL: table and column names, the clock, and the status words of ``status.py``.
+has no ``UPDATE … RETURNING``). The statements are SQL files (``store/queries/``), asked for by
+name (:meth:`SQLStore.sql`); only the queue claim's are still put together here, from fixed SQL
+(table and column names, the clock, the status words of ``status.py``). Every value is a parameter.
 """
 
 from __future__ import annotations
@@ -500,7 +501,7 @@ class SQLStore:
                        task.run_after, task.task_path)
 
     def new_task_params(self, cursor: Any, task: NewTask) -> list[Any]:
-        """``ensure()``'s parameters of ``task`` (:meth:`task_values`, not running)."""
+        """``ensure()``'s parameters of ``task``, in its statement's order."""
         return [*task[:8], self.datetime_param(cursor, task.run_after), task.task_path]
 
     def read_tasks(self, cursor: Any, keys: Sequence[tuple[str, str]]) -> list[TaskRow]:
