@@ -452,7 +452,7 @@ class PostgreSQLStore(SQLStore):
         return str(row[0])
 
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
-        cursor.execute(self.sql("reclaim_audited" if audit else "reclaim"), [limit])  # LIMIT NULL: all
+        self.execute(cursor, self.sql("reclaim_audited" if audit else "reclaim"), [limit])  # LIMIT NULL: all
         return [Moved(*r) for r in cursor.fetchall()]
 
     def heartbeat_many(self, cursor: Any, held: Sequence[tuple[int, int]], lease: float) -> dict[int, datetime]:
