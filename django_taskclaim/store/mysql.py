@@ -34,20 +34,15 @@ from .rows import (
 from .sql import (
     ENSURE_CHUNK,
     EXHAUSTED_ERROR,
-    FAILED,
     PENDING,
-    RELEASE_SET,
     RUNNING,
     SQLStore,
     chunks,
     claimable,
-    claimable_by_key,
     fits,
     has_room,
-    owned,
     pairs_params,
     placeholders,
-    word,
 )
 
 MINIMUM_MYSQL = (8, 0, 1)  # FOR UPDATE SKIP LOCKED
@@ -72,6 +67,8 @@ E023 = spec("django_taskclaim.E023", "MySQL database {alias!r}: column(s) {colum
             "and stored as '?' otherwise, and a worker no longer recognises the claims of its own name.")
 #: The migration that converts the task tables' text columns; E023 waits for it (migrate runs the checks).
 UTF8MB4_MIGRATION = ("django_taskclaim", "0003_mysql_utf8mb4")
+#: LIMIT's "all rows" on MySQL (it takes no NULL there; the documented way).
+ALL_ROWS = 18446744073709551615
 _DUPLICATE_KEY = 1062
 _LOCK_WAIT_TIMEOUT = 1205
 _DEADLOCK = 1213
@@ -83,11 +80,6 @@ def _code(exc: Exception) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-# Operators lock task rows through the primary key, as owners do (by id). Through the (status, id)
-# index (the optimizer's pick for "status IN (...) AND id IN (...)") an operator would hold a
-# row's index entry while waiting for the row, and an owner completing that row (which moves its
-# (status, id) entry) would wait for the entry: a deadlock.
-BY_ROW = "FORCE INDEX (PRIMARY)"
 
 
 class MySQLStore(SQLStore):
@@ -162,21 +154,21 @@ class MySQLStore(SQLStore):
             cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, round(seconds))])
 
     def _rows_by_id(self, cursor: Any, ids: Sequence[int]) -> list[TaskRow]:
-        return [row for row, _ in self._claimed_rows(cursor, f"id IN ({placeholders(len(ids))})", ids, False)]
+        """The tasks ``ids``, in id order."""
+        if not ids:
+            return []
+        cursor.execute(self.sql("rows_by_id", len(ids)), list(ids))
+        return [self.decode(found) for found in cursor.fetchall()]
 
-    def _claimed_rows(self, cursor: Any, where: str, params: Sequence[Any], audit: bool) -> list[tuple[TaskRow, Any]]:
+    def _claimed_rows(self, cursor: Any, ids: Sequence[int], audit: bool) -> list[tuple[TaskRow, Any]]:
         """Task rows this transaction just claimed, each with the owner of the attempt it took
         over when ``audit`` (read in the same statement: one round trip less per takeover)."""
-        if not params:
+        if not audit:
+            return [(row, None) for row in self._rows_by_id(cursor, ids)]
+        if not ids:
             return []
-        previous = (f", (SELECT a.owner FROM {ATTEMPT} a WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 "
-                    f"AND a.outcome = {RUNNING})") if audit else ", NULL"
-        cursor.execute(f"SELECT {self.columns('t')}{previous} FROM {TASK} t WHERE {where} ORDER BY t.id", list(params))
+        cursor.execute(self.sql("claimed_rows_audited", len(ids)), list(ids))
         return [(self.decode(found), found[-1]) for found in cursor.fetchall()]
-
-    def _insert(self, cursor: Any, values_sql: str, params: list[Any]) -> int | None:
-        """Insert one task (its values' SQL); its id, or ``None`` when ``(tenant, key)`` exists."""
-        return self._inserted(cursor, f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({values_sql})", params)
 
     def _inserted(self, cursor: Any, sql: str, params: list[Any]) -> int | None:
         """Run an insert of one task; its id, or ``None`` when ``(tenant, key)`` exists (a committed
@@ -195,27 +187,25 @@ class MySQLStore(SQLStore):
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
         exists: bool | None = None,
     ) -> Claimed | Found | None:
-        now, t, k = self.now, TASK, self.quote("key")
         previous = None
         # Take the existing row when it is claimable: a conditional UPDATE, re-checked by InnoDB
         # on the latest committed version of the row it locks. It waits for the row's holder,
         # hence only where a read just found a task it may claim (or read nothing).
         matched = False
         if exists is not False:
-            cursor.execute(
-                f"UPDATE {t} SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
-                f"WHERE tenant = %s AND {k} = %s AND {claimable_by_key(t, now)} AND {self.same_payload(t)}",
-                [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint],
-            )
+            params = [owner, self.lease_param(lease), payload, fingerprint, tenant, key, fingerprint, fingerprint]
+            cursor.execute(self.sql("claim_existing"), params)
             matched = cursor.rowcount == 1
         if matched:
             # The row is ours (locked) until this transaction commits.
-            [(row, previous)] = self._claimed_rows(cursor, f"t.tenant = %s AND t.{k} = %s", [tenant, key], audit)
+            cursor.execute(self.sql("claimed_by_key_audited" if audit else "read_task"), [tenant, key])
+            found = cursor.fetchone()
+            row, previous = self.decode(found), (found[-1] if audit else None)
         elif exists:
             return None  # taken by a racing claim meanwhile: the lifecycle reads it again
         else:
-            new_id = self._insert(cursor, self.task_values(running=True),
-                                  [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
+            new_id = self._inserted(cursor, self.sql("insert_claimed"),
+                                    [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
             if new_id is None:
                 return None
             [row] = self._rows_by_id(cursor, [new_id])
@@ -235,12 +225,12 @@ class MySQLStore(SQLStore):
         purge. Either lock waits for a transaction that holds the row exclusively.
         """
         if cursor.db.mysql_is_mariadb:
-            share = f" LOCK IN SHARE MODE WAIT {max(1, round(self.duplicate_record_wait))}"
+            wait = max(1, round(self.duplicate_record_wait))
+            name, params = "record_duplicate_waiting", [owner, delivery_id, task_id, wait]
         else:  # MySQL has no WAIT n
-            share = " FOR SHARE SKIP LOCKED"
+            name, params = "record_duplicate", [owner, delivery_id, task_id]
         try:
-            cursor.execute(self.statement(("duplicate", share), lambda: self.duplicate_sql(share)),
-                           [owner, delivery_id, task_id])
+            cursor.execute(self.sql(name), params)
         except OperationalError as exc:
             if _code(exc) != _LOCK_WAIT_TIMEOUT:
                 raise
@@ -248,7 +238,7 @@ class MySQLStore(SQLStore):
         if cursor.rowcount == 1:
             return True
         # Skipped (MySQL: held), or deleted by a purge: a plain read tells which.
-        cursor.execute(f"SELECT 1 FROM {TASK} WHERE id = %s", [task_id])
+        cursor.execute(self.sql("task_exists"), [task_id])
         return cursor.fetchone() is not None
 
     def _open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, previous: str | None,
@@ -256,20 +246,14 @@ class MySQLStore(SQLStore):
         """Record a claim; close the attempt it took over (``previous``: that attempt's owner). A
         reserved claim (not ``started``) opens no attempt of its own: :meth:`start` does."""
         if previous is not None:
-            cursor.execute(
-                f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {self.now} "
-                f"WHERE task_id = %s AND token = %s",
-                [row.id, row.fencing_token - 1],
-            )
+            cursor.execute(self.sql("close_taken_over_attempt"), [row.id, row.fencing_token - 1])
         if started:
             self.insert_attempt(cursor, row.id, row.fencing_token, row.owner, delivery_id)
 
     def unstart(self, cursor: Any, ids: Sequence[int], reserve: float) -> dict[int, datetime | None]:
         # No UPDATE … RETURNING: the rows are this transaction's (locked), read them back.
-        marks = placeholders(len(ids))
-        cursor.execute(f"UPDATE {TASK} SET attempts = attempts - 1, lease_expires_at = {self.lease_sql()} "
-                       f"WHERE id IN ({marks})", [self.lease_param(reserve), *ids])
-        cursor.execute(f"SELECT id, lease_expires_at FROM {TASK} WHERE id IN ({marks})", list(ids))
+        cursor.execute(self.sql("unstart", len(ids)), [self.lease_param(reserve), *ids])
+        cursor.execute(self.sql("read_leases", len(ids)), list(ids))
         return {r[0]: self.to_datetime(r[1]) for r in cursor.fetchall()}
 
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
@@ -318,8 +302,7 @@ class MySQLStore(SQLStore):
             f"UPDATE {t} SET {self.claim_set(t)} WHERE id IN ({placeholders(len(ids))}) AND {claimable(t, now)}",
             [owner, self.lease_param(lease), *ids],
         )
-        found = [(row, previous) for row, previous in
-                 self._claimed_rows(cursor, f"t.id IN ({placeholders(len(ids))})", ids, audit)
+        found = [(row, previous) for row, previous in self._claimed_rows(cursor, ids, audit)
                  if row.status == Status.RUNNING and row.owner == owner]
         rows, reserved = self.reserve_rest(cursor, [row for row, _ in found], reserve)
         claimed = [Claimed(row, previous, row.id in reserved) for row, (_, previous) in zip(rows, found, strict=True)]
@@ -359,11 +342,7 @@ class MySQLStore(SQLStore):
         """Expired tasks on their last attempt, locked by this transaction, to FAILED (as reclaim would)."""
         if not ids:
             return []
-        cursor.execute(
-            f"UPDATE {TASK} SET status = {FAILED}, error = %s, lease_expires_at = NULL, updated_at = {self.now} "
-            f"WHERE id IN ({placeholders(len(ids))}) AND status = {RUNNING}",
-            [EXHAUSTED_ERROR, *ids],
-        )
+        cursor.execute(self.sql("fail_exhausted_locked", len(ids)), [EXHAUSTED_ERROR, *ids])
         moved = self._moved(cursor, ids)
         if audit:
             self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
@@ -374,9 +353,9 @@ class MySQLStore(SQLStore):
         max_attempts: int, dispatch: str | None, queue: str | None = None, priority: int = 0,
         run_after: datetime | None = None, task_path: str = "",
     ) -> TaskRow | None:
-        new_id = self._insert(cursor, self.task_values(running=False),
-                              [tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
-                               self.datetime_param(cursor, run_after), task_path])
+        new_id = self._inserted(cursor, self.sql("ensure"),
+                                [tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
+                                 self.datetime_param(cursor, run_after), task_path])
         if new_id is None:
             return None
         [row] = self._rows_by_id(cursor, [new_id])
@@ -385,19 +364,17 @@ class MySQLStore(SQLStore):
     def ensure_many(self, cursor: Any, tasks: Sequence[NewTask]) -> list[TaskRow | None]:
         # No RETURNING (MySQL) and no ids to trust from a multi-row insert (interleaved auto-increment
         # locks): the rows inserted are read back by their keys.
-        values = f"({self.task_values(running=False)})"
         inserted: list[bool] = []
         for chunk in chunks(tasks, ENSURE_CHUNK):
             params = [value for task in chunk for value in self.new_task_params(cursor, task)]
             try:
-                rows = ", ".join([values] * len(chunk))
-                cursor.execute(f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES {rows}", params)
+                cursor.execute(self.sql("ensure_many", len(chunk)), params)
                 inserted += [True] * len(chunk)
             except IntegrityError as exc:
                 if _code(exc) != _DUPLICATE_KEY:
                     raise
                 # A key exists (or comes twice): InnoDB undid this statement alone. One row at a time.
-                inserted += [self._insert(cursor, values[1:-1], self.new_task_params(cursor, task)) is not None
+                inserted += [self._inserted(cursor, self.sql("ensure"), self.new_task_params(cursor, task)) is not None
                              for task in chunk]
         new = [(task.tenant, task.key) for task, made in zip(tasks, inserted, strict=True) if made]
         found = {(row.tenant, row.key): row for row in self.read_tasks(cursor, new)}
@@ -447,27 +424,23 @@ class MySQLStore(SQLStore):
         return renewed
 
     def finish(
-        self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
-        attempt_set: str = "", attempt_params: Sequence[Any] = (), start: Start | None = None,
+        self, cursor: Any, name: str, params: Sequence[Any], task_id: int, token: int, outcomes: tuple[str, str],
+        audit: bool, known: str | None = None, *, attempt_params: Sequence[Any] = (), start: Start | None = None,
     ) -> str | None:
         """As the portable ``finish``; ``known``: the status the update sets, when it sets one
         status whatever the row held (a completion, a release), which spares reading it back."""
-        cursor.execute(
-            f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} WHERE {owned()}",
-            [*set_params, task_id, token],
-        )
+        cursor.execute(self.sql(name), [*params, task_id, token])
         if cursor.rowcount != 1:
             return None
         if known is not None:
             status = known
         else:
             # The row is ours until this transaction commits: read what the update made of it.
-            cursor.execute(f"SELECT status FROM {TASK} WHERE id = %s", [task_id])
+            cursor.execute(self.sql("status_of"), [task_id])
             status = str(cursor.fetchone()[0])
         if audit:
             self.close_attempt(cursor, task_id, token, outcomes[0] if status == Status.PENDING else outcomes[1],
-                               attempt_set, attempt_params)
+                               attempt_params)
         self.carry_start(cursor, start, audit)
         return status
 
@@ -476,21 +449,11 @@ class MySQLStore(SQLStore):
         return [Moved(r.id, r.key, r.tenant, r.fencing_token, r.status) for r in self._rows_by_id(cursor, ids)]
 
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
-        now, t = self.now, TASK
-        limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
-        cursor.execute(
-            f"SELECT id FROM {t} WHERE status = {RUNNING} AND lease_expires_at < {now} "
-            f"ORDER BY id {limit_sql} FOR UPDATE SKIP LOCKED",
-            params,
-        )
+        cursor.execute(self.sql("lock_expired"), [ALL_ROWS if limit is None else limit])
         ids = [r[0] for r in cursor.fetchall()]
         if not ids:
             return []
-        cursor.execute(
-            f"UPDATE {t} SET {self.reclaim_set_sql(t)} WHERE id IN ({placeholders(len(ids))}) "
-            f"AND status = {RUNNING} AND lease_expires_at < {now}",
-            ids,
-        )
+        cursor.execute(self.sql("reclaim", len(ids)), ids)
         moved = [m for m in self._moved(cursor, ids) if m.status in (Status.PENDING, Status.FAILED)]
         if audit:
             self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
@@ -498,31 +461,20 @@ class MySQLStore(SQLStore):
 
     def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
         # Lock the victims through the unique (tenant, key) index, then their rows: the order a
-        # claim by key takes them in. Locked through the primary key first (the portable
-        # SELECT … FOR UPDATE), a purge would deadlock with a claim of a key it deletes: the
-        # claim holds the key's index entry and waits for the row, the DELETE the reverse.
-        k, marks = self.quote("key"), placeholders(len(statuses))
+        # claim by key takes them in (mysql.sql's purge_lock).
         cutoff = cursor.db.ops.adapt_datetimefield_value(before)
-        cursor.execute(  # candidates, read without locks
-            f"SELECT tenant, {k} FROM {TASK} WHERE status IN ({marks}) AND updated_at < %s ORDER BY id LIMIT %s",
-            [*statuses, cutoff, limit],
-        )
+        cursor.execute(self.sql("purge_candidates", len(statuses)), [*statuses, cutoff, limit])
         found = cursor.fetchall()
         if not found:
             return 0, 0
-        pairs = " OR ".join([f"(tenant = %s AND {k} = %s)"] * len(found))
-        cursor.execute(  # locked, and checked again under the lock
-            f"SELECT id FROM {TASK} FORCE INDEX (taskclaim_task_tenant_key_uniq) WHERE ({pairs}) "
-            f"AND status IN ({marks}) AND updated_at < %s FOR UPDATE",
-            [*(v for pair in found for v in pair), *statuses, cutoff],
-        )
+        cursor.execute(self.sql("purge_lock", len(found)),  # locked, and checked again under the lock
+                       [*(v for pair in found for v in pair), ",".join(statuses), cutoff])
         ids = sorted(r[0] for r in cursor.fetchall())
         if not ids:
             return 0, 0
-        marks = placeholders(len(ids))
-        cursor.execute(f"DELETE FROM {ATTEMPT} WHERE task_id IN ({marks})", ids)
+        cursor.execute(self.sql("purge_attempts", len(ids)), ids)
         attempts = cursor.rowcount
-        cursor.execute(f"DELETE FROM {TASK} WHERE id IN ({marks})", ids)
+        cursor.execute(self.sql("purge_tasks", len(ids)), ids)
         return cursor.rowcount, attempts
 
     def _lock_rows(self, cursor: Any, sql: str, ids: Sequence[int]) -> list[int]:
@@ -556,20 +508,12 @@ class MySQLStore(SQLStore):
 
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
         moved: list[Moved] = []
-        for start in range(0, len(held), 400):
-            chunk = held[start:start + 400]
-            pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
-            flat = [v for pair in chunk for v in pair]
-            cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE status = {RUNNING} AND ({pairs}) "
-                           f"ORDER BY id FOR UPDATE", flat)
+        for chunk in chunks(held, 400):
+            cursor.execute(self.sql("lock_held", len(chunk)), [v for pair in chunk for v in pair])
             ids = [r[0] for r in cursor.fetchall()]
             if not ids:
                 continue
-            cursor.execute(
-                f"UPDATE {TASK} {BY_ROW} SET {RELEASE_SET}, lease_expires_at = NULL, updated_at = {self.now} "
-                f"WHERE id IN ({placeholders(len(ids))}) AND status = {RUNNING}",
-                ids,
-            )
+            cursor.execute(self.sql("force_release", len(ids)), ids)
             tokens = dict(chunk)
             moved += [m._replace(token=tokens[m.id]) for m in self._moved(cursor, ids)]
         if audit:
@@ -598,10 +542,9 @@ class MySQLStore(SQLStore):
         held: list[int] = []
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
-            marks = placeholders(len(chunk))
-            cursor.execute(f"SELECT id FROM {TASK} WHERE id IN ({marks})", chunk)
+            cursor.execute(self.sql("existing_ids", len(chunk)), chunk)
             seen = {r[0] for r in cursor.fetchall()}
-            cursor.execute(f"SELECT id FROM {TASK} {BY_ROW} WHERE id IN ({marks}) FOR UPDATE SKIP LOCKED", chunk)
+            cursor.execute(self.sql("free_ids", len(chunk)), chunk)
             held += sorted(seen - {r[0] for r in cursor.fetchall()})
         return held
 

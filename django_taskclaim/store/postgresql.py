@@ -2,6 +2,8 @@
 
 A claim (insert-or-take-over plus its audit rows), a completion (task plus attempt), a queue
 claim (``FOR UPDATE SKIP LOCKED`` plus audit) and each operator action are one round trip.
+The statements are in ``store/queries/postgresql.sql``, a statement per form (audited or not, a
+reserved claim to start in the same commit…); the queue claim's are still composed here.
 """
 
 from __future__ import annotations
@@ -33,19 +35,15 @@ from .rows import (
     in_claim_order,
 )
 from .sql import (
-    CANCELLED,
     ENSURE_CHUNK,
     EXHAUSTED_ERROR,
     FAILED,
-    INSERTED,
     PENDING,
-    RELEASE_SET,
     RUNNING,
     SUCCEEDED,
     SQLStore,
     chunks,
     claimable,
-    claimable_by_key,
     is_duplicate,
     owned,
     runs,
@@ -55,9 +53,6 @@ from .sql import (
 #: The first task a reserving queue claim starts: the first to run of those it picked (``in_claim_order``),
 #: by the priority ``picked`` carries (a join back to the task table would be planned as a scan of it).
 _FIRST = "first AS (SELECT id FROM picked ORDER BY priority DESC, id LIMIT 1), "
-#: The attempt row of a reserved claim started by ``s`` (parameters: owner, delivery id).
-_START_ATTEMPT = (f", sa AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT s.id, s.fencing_token, %s, %s, "
-                  f"statement_timestamp(), NULL, {RUNNING}, 0, {NO_ERROR} FROM s)")
 
 
 # Concurrency limits. The queue claim passes over the pending tasks of a full key (taskclaim_room(),
@@ -77,28 +72,17 @@ def done_id(prefix: str) -> str:
     return "%s" if prefix else "NULL"
 
 
-def _open_attempts(single: bool, takes_over: bool = True, only_first: bool = False) -> str:
-    """CTEs that close the attempt a claim took over (token - 1 still running) and open the new
-    one, both at ``claimed_at``: the clock read once the row was claimed (see ``_CLAIMED_AT``).
-    Without ``takes_over`` (a claim that only inserts new tasks), only the new one.
-
-    The attempt to close is looked up by its unique ``(task_id, token)``: for one claimed row
-    (``single``) as values of scalar subqueries, which the planner turns into an index lookup
-    whatever it believes of the table's size. A join against ``claimed`` can be planned as a
-    sequential scan of the attempt table while its statistics still say "small", and a prepared
-    statement keeps that plan for the session while the table grows.
+def _open_attempts(only_first: bool = False) -> str:
+    """CTEs of a queue claim that close the attempts it took over (token - 1 still running) and
+    open the new ones, both at ``claimed_at``: the clock read once the row was claimed (see
+    postgresql.sql's claim_key). With ``only_first``, only the first task's (a reserving claim).
+    (A claim by key, one row, looks its attempt up by scalar subqueries: postgresql.sql.)
     """
-    if single:
-        match = ("a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed) "
-                 "AND (SELECT fencing_token FROM claimed) > 1")
-        stamp = "(SELECT claimed_at FROM claimed)"
-    else:
-        match = "(a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)"
-        stamp = "(SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)"
-    closed = (f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {stamp} "
-              f"WHERE {match} AND a.outcome = {RUNNING} RETURNING a.task_id, a.owner)")
+    stamp = "(SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)"
+    match = "(a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)"
     return (
-        f"{closed if takes_over else ''}, "
+        f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {stamp} "
+        f"WHERE {match} AND a.outcome = {RUNNING} RETURNING a.task_id, a.owner), "
         f"opened AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT c.id, c.fencing_token, c.owner, %s, "
         f"c.claimed_at, NULL, {RUNNING}, 0, {NO_ERROR} FROM claimed c"
         f"{' WHERE c.id = (SELECT id FROM first)' if only_first else ''}) "
@@ -113,14 +97,9 @@ def _name(column: str) -> str:
     return f'"{column}"' if column == "key" else column
 
 
-# When the row was claimed, for the attempt's audit times. Not statement_timestamp(): that is
-# when the statement *arrived*, and a claim that arrived while the owner still held the row
-# (inside fenced()) and ran after its release committed would be stamped before the release
-# ended the previous attempt. clock_timestamp() in RETURNING is read after the row lock and
-# the re-check, so attempts of a task are stamped in the order they happened. decode() reads
-# the task columns by position, before it.
+# When the row was claimed, for the attempt's audit times: clock_timestamp(), read after the row lock
+# (postgresql.sql says why, above the claims by key). decode() reads the task columns before it.
 _CLAIMED_AT = ", clock_timestamp() AS claimed_at"
-_MOVED = f'RETURNING {TASK}.id, {TASK}."key", {TASK}.tenant, {TASK}.fencing_token, {TASK}.status'
 
 
 E010 = spec("django_taskclaim.E010", "Database {alias!r} is set up for a transaction-mode connection pooler "
@@ -131,11 +110,22 @@ E010 = spec("django_taskclaim.E010", "Database {alias!r} is set up for a transac
             "1.21+ with max_prepared_statements may carry them: untested, see docs/configurations.md).")
 
 
+#: Each ending's statement by (audited, a reserved claim to start in its commit): postgresql.sql.
+ENDINGS = {
+    "complete": {(False, False): "complete", (True, False): "complete_audited",
+                 (False, True): "complete_then_start", (True, True): "complete_audited_then_start"},
+    "fail": {(False, False): "fail", (True, False): "fail_audited",
+             (False, True): "fail_then_start", (True, True): "fail_audited_then_start"},
+    "release": {(False, False): "release", (True, False): "release_audited",
+                (False, True): "release_then_start", (True, True): "release_audited_then_start"},
+    "unreserve": {(False, False): "unreserve"},  # a reserved claim: no attempt row, nothing to start
+}
+
+
 class PostgreSQLStore(SQLStore):
     vendor = "postgresql"
     # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
     now = "statement_timestamp()"
-    json_param = "%s::jsonb"
     needs_transaction = False
     row_locks = True
     # Its claim statement never waits for an owner's fenced(): a row whose version in the
@@ -191,12 +181,8 @@ class PostgreSQLStore(SQLStore):
     def quote(self, name: str) -> str:
         return _name(name)
 
-    def param(self, sql_type: str) -> str:
-        # Typed: in INSERT … SELECT and CASE a bare parameter's type cannot be inferred.
-        return f"%s::{sql_type}"
-
     #: Which claim statement a session sends first for a claim by key follows what its last
-    #: claim met (see _claim_key_sql; kept per session by ``prepared.claim_hint``): ``"insert"``
+    #: claim met (postgresql.sql's claims by key; kept per session by ``prepared.claim_hint``): ``"insert"``
     #: after a claim that inserted a new task, ``"lean"`` after one that claimed an existing task,
     #: ``"reading"`` after one that met a task it could not claim. A hint only: every statement
     #: gives the same answers, at most one round trip later. A session's first claim sends this.
@@ -212,23 +198,25 @@ class PostgreSQLStore(SQLStore):
             inserting.append(delivery_id)
         known = kind = prepared.claim_hint(cursor, self.first_claim)
         if kind == "insert":
-            sql = self.statement(("claim_new", audit), lambda: self._claim_new_sql(audit))
-            self.execute(cursor, sql, inserting)
+            self.execute(cursor, self.sql("claim_new" if audit else "claim_new_unaudited"), inserting)
             found = cursor.fetchone()
             if found is not None:
                 return Claimed(self.decode(found), None)
             # The key exists (committed: the insert waited for a racing one): claim or read it.
             kind = "reading"
         params: list[Any] = [owner, lease, payload, fingerprint, tenant, key, fingerprint, fingerprint, *inserting]
-        reads = kind == "reading"
-        if reads:
+        if kind == "reading":
             params += [tenant, key]  # the read when nothing was claimed
             if audit:
                 params += [owner, delivery_id, fingerprint, fingerprint]
-        # in_transaction changes only the statement that reads (its asynchronous commit).
-        sql = self.statement(("claim_key", audit, reads, reads and in_transaction),
-                             lambda: self._claim_key_sql(audit, in_transaction, reads))
-        self.execute(cursor, sql, params)
+            # in_transaction changes only the statement that records a duplicate (its asynchronous commit).
+            if not audit:
+                name = "claim_key_or_duplicate_unaudited"
+            else:
+                name = "claim_key_or_duplicate_in_transaction" if in_transaction else "claim_key_or_duplicate"
+        else:
+            name = "claim_key" if audit else "claim_key_unaudited"
+        self.execute(cursor, self.sql(name), params)
         found = cursor.fetchone()
         if found is None:
             self._learn(cursor, known, "reading")
@@ -254,100 +242,6 @@ class PostgreSQLStore(SQLStore):
     def _learn(cursor: Any, known: str, hint: str) -> None:
         if hint != known:
             prepared.remember_claim(cursor, hint)
-
-    def _claim_new_sql(self, audit: bool) -> str:
-        """The claim of a key that has no task yet, and its attempt row: the insert alone.
-
-        After a claim that inserted, the next key is most likely new too, and the claim
-        statement's update of an existing task (an index probe) and the close of a taken-over
-        attempt are server work that a new key never needs. Where the key exists
-        this inserts nothing and writes nothing (no WAL flush), and claim_key sends the full
-        statement.
-        """
-        opened = _open_attempts(single=True, takes_over=False) if audit else " "
-        return f"WITH claimed AS ({self._insert_sql()}){opened}SELECT c.* FROM claimed c"
-
-    def _insert_sql(self, only_if: str = "") -> str:
-        """An insert of a new running task for the key, skipped where the key has a task."""
-        return (
-            f"INSERT INTO {TASK} ({self.insert_columns()}) SELECT {self.task_values(running=True)} "
-            f'{only_if}ON CONFLICT (tenant, "key") DO NOTHING RETURNING {self.returning()}'
-        )
-
-    def _claim_key_sql(self, audit: bool, in_transaction: bool, reads: bool) -> str:
-        """The claim and its audit rows; with ``reads``, when it claims nothing, also the
-        duplicate's read and record (one round trip for the common duplicate: a task that
-        existed before).
-
-        Two statements because the read and the record cost every claim server CPU, duplicate
-        or not (the executor sets up their nodes even when they do nothing). Without
-        them a claim that claims nothing wrote nothing, and the lifecycle's next statement,
-        :meth:`read_state`, reads the task and records the duplicate (a second round trip).
-        The store sends the one that suits what this process's claims met last.
-
-        The read sees the task as of this statement's snapshot: a task inserted by a racing
-        claim after that is invisible here, and the lifecycle then reads it with
-        :meth:`read_state`. Only a duplicate is answered here; anything else (pending, an
-        expired lease, a payload mismatch) goes to that fresh read too.
-        """
-        claim = (f"WITH {self.claim_key_sql()}{_open_attempts(single=True)}" if audit
-                 else f"WITH {self.claim_key_sql()}")
-        # Rows of one shape (the task's columns, then claimed_at, expired, previous owner, claimed,
-        # recorded), each list of columns written once (``c.*``, ``cur.*``): the text must stay
-        # under psycopg's 4 KiB statement cache.
-        previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL::text"
-        claimed = f" SELECT c.*, NULL::boolean, {previous}, true, 0::bigint FROM claimed c"
-        if not reads:
-            return claim + claimed
-        read = (f', cur AS (SELECT {self.columns()}, NULL::timestamptz, (lease_expires_at < {self.now}) AS expired '
-                f'FROM {TASK} WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))')
-        recorded = "0::bigint"
-        if audit:
-            read += self._duplicate_sql()
-            recorded = "(SELECT count(*) FROM dup)"
-            if not in_transaction:
-                # Only a statement that recorded a duplicate (and so claimed nothing) commits
-                # asynchronously, as read_state's does; a claim always waits for its flush.
-                read += ", cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)"
-                recorded = "(SELECT count(*) FROM dup) + 0 * (SELECT count(*) FROM cfg)"
-        return f"{claim}{read}{claimed} UNION ALL SELECT cur.*, NULL::text, false, {recorded} FROM cur"
-
-    def _duplicate_sql(self) -> str:
-        """A CTE ``dup`` recording a duplicate delivery of the task read into ``cur``.
-
-        The insert locks the task row (FOR KEY SHARE, as its foreign key check would) in the
-        same statement: a task deleted by a concurrent purge since the snapshot is skipped
-        instead of failing the foreign key at commit, and a purge that comes later waits for
-        this row. Nothing inserted means the task vanished.
-        """
-        now = self.now
-        return (
-            f", dup AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT t.id, NULL, %s, %s, {now}, {now}, "
-            f"{word(Outcome.DUPLICATE)}, 0, {NO_ERROR} "
-            f"FROM cur JOIN {TASK} t ON t.id = cur.id "
-            f"WHERE (cur.status = {SUCCEEDED} OR (cur.status = {RUNNING} AND NOT cur.expired)) AND cur.queue IS NULL "
-            f"AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text)) FOR KEY SHARE OF t RETURNING 1)"
-        )
-
-    def claim_key_sql(self) -> str:
-        """CTEs ending in ``claimed``: take over an existing claimable row, or insert a new one.
-
-        Not ``INSERT … ON CONFLICT DO UPDATE … WHERE``: that locks the conflicting row even when
-        its WHERE is false, so the losers of a race on one key would each hold the row lock until
-        their own commit (a WAL flush) and be decided one after another. An ``UPDATE`` whose WHERE
-        fails on the row version it waited for (re-checked under READ COMMITTED) locks nothing,
-        nor does ``ON CONFLICT DO NOTHING``: losers are decided together, without writing. A row
-        committed after this statement's snapshot makes it claim nothing; the lifecycle reads
-        the row and tries again when it is claimable.
-        """
-        t = "t"  # the task table's alias: shorter texts (see _name)
-        return (
-            f"upd AS (UPDATE {TASK} t SET {self.claim_set(t)}, {self.adopt_payload_set(t)} "
-            f'WHERE {t}.tenant = %s AND {t}."key" = %s AND {claimable_by_key(t, self.now)} '
-            f"AND {self.same_payload(t)} RETURNING {self.returning(t)}), "
-            f"ins AS ({self._insert_sql('WHERE NOT EXISTS (SELECT 1 FROM upd) ')}), "
-            f"claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)"
-        )
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
@@ -449,7 +343,7 @@ class PostgreSQLStore(SQLStore):
         if audit:
             sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "
                     f"FROM exhausted x WHERE a.task_id = x.id AND a.token = x.fencing_token AND a.outcome = {RUNNING})"
-                    + _open_attempts(single=False, only_first=reserve))
+                    + _open_attempts(only_first=reserve))
         return sql
 
     def reserving_set(self, table: str) -> str:
@@ -462,14 +356,10 @@ class PostgreSQLStore(SQLStore):
 
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
         # One statement: the start and its attempt row commit together (no transaction here).
-        sql = self.statement(("start", audit), lambda: (
-            f"WITH s AS (UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
-            f"updated_at = {self.now} WHERE {owned()} RETURNING id, fencing_token, lease_expires_at)"
-            + (_START_ATTEMPT if audit else "") + " SELECT lease_expires_at FROM s"))
         params: list[Any] = [start.lease, start.task_id, start.token]
         if audit:
             params += [start.owner, start.delivery_id]
-        self.execute(cursor, sql, params)
+        self.execute(cursor, self.sql("start_audited" if audit else "start"), params)
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
@@ -510,28 +400,14 @@ class PostgreSQLStore(SQLStore):
         return ENSURE_CHUNK
 
     def ensure_many_sql(self, cursor: Any, chunk: Sequence[NewTask]) -> tuple[str, list[Any]]:
-        # One statement whatever the chunk's size: each column's values as one array, so one text
-        # prepared once per session (a VALUES list is a text per row count, with 10 parameters a row).
-        return self.statement(("ensure_many",), self._unnest_insert_sql), [list(c) for c in zip(*chunk, strict=True)]
-
-    def _unnest_insert_sql(self) -> str:
-        types = ("text", "text", "integer", "text", "text", "text", "text", "smallint", "timestamptz", "text")
-        names = [f"v.{name}" for name in NewTask._fields]
-        names[3], names[5] = "v.payload::jsonb", "v.dispatch::jsonb"
-        # Binary parameters: psycopg quotes each element of a text-format array in Python, ten times
-        # the cost of the whole binary array for a chunk of 1,000.
-        arrays = ", ".join(f"%b::{sql_type}[]" for sql_type in types)
-        # In the order given (WITH ORDINALITY): ids, and so the queue's order among equal priorities, follow it.
-        return (f"INSERT INTO {TASK} ({self.insert_columns()}) SELECT {self.task_values(running=False, values=names)} "
-                f"FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(NewTask._fields)}, n) ORDER BY v.n "
-                f"ON CONFLICT (tenant, \"key\") DO NOTHING RETURNING {INSERTED.replace('payload', 'payload::text')}")
+        # One statement whatever the chunk's size: each column's values as one array.
+        return self.sql("ensure_many"), [list(c) for c in zip(*chunk, strict=True)]
 
     def read_tasks(self, cursor: Any, keys: Sequence[tuple[str, str]]) -> list[TaskRow]:
         found: list[TaskRow] = []
         for chunk in chunks(keys, ENSURE_CHUNK):
             tenants, names = (list(column) for column in zip(*chunk, strict=True))
-            self.execute(cursor, f'SELECT {self.columns()} FROM {TASK} WHERE (tenant, "key") IN '
-                                 f"(SELECT * FROM unnest(%b::text[], %b::text[]))", [tenants, names])
+            self.execute(cursor, self.sql("read_tasks"), [tenants, names])
             found += (self.decode(r) for r in cursor.fetchall())
         return found
 
@@ -545,11 +421,11 @@ class PostgreSQLStore(SQLStore):
         # it decides nothing, so losers need not wait for a WAL flush. A server crash may drop
         # the newest of these rows; claims, results and stale-write counts stay synchronous.
         params: list[Any] = [tenant, key]
+        name = "read_state"
         if audit:
             params += [owner, delivery_id, fingerprint, fingerprint]
-        sql = self.statement(("read_state", audit, in_transaction),
-                             lambda: self._read_state_sql(audit, in_transaction))
-        self.execute(cursor, sql, params)
+            name = "read_and_record_duplicate_in_transaction" if in_transaction else "read_and_record_duplicate"
+        self.execute(cursor, self.sql(name), params)
         found = cursor.fetchone()
         if found is None:
             return None
@@ -560,48 +436,20 @@ class PostgreSQLStore(SQLStore):
             return None  # purged since the snapshot: gone, as if never read
         return Found(row, expired, duplicate)
 
-    def _read_state_sql(self, audit: bool, in_transaction: bool) -> str:
-        now = self.now
-        async_sql = ", cfg AS (SELECT set_config('synchronous_commit', 'off', true))"
-        sql = (f'WITH cur AS (SELECT {self.columns()}, (lease_expires_at < {now}) AS expired FROM {TASK} '
-               f'WHERE tenant = %s AND "key" = %s)')
-        if audit:
-            sql += self._duplicate_sql()
-            if not in_transaction:
-                sql += async_sql
-        sql += " SELECT cur.*, " + ("(SELECT count(*) FROM dup)" if audit else "0")
-        sql += ", (SELECT count(*) FROM cfg)" if audit and not in_transaction else ", 0"
-        return sql + " FROM cur"
-
     def finish(
-        self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
-        attempt_set: str = "", attempt_params: Sequence[Any] = (), start: Start | None = None,
+        self, cursor: Any, name: str, params: Sequence[Any], task_id: int, token: int, outcomes: tuple[str, str],
+        audit: bool, known: str | None = None, *, attempt_params: Sequence[Any] = (), start: Start | None = None,
     ) -> str | None:
-        if not audit and start is None:
-            return super().finish(cursor, task_id, token, set_sql, set_params, outcomes, audit)
-        # The attempt by its unique (task_id, token) as parameters: an index lookup (a join
-        # against t can be planned as a sequential scan of the attempt table, see _open_attempts).
-        # A reserved claim to start rides on the same statement (and commit), if the ending matched.
-        sql = self.statement(("finish", audit, set_sql, attempt_set, start is not None), lambda: (
-            f"WITH t AS (UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, "
-            f"updated_at = statement_timestamp() WHERE {owned()} RETURNING status)"
-            + (f", a AS (UPDATE {ATTEMPT} SET outcome = CASE WHEN (SELECT status FROM t) = {PENDING} THEN %s "
-               f"ELSE %s END, ended_at = statement_timestamp(){attempt_set} WHERE task_id = %s AND token = %s "
-               f"AND EXISTS (SELECT 1 FROM t))" if audit else "")
-            + (f", s AS (UPDATE {TASK} SET attempts = attempts + 1, lease_expires_at = {self.lease_sql()}, "
-               f"updated_at = statement_timestamp() WHERE {owned()} AND EXISTS (SELECT 1 FROM t) "
-               f"RETURNING id, fencing_token, lease_expires_at)"
-               + (_START_ATTEMPT if audit else "") if start is not None else "")
-            + " SELECT status" + (", (SELECT lease_expires_at FROM s)" if start is not None else "") + " FROM t"))
-        params: list[Any] = [*set_params, task_id, token]
+        # One statement, one commit: the ending, its attempt row (by its unique (task_id, token) as
+        # parameters: an index lookup), and a reserved claim to start if the ending matched.
+        args: list[Any] = [*params, task_id, token]
         if audit:
-            params += [*outcomes, *attempt_params, task_id, token]
+            args += [*outcomes, *attempt_params, task_id, token]
         if start is not None:
-            params += [start.lease, start.task_id, start.token]
+            args += [start.lease, start.task_id, start.token]
             if audit:
-                params += [start.owner, start.delivery_id]
-        self.execute(cursor, sql, params)
+                args += [start.owner, start.delivery_id]
+        self.execute(cursor, self.sql(ENDINGS[name][audit, start is not None]), args)
         row = cursor.fetchone()
         if row is None:
             return None
@@ -610,16 +458,7 @@ class PostgreSQLStore(SQLStore):
         return str(row[0])
 
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
-        now, t = self.now, TASK
-        limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
-        cursor.execute(
-            f"WITH victims AS (SELECT id FROM {t} WHERE status = {RUNNING} AND lease_expires_at < {now} "
-            f"ORDER BY id {limit_sql} FOR UPDATE SKIP LOCKED), "
-            f"moved AS (UPDATE {t} SET {self.reclaim_set_sql(t)} FROM victims v WHERE {t}.id = v.id "
-            f"AND {t}.status = {RUNNING} AND {t}.lease_expires_at < {now} {_MOVED})"
-            f"{_close_moved(Outcome.EXPIRED) if audit else ' '}SELECT * FROM moved ORDER BY id",
-            params,
-        )
+        self.execute(cursor, self.sql("reclaim_audited" if audit else "reclaim"), [limit])  # LIMIT NULL: all
         return [Moved(*r) for r in cursor.fetchall()]
 
     def heartbeat_many(self, cursor: Any, held: Sequence[tuple[int, int]], lease: float) -> dict[int, datetime]:
@@ -633,26 +472,14 @@ class PostgreSQLStore(SQLStore):
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
         if not held:
             return []
-        t = TASK
-        cursor.execute(
-            f"WITH held AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)), "
-            f"moved AS (UPDATE {t} SET {RELEASE_SET}, lease_expires_at = NULL, updated_at = {self.now} "
-            f"FROM held h WHERE {t}.id = h.id AND {t}.fencing_token = h.token AND {t}.status = {RUNNING} "
-            f"{_MOVED}){_close_moved(Outcome.RELEASED) if audit else ' '}SELECT * FROM moved ORDER BY id",
-            [[pk for pk, _ in held], [token for _, token in held]],
-        )
+        cursor.execute(self.sql("force_release_audited" if audit else "force_release"),
+                       [[pk for pk, _ in held], [token for _, token in held]])
         return [Moved(*r) for r in cursor.fetchall()]
 
     def cancel(self, cursor: Any, ids: Sequence[int], audit: bool) -> int:
         if not ids:
             return 0
-        t = TASK
-        cursor.execute(
-            f"WITH moved AS (UPDATE {t} SET status = {CANCELLED}, lease_expires_at = NULL, updated_at = {self.now} "
-            f"WHERE {t}.id = ANY(%s::bigint[]) AND {t}.status IN ({PENDING}, {RUNNING}) {_MOVED})"
-            f"{_close_moved(Outcome.CANCELLED, token=False) if audit else ' '}SELECT count(*) FROM moved",
-            [list(ids)],
-        )
+        cursor.execute(self.sql("cancel_audited" if audit else "cancel"), [list(ids)])
         return int(cursor.fetchone()[0])
 
     def reset(self, cursor: Any, ids: Sequence[int]) -> int:
@@ -687,15 +514,6 @@ class PostgreSQLStore(SQLStore):
 
     def refused_write(self, error: BaseException) -> bool:
         return getattr(error, "sqlstate", None) == READ_ONLY_SQL_TRANSACTION
-
-
-def _close_moved(outcome: str, token: bool = True) -> str:
-    """A CTE closing the running attempts of the tasks in ``moved`` with ``outcome``."""
-    match = " AND a.token = m.fencing_token" if token else ""
-    return (
-        f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(outcome)}, ended_at = statement_timestamp() "
-        f"FROM moved m WHERE a.task_id = m.id{match} AND a.outcome = {RUNNING}) "
-    )
 
 
 def _queue_results(audit: bool, done: bool = False, reserving: bool = False) -> str:

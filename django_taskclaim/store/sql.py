@@ -2,14 +2,14 @@
 
 SQLite uses it as it is (inside one write transaction opened by the lifecycle); other stores
 override the clock, fuse statements (PostgreSQL) or replace what their dialect lacks (MySQL
-has no ``UPDATE … RETURNING``). Every value is a parameter; the only text put together here
-is fixed SQL: table and column names, the clock, and the status words of ``status.py``.
+has no ``UPDATE … RETURNING``). The statements are SQL files (``store/queries/``), asked for by
+name (:meth:`SQLStore.sql`); only the queue claim's are still put together here, from fixed SQL
+(table and column names, the clock, the status words of ``status.py``). Every value is a parameter.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -24,11 +24,8 @@ from ..checkspec import spec
 from ..status import Outcome, Status
 from . import queries
 from .rows import (
-    ATTEMPT,
-    ATTEMPT_COLUMNS,
     DATETIME_COLUMNS,
     JSON_COLUMNS,
-    NO_ERROR,
     TASK,
     TASK_COLUMNS,
     Claimed,
@@ -63,12 +60,7 @@ def word(choice: str) -> str:
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (word(s) for s in Status.values)
 PENDING_STATUS = str(Status.PENDING.value)
-#: What a multi-row insert returns of each row it inserted (the rest is what it was given).
-INSERTED = 'id, tenant, "key", created_at, payload'
 EXHAUSTED_ERROR = "lease expired with no attempts left"
-# A release puts the task back to PENDING untouched: this attempt does not count. Owners and operators
-# (force-release) release alike.
-RELEASE_SET = f"status = {PENDING}, owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
 
 
 def claimable(table: str, now: str) -> str:
@@ -81,12 +73,6 @@ def claimable(table: str, now: str) -> str:
         f"({table}.status = {PENDING} OR ({table}.status = {RUNNING} "
         f"AND {table}.lease_expires_at < {now} AND {table}.attempts < {table}.max_attempts))"
     )
-
-
-def claimable_by_key(table: str, now: str) -> str:
-    """What a claim by key may take: :func:`claimable`, and not queued (a queued task belongs to
-    the queue workers: a claim by key of its key is refused, ``lifecycle.transitions.refuse_other_work``)."""
-    return f"({claimable(table, now)} AND {table}.queue IS NULL)"
 
 
 def due_or_expired(table: str, now: str) -> str:
@@ -179,7 +165,6 @@ class SQLStore:
 
     vendor = ""
     now = ""
-    json_param = "%s"
     needs_transaction = True
     row_locks = False
     looks_first = True
@@ -262,32 +247,7 @@ class SQLStore:
         """What a statement that writes a task row returns: its columns, in order."""
         return self.columns(table)
 
-    def param(self, sql_type: str) -> str:
-        """A parameter of ``sql_type`` (``text``, ``integer``): a bare ``%s`` where the database infers it."""
-        return "%s"
-
-    # -- the statements' shared parts: each vendor's claims and inserts are built from these ----
-    def insert_columns(self) -> str:
-        """The columns of a new task row, in ``TASK_COLUMNS`` order without ``id``."""
-        return self.statement(("insert_columns",), lambda: ", ".join(self.quote(c) for c in TASK_COLUMNS[1:]))
-
-    def task_values(self, *, running: bool, values: Sequence[str] = ()) -> str:
-        """A new task row's values for :meth:`insert_columns`: a claim's (``running``: RUNNING under a
-        lease, its first attempt, claimed by key) or ``ensure()``'s (PENDING). Parameters: tenant,
-        key, owner (``running``), max_attempts, lease (``running``), payload, payload fingerprint,
-        then (not ``running``) dispatch, queue, priority, run_after, task_path. ``values``: SQL in place
-        of ``ensure()``'s parameters, in :class:`NewTask`'s order (the columns of a multi-row insert)."""
-        text, now = self.param("text"), self.now
-        if running:
-            state = f"{RUNNING}, {text}, 1, 1, {self.param('integer')}, {self.lease_sql()}"
-            return (f"{text}, {text}, {state}, {self.json_param}, {text}, NULL, '', '', NULL, {now}, {now}, "
-                    "NULL, 0, NULL, ''")
-        tenant, key, attempts, payload, fingerprint, dispatch, queue, priority, run_after, path = values or (
-            text, text, self.param("integer"), self.json_param, text, self.json_param, text, self.param("smallint"),
-            self.param("timestamptz"), text)
-        return (f"{tenant}, {key}, {PENDING}, '', 0, 0, {attempts}, NULL, {payload}, {fingerprint}, NULL, '', '', "
-                f"{dispatch}, {now}, {now}, {queue}, {priority}, {run_after}, {path}")
-
+    # -- the queue claim's shared parts (its statements are still put together in code) ----
     def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK) -> str:
         """Which queued tasks a queue claim looks at (parameters: the queue names, the tenant if given)."""
         tenant_sql = f" AND {table}.tenant = %s" if tenant is not None else ""
@@ -306,18 +266,6 @@ class SQLStore:
         return (f"status = {RUNNING}, owner = {owner}, fencing_token = {table}.fencing_token + 1, "
                 f"attempts = {table}.attempts + 1, lease_expires_at = {lease or self.lease_sql()}, "
                 f"updated_at = {self.now}")
-
-    def adopt_payload_set(self, table: str, payload: str = "", fingerprint: str = "%s") -> str:
-        """The SET clause by which a claim stores its payload on a task created without one (and only then)."""
-        return (f"payload = CASE WHEN {table}.payload_fingerprint = '' THEN {payload or self.json_param} "
-                f"ELSE {table}.payload END, payload_fingerprint = CASE WHEN {table}.payload_fingerprint = '' "
-                f"THEN {fingerprint} ELSE {table}.payload_fingerprint END")
-
-    def same_payload(self, table: str) -> str:
-        """A claim's payload fits the task's: none given, none stored, or the same (two parameters:
-        the fingerprint twice)."""
-        text = self.param("text")
-        return f"({text} = '' OR {table}.payload_fingerprint IN ('', {text}))"
 
     def begin_write(self, cursor: Any) -> None:
         """Nothing to do where row locks serialise writers; SQLite overrides it."""
@@ -364,13 +312,7 @@ class SQLStore:
         fingerprint: str, max_attempts: int, delivery_id: str, audit: bool, in_transaction: bool = False,
         exists: bool | None = None,
     ) -> Claimed | Found | None:
-        sql = self.statement(("claim_key",), lambda: (
-            f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES ({self.task_values(running=True)}) "
-            f"ON CONFLICT (tenant, {self.quote('key')}) DO UPDATE SET "
-            f"{self.claim_set(TASK, 'excluded.owner', 'excluded.lease_expires_at')}, "
-            f"{self.adopt_payload_set(TASK, 'excluded.payload', 'excluded.payload_fingerprint')} "
-            f"WHERE {claimable_by_key(TASK, self.now)} AND (excluded.payload_fingerprint = '' "
-            f"OR {TASK}.payload_fingerprint IN ('', excluded.payload_fingerprint)) RETURNING {self.returning()}"))
+        sql = self.sql("claim_key")
         cursor.execute(sql, [tenant, key, owner, max_attempts, self.lease_param(lease), payload, fingerprint])
         found = cursor.fetchone()
         if found is None:
@@ -382,11 +324,7 @@ class SQLStore:
     def open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, started: bool = True) -> str | None:
         """Record a claim; close the attempt it took over, returning that attempt's owner. A
         reserved claim (not ``started``) opens no attempt of its own: :meth:`start` does."""
-        cursor.execute(
-            f"UPDATE {ATTEMPT} SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {self.now} "
-            f"WHERE task_id = %s AND token = %s AND outcome = {RUNNING} RETURNING owner",
-            [row.id, row.fencing_token - 1],
-        )
+        cursor.execute(self.sql("take_over_attempt"), [row.id, row.fencing_token - 1])
         previous = cursor.fetchone()
         if started:
             self.insert_attempt(cursor, row.id, row.fencing_token, row.owner, delivery_id)
@@ -394,11 +332,7 @@ class SQLStore:
 
     def insert_attempt(self, cursor: Any, task_id: int, token: int, owner: str, delivery_id: str) -> None:
         """The attempt row of a claim that starts now."""
-        cursor.execute(
-            f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) VALUES (%s, %s, %s, %s, {self.now}, NULL, {RUNNING}, 0, "
-            f"{NO_ERROR})",
-            [task_id, token, owner, delivery_id],
-        )
+        cursor.execute(self.sql("insert_attempt"), [task_id, token, owner, delivery_id])
 
     def reserve_rest(self, cursor: Any, rows: list[TaskRow], reserve: float | None) -> tuple[list[TaskRow], set[int]]:
         """Of the rows one queue claim just took (inside its transaction), all but the first to run
@@ -415,11 +349,7 @@ class SQLStore:
     def unstart(self, cursor: Any, ids: Sequence[int], reserve: float) -> dict[int, datetime | None]:
         """Claims this transaction just made, not started after all: the attempt uncounted, the
         lease a reservation of ``reserve`` seconds; each one's new expiry."""
-        cursor.execute(
-            f"UPDATE {TASK} SET attempts = attempts - 1, lease_expires_at = {self.lease_sql()} "
-            f"WHERE id IN ({placeholders(len(ids))}) RETURNING id, lease_expires_at",
-            [self.lease_param(reserve), *ids],
-        )
+        cursor.execute(self.sql("unstart", len(ids)), [self.lease_param(reserve), *ids])
         return {r[0]: self.to_datetime(r[1]) for r in cursor.fetchall()}
 
     def read_state(
@@ -442,14 +372,8 @@ class SQLStore:
         One statement that inserts only while the task row exists: a purge that deleted the
         task since it was read makes this insert nothing instead of violating the foreign key.
         """
-        self.execute(cursor, self.duplicate_sql(), [owner, delivery_id, task_id])
+        self.execute(cursor, self.sql("record_duplicate"), [owner, delivery_id, task_id])
         return bool(cursor.rowcount == 1)
-
-    def duplicate_sql(self, lock: str = "") -> str:
-        """The insert of a duplicate's audit row for task ``id`` (parameters: owner, delivery id,
-        task id), reading the task row with ``lock``."""
-        return (f"INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT id, NULL, %s, %s, {self.now}, {self.now}, "
-                f"{word(Outcome.DUPLICATE)}, 0, {NO_ERROR} FROM {TASK} WHERE id = %s{lock}")
 
     def claim_next(
         self, cursor: Any, *, owner: str, lease: float, tenant: str | None, limit: int,
@@ -560,16 +484,11 @@ class SQLStore:
     def ensure_many_sql(self, cursor: Any, chunk: Sequence[NewTask]) -> tuple[str, list[Any]]:
         """The multi-row insert of ``chunk`` and its parameters: ``INSERT … VALUES (…), (…) …``, returning
         ``id, tenant, key, created_at, payload`` of the rows it inserted."""
-        sql = self.statement(("ensure_many", len(chunk)), functools.partial(self._values_insert_sql, len(chunk)))
-        return sql, [value for task in chunk for value in self.new_task_params(cursor, task)]
-
-    def _values_insert_sql(self, rows: int) -> str:
-        values = f"({self.task_values(running=False)})"
-        return (f"INSERT INTO {TASK} ({self.insert_columns()}) VALUES {', '.join([values] * rows)} "
-                f"ON CONFLICT (tenant, {self.quote('key')}) DO NOTHING RETURNING {INSERTED}")
+        return (self.sql("ensure_many", len(chunk)),
+                [value for task in chunk for value in self.new_task_params(cursor, task)])
 
     def inserted_row(self, task: NewTask, found: Sequence[Any], dispatches: dict[str | None, Any]) -> TaskRow:
-        """The row a multi-row insert wrote for ``task``, from what it returned (:data:`INSERTED`): the
+        """The row a multi-row insert wrote for ``task``, from what it returned (``ensure_many``'s ``RETURNING``): the
         task's own values, and the database's id, time and stored payload (JSON as the database
         normalised it, as a read of the row gives it)."""
         pk, _, _, stamp, payload = found
@@ -582,18 +501,13 @@ class SQLStore:
                        task.run_after, task.task_path)
 
     def new_task_params(self, cursor: Any, task: NewTask) -> list[Any]:
-        """``ensure()``'s parameters of ``task`` (:meth:`task_values`, not running)."""
+        """``ensure()``'s parameters of ``task``, in its statement's order."""
         return [*task[:8], self.datetime_param(cursor, task.run_after), task.task_path]
 
     def read_tasks(self, cursor: Any, keys: Sequence[tuple[str, str]]) -> list[TaskRow]:
         found: list[TaskRow] = []
         for chunk in chunks(keys, max(1, min(ENSURE_CHUNK, (max_params(cursor) or 2 * ENSURE_CHUNK) // 2))):
-            self.execute(
-                cursor,
-                f"SELECT {self.columns()} FROM {TASK} WHERE (tenant, {self.quote('key')}) IN "
-                f"({', '.join(['(%s, %s)'] * len(chunk))})",
-                [value for pair in chunk for value in pair],
-            )
+            self.execute(cursor, self.sql("read_tasks", len(chunk)), [value for pair in chunk for value in pair])
             found += (self.decode(r) for r in cursor.fetchall())
         return found
 
@@ -692,71 +606,54 @@ class SQLStore:
 
     def unreserve(self, cursor: Any, task_id: int, token: int) -> str | None:
         """Release a reserved claim (never started): PENDING, its attempt count unchanged."""
-        return self.finish(cursor, task_id, token, f"status = {PENDING}, owner = ''", [],
-                           (Outcome.RELEASED, Outcome.RELEASED), False, Status.PENDING)
+        return self.finish(cursor, "unreserve", [], task_id, token, (Outcome.RELEASED, Outcome.RELEASED), False,
+                           Status.PENDING)
 
     def complete(
         self, cursor: Any, task_id: int, token: int, result: str | None, result_ref: str, audit: bool,
         start: Start | None = None,
     ) -> str | None:
-        return self.finish(
-            cursor, task_id, token,
-            f"status = {SUCCEEDED}, result = {self.json_param}, result_ref = %s, error = ''",
-            [result, result_ref], (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit, Status.SUCCEEDED, start=start,
-        )
+        return self.finish(cursor, "complete", [result, result_ref], task_id, token,
+                           (Outcome.SUCCEEDED, Outcome.SUCCEEDED), audit, Status.SUCCEEDED, start=start)
 
     def fail(
         self, cursor: Any, task_id: int, token: int, error: str, retry: bool, audit: bool, *,
         error_class: str = "", traceback: str = "", delay: float | None = None, start: Start | None = None,
     ) -> str | None:
-        again = f"{self.param('boolean')} AND attempts < max_attempts"
-        params: list[Any] = [bool(retry), bool(retry), error]
-        later = ""
-        if delay is not None:  # a retried task may not run before the backoff is over
-            later = f", run_after = CASE WHEN {again} THEN {self.lease_sql()} ELSE run_after END"
-            params += [bool(retry), self.lease_param(delay)]
-        return self.finish(
-            cursor, task_id, token,
-            f"status = CASE WHEN {again} THEN {PENDING} ELSE {FAILED} END, "
-            f"owner = CASE WHEN {again} THEN '' ELSE owner END, error = {self.param('text')}{later}",
-            params, (Outcome.RETRY, Outcome.FAILED), audit,
-            attempt_set=f", error = {self.param('text')}, error_class = {self.param('text')}, "
-                        f"traceback = {self.param('text')}",
-            attempt_params=[error, error_class, traceback], start=start,
-        )
+        # A retried task may not run before the backoff (delay) is over; no delay: NULL.
+        retry = bool(retry)
+        later = None if delay is None else self.lease_param(delay)
+        return self.finish(cursor, "fail", [retry, retry, error, retry, later], task_id, token,
+                           (Outcome.RETRY, Outcome.FAILED), audit, attempt_params=[error, error_class, traceback],
+                           start=start)
 
     def release(self, cursor: Any, task_id: int, token: int, audit: bool, start: Start | None = None,
                 delay: float | None = None, reason: str | None = None) -> str | None:
-        set_sql, params = RELEASE_SET, []
-        if delay is not None:  # not claimed again before then
-            set_sql, params = f"{set_sql}, run_after = {self.lease_sql()}", [self.lease_param(delay)]
-        if reason is not None:  # why, for the operator who wonders why the task waits
-            set_sql, params = f"{set_sql}, error = {self.param('text')}", [*params, reason]
-        return self.finish(cursor, task_id, token, set_sql, params, (Outcome.RELEASED, Outcome.RELEASED), audit,
-                           Status.PENDING, start=start)
+        # Not claimed again before ``delay`` is over; ``reason`` kept in error for the operator who
+        # wonders why the task waits. Either left as it was where NULL.
+        later = None if delay is None else self.lease_param(delay)
+        return self.finish(cursor, "release", [later, reason], task_id, token, (Outcome.RELEASED, Outcome.RELEASED),
+                           audit, Status.PENDING, start=start)
 
     def finish(
-        self, cursor: Any, task_id: int, token: int, set_sql: str, set_params: list[Any],
-        outcomes: tuple[str, str], audit: bool, known: str | None = None, *,
-        attempt_set: str = "", attempt_params: Sequence[Any] = (), start: Start | None = None,
+        self, cursor: Any, name: str, params: Sequence[Any], task_id: int, token: int, outcomes: tuple[str, str],
+        audit: bool, known: str | None = None, *, attempt_params: Sequence[Any] = (), start: Start | None = None,
     ) -> str | None:
-        """Move a running task on, guarded by its token; the new status, or ``None`` if fenced off.
+        """Move a running task on by the statement ``name`` (its own ``params``, then the task's id
+        and token: the guard); the new status, or ``None`` if fenced off.
 
         ``outcomes``: the attempt's outcome when the task went back to pending, and otherwise.
-        ``known``: the status the SET clause always sets (for databases that cannot return it).
-        ``attempt_set``/``attempt_params``: more of the attempt row to set (a failure's error).
+        ``known``: the status the statement always sets (for databases that cannot return it).
+        ``attempt_params``: a failure's error, class and traceback, for its attempt row.
         ``start``: a reserved claim to start in the same transaction, if the ending matched.
         """
-        sql = self.statement(("finish", set_sql), lambda: (
-            f"UPDATE {TASK} SET {set_sql}, lease_expires_at = NULL, updated_at = {self.now} "
-            f"WHERE {owned()} RETURNING status"))
-        self.execute(cursor, sql, [*set_params, task_id, token])
+        self.execute(cursor, self.sql(name), [*params, task_id, token])
         row = cursor.fetchone()
         if row is None:
             return None
         if audit:
             self.close_attempt(cursor, task_id, token, outcomes[0] if row[0] == Status.PENDING else outcomes[1],
-                               attempt_set, attempt_params)
+                               attempt_params)
         self.carry_start(cursor, start, audit)
         return str(row[0])
 
@@ -766,14 +663,14 @@ class SQLStore:
             start.tried = True
             start.expires = self.start(cursor, start, audit)
 
-    def close_attempt(
-        self, cursor: Any, task_id: int, token: int, outcome: str, attempt_set: str = "",
-        attempt_params: Sequence[Any] = (),
-    ) -> None:
-        cursor.execute(
-            f"UPDATE {ATTEMPT} SET outcome = %s, ended_at = {self.now}{attempt_set} WHERE task_id = %s AND token = %s",
-            [outcome, *attempt_params, task_id, token],
-        )
+    def close_attempt(self, cursor: Any, task_id: int, token: int, outcome: str,
+                      attempt_params: Sequence[Any] = ()) -> None:
+        """Close the attempt row of the claim (task id, token) with ``outcome``; a failure's with its
+        error, class and traceback (``attempt_params``)."""
+        if attempt_params:
+            cursor.execute(self.sql("close_failed_attempt"), [outcome, *attempt_params, task_id, token])
+        else:
+            cursor.execute(self.sql("close_attempt"), [outcome, task_id, token])
 
     def lock(self, cursor: Any, task_id: int, token: int) -> bool:
         # SQLite: a no-op UPDATE as the transaction's first statement takes the one write lock
@@ -807,26 +704,8 @@ class SQLStore:
             cursor.execute(self.sql("requeue_stale"), [dispatch, task_id, self.lease_param(-older_than)])
         return bool(cursor.rowcount == 1)
 
-    def reclaim_set_sql(self, table: str = TASK) -> str:
-        # The owner is cleared with the lease; the attempt log keeps who held it.
-        left = f"{table}.attempts < {table}.max_attempts"
-        return (
-            f"status = CASE WHEN {left} THEN {PENDING} ELSE {FAILED} END, "
-            f"owner = CASE WHEN {left} THEN '' ELSE {table}.owner END, "
-            f"error = CASE WHEN {left} THEN {table}.error ELSE '{EXHAUSTED_ERROR}' END, "
-            f"lease_expires_at = NULL, updated_at = {self.now}"
-        )
-
     def reclaim(self, cursor: Any, limit: int | None, audit: bool) -> list[Moved]:
-        now, t = self.now, TASK
-        limit_sql, params = ("LIMIT %s", [limit]) if limit is not None else ("", [])
-        cursor.execute(
-            f"UPDATE {t} SET {self.reclaim_set_sql()} WHERE id IN (SELECT id FROM {t} "
-            f"WHERE status = {RUNNING} AND lease_expires_at < {now} ORDER BY id {limit_sql}) "
-            f"AND status = {RUNNING} AND lease_expires_at < {now} "
-            f'RETURNING id, "key", tenant, fencing_token, status',
-            params,
-        )
+        cursor.execute(self.sql("reclaim"), [limit])
         moved = sorted((Moved(*r) for r in cursor.fetchall()), key=lambda m: m.id)
         if audit:
             self.close_running_attempts(cursor, moved, Outcome.EXPIRED)
@@ -845,15 +724,8 @@ class SQLStore:
 
     def force_release(self, cursor: Any, held: Sequence[tuple[int, int]], audit: bool) -> list[Moved]:
         moved: list[Moved] = []
-        for start in range(0, len(held), 400):  # well under every database's parameter limit
-            chunk = held[start:start + 400]
-            pairs = " OR ".join(["(id = %s AND fencing_token = %s)"] * len(chunk))
-            cursor.execute(
-                f"UPDATE {TASK} SET {RELEASE_SET}, lease_expires_at = NULL, updated_at = {self.now} "
-                f"WHERE status = {RUNNING} AND ({pairs}) "
-                f'RETURNING id, "key", tenant, fencing_token, status',
-                [v for pair in chunk for v in pair],
-            )
+        for chunk in chunks(held, 400):  # well under every database's parameter limit
+            cursor.execute(self.sql("force_release", len(chunk)), [v for pair in chunk for v in pair])
             moved += (Moved(*r) for r in cursor.fetchall())
         moved.sort(key=lambda m: m.id)
         if audit:

@@ -18,9 +18,11 @@ The rules that keep the files readable as they run:
   ``((id = %s AND fencing_token = %s) OR ...)``, the item then its separator (``, `` or `` OR ``)
   and ``...``; :func:`repeat` writes the item ``n`` times for a call (``SQLStore.sql(name, n)``),
   the one part added in code, and never from a value.
-- The fused statements of the hot paths (claims, completions, queue claims: ``SQLStore`` and
-  the vendor modules) are still put together in code from shared parts; they move here as
-  they are rewritten, each under a name.
+- A statement with forms (audited or not, a reserved claim to start in the same commit…) is a
+  statement per form, named for what it adds (``claim_key_unaudited``,
+  ``complete_audited_then_start``); an optional value is a parameter that may be NULL. Only the
+  queue claim (``claim_next``, ``complete_and_claim_next``) is still put together in code from
+  shared parts (tests/repository/test_statements.py's ``ALLOWED`` says why).
 """
 
 from __future__ import annotations
@@ -79,8 +81,9 @@ def parse(text: str, source: str) -> dict[str, str]:
     return found
 
 
-#: An item written once then "...": ``%s`` or a parenthesised group (one level of nesting), its separator.
-_REPEATED = re.compile(r"(%s|\((?:[^()]|\([^()]*\))*\))(, | OR )\.\.\.")
+#: An item written once then "...": ``%s`` or a parenthesised group (two levels of nesting: a row of
+#: values may call a function inside parentheses), its separator.
+_REPEATED = re.compile(r"(%s|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))(, | OR )\.\.\.")
 
 
 def repeat(text: str, n: int) -> str:

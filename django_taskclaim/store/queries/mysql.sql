@@ -170,3 +170,253 @@ UPDATE django_taskclaim_task FORCE INDEX (PRIMARY)
 SET status = 'pending', attempts = 0, owner = '', error = '', lease_expires_at = NULL,
     updated_at = UTC_TIMESTAMP(6)
 WHERE id IN (%s, ...)
+
+-- name: claim_existing
+-- Take the task (owner, lease in microseconds, payload, fingerprint, tenant, key, fingerprint
+-- twice) where it is claimable (pending, or running with an expired lease and attempts left; never
+-- a queued task) and its payload fits. InnoDB re-checks the WHERE on the latest committed version
+-- of the row it locks; the row count says whether it matched, and the row is this transaction's
+-- until it commits. A task first named without a payload keeps the first payload a claim brings
+-- (the payload columns are set before the fingerprint: MySQL assigns left to right).
+UPDATE django_taskclaim_task
+SET status = 'running', owner = %s, fencing_token = django_taskclaim_task.fencing_token + 1,
+    attempts = django_taskclaim_task.attempts + 1,
+    lease_expires_at = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), updated_at = UTC_TIMESTAMP(6),
+    payload = CASE WHEN django_taskclaim_task.payload_fingerprint = '' THEN %s ELSE django_taskclaim_task.payload END,
+    payload_fingerprint = CASE WHEN django_taskclaim_task.payload_fingerprint = '' THEN %s
+                               ELSE django_taskclaim_task.payload_fingerprint END
+WHERE tenant = %s AND `key` = %s
+  AND ((django_taskclaim_task.status = 'pending'
+        OR (django_taskclaim_task.status = 'running' AND django_taskclaim_task.lease_expires_at < UTC_TIMESTAMP(6)
+            AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
+       AND django_taskclaim_task.queue IS NULL)
+  AND (%s = '' OR django_taskclaim_task.payload_fingerprint IN ('', %s))
+
+-- name: insert_claimed
+-- A claim by key of a key with no task yet (tenant, key, owner, max_attempts, lease in
+-- microseconds, payload, fingerprint): a new running task. A duplicate key is refused (error 1062).
+INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
+    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
+    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+VALUES (%s, %s, 'running', %s, 1, 1, %s, TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), %s, %s, NULL, '', '',
+    NULL, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, 0, NULL, '')
+
+-- name: close_taken_over_attempt
+-- Close the attempt a claim took over (task id, the previous token).
+UPDATE django_taskclaim_attempt SET outcome = 'taken_over', ended_at = UTC_TIMESTAMP(6)
+WHERE task_id = %s AND token = %s
+
+-- name: insert_attempt
+-- The attempt row of a claim that starts now (task id, token, owner, delivery id).
+INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+    stale_writes, error, error_class, traceback)
+VALUES (%s, %s, %s, %s, UTC_TIMESTAMP(6), NULL, 'running', 0, '', '', '')
+
+-- name: record_duplicate
+-- The audit row of a duplicate delivery (owner, delivery id, task id), inserted only while the task
+-- row exists, and only if it can be share-locked at once (MySQL has no WAIT n): a row held by its
+-- owner's fenced() is skipped, and the row left out. The task row is share-locked first, then the
+-- attempt row inserted: the order a purge takes them in.
+INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+    stale_writes, error, error_class, traceback)
+SELECT id, NULL, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'duplicate', 0, '', '', ''
+FROM django_taskclaim_task WHERE id = %s FOR SHARE SKIP LOCKED
+
+-- name: record_duplicate_waiting
+-- record_duplicate on MariaDB (owner, delivery id, task id, whole seconds to wait for the share
+-- lock): error 1205 when the row stays held longer.
+INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+    stale_writes, error, error_class, traceback)
+SELECT id, NULL, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'duplicate', 0, '', '', ''
+FROM django_taskclaim_task WHERE id = %s LOCK IN SHARE MODE WAIT %s
+
+-- name: task_exists
+-- Whether the task (id) exists.
+SELECT 1 FROM django_taskclaim_task WHERE id = %s
+
+-- name: unstart
+-- Claims this transaction just made, not started after all (the reservation in microseconds; their
+-- ids): the attempt uncounted, the lease a reservation. read_leases reads the new expiries.
+UPDATE django_taskclaim_task
+SET attempts = attempts - 1, lease_expires_at = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6))
+WHERE id IN (%s, ...)
+
+-- name: read_leases
+-- The tasks' (their ids) lease expiries, as this transaction left them.
+SELECT id, lease_expires_at FROM django_taskclaim_task WHERE id IN (%s, ...)
+
+-- name: complete
+-- The claim's task (result JSON, result_ref; task id, token) succeeded, if the claim still holds
+-- it. No RETURNING: the row count says whether it did.
+UPDATE django_taskclaim_task
+SET status = 'succeeded', result = %s, result_ref = %s, error = '', lease_expires_at = NULL,
+    updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: fail
+-- The claim's task (retry, retry, error, retry, backoff in microseconds or NULL; task id, token)
+-- failed: pending again when retried with attempts left ("not before" now + backoff, if any), else
+-- failed. status_of reads which.
+UPDATE django_taskclaim_task
+SET status = CASE WHEN %s AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+    owner = CASE WHEN %s AND attempts < max_attempts THEN '' ELSE owner END,
+    error = %s,
+    run_after = CASE WHEN %s AND attempts < max_attempts
+                     THEN COALESCE(TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), run_after)
+                     ELSE run_after END,
+    lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: release
+-- The claim's task (delay in microseconds or NULL, reason or NULL; task id, token) pending again,
+-- untouched: this attempt does not count. Not claimed again before the delay is over; the reason
+-- kept as its error.
+UPDATE django_taskclaim_task
+SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+    run_after = COALESCE(TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), run_after),
+    error = COALESCE(%s, error),
+    lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: unreserve
+-- A reserved claim (task id, token), never started, given back: pending, its attempt count unchanged.
+UPDATE django_taskclaim_task
+SET status = 'pending', owner = '', lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: status_of
+-- The status of a task (id) this transaction just moved on.
+SELECT status FROM django_taskclaim_task WHERE id = %s
+
+-- name: close_attempt
+-- The attempt row of an ending claim (outcome; task id, token).
+UPDATE django_taskclaim_attempt SET outcome = %s, ended_at = UTC_TIMESTAMP(6)
+WHERE task_id = %s AND token = %s
+
+-- name: close_failed_attempt
+-- The attempt row of a failed claim (outcome, error, error class, traceback; task id, token).
+UPDATE django_taskclaim_attempt
+SET outcome = %s, ended_at = UTC_TIMESTAMP(6), error = %s, error_class = %s, traceback = %s
+WHERE task_id = %s AND token = %s
+
+-- name: rows_by_id
+-- The tasks (their ids), in id order.
+SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
+    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
+    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`
+FROM django_taskclaim_task WHERE id IN (%s, ...) ORDER BY id
+
+-- name: claimed_rows_audited
+-- The tasks this transaction just claimed (their ids), in id order, each with the owner of the
+-- attempt it took over (read in the same statement: one round trip less per takeover).
+SELECT t.`id`, t.`tenant`, t.`key`, t.`status`, t.`owner`, t.`fencing_token`, t.`attempts`, t.`max_attempts`,
+    t.`lease_expires_at`, t.`payload`, t.`payload_fingerprint`, t.`result`, t.`result_ref`, t.`error`,
+    t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_after`, t.`task_path`,
+    (SELECT a.owner FROM django_taskclaim_attempt a
+     WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 AND a.outcome = 'running')
+FROM django_taskclaim_task t WHERE t.id IN (%s, ...) ORDER BY t.id
+
+-- name: claimed_by_key_audited
+-- The task this transaction just claimed by key (tenant, key), with the owner of the attempt it
+-- took over.
+SELECT t.`id`, t.`tenant`, t.`key`, t.`status`, t.`owner`, t.`fencing_token`, t.`attempts`, t.`max_attempts`,
+    t.`lease_expires_at`, t.`payload`, t.`payload_fingerprint`, t.`result`, t.`result_ref`, t.`error`,
+    t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_after`, t.`task_path`,
+    (SELECT a.owner FROM django_taskclaim_attempt a
+     WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 AND a.outcome = 'running')
+FROM django_taskclaim_task t WHERE t.tenant = %s AND t.`key` = %s
+
+-- name: ensure
+-- A new pending task (tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
+-- run_after, task path). A duplicate key is refused (error 1062): the task exists.
+INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
+    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
+    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+    %s, %s, %s, %s)
+
+-- name: ensure_many
+-- New pending tasks (each task's values as ensure's, a row each). One duplicate key refuses them
+-- all (error 1062: InnoDB undoes this statement alone), and ensure inserts them one at a time.
+INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
+    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
+    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+    %s, %s, %s, %s), ...
+
+-- name: read_tasks
+-- The tasks (each one's tenant and key), those that exist.
+SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
+    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
+    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`
+FROM django_taskclaim_task WHERE (tenant, `key`) IN ((%s, %s), ...)
+
+-- name: fail_exhausted_locked
+-- Expired tasks on their last attempt that this transaction locked (the error; their ids): failed,
+-- as reclaim would end them.
+UPDATE django_taskclaim_task
+SET status = 'failed', error = %s, lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id IN (%s, ...) AND status = 'running'
+
+-- -- the sweeper and operators: each locks its rows first, by primary key in id order ----------
+-- Operators lock task rows through the primary key, as owners do (by id). Through the (status, id)
+-- index (the optimizer's pick for "status IN (...) AND id IN (...)") an operator would hold a row's
+-- index entry while waiting for the row, and an owner completing that row (which moves its
+-- (status, id) entry) would wait for the entry: a deadlock. Hence FORCE INDEX (PRIMARY).
+
+-- name: lock_expired
+-- Lock expired claims (at most a number of them, oldest id first; all of them:
+-- 18446744073709551615, MySQL's way to say no limit): their ids. SKIP LOCKED: a claim a
+-- transaction holds is left to the next sweep.
+SELECT id FROM django_taskclaim_task
+WHERE status = 'running' AND lease_expires_at < UTC_TIMESTAMP(6)
+ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+
+-- name: reclaim
+-- The expired claims lock_expired locked (their ids) moved on: pending again with attempts left,
+-- else failed ("lease expired with no attempts left"). The owner is cleared with the lease (the
+-- attempt log keeps who held it). MySQL assigns left to right: status first, read by nothing after.
+UPDATE django_taskclaim_task
+SET status = CASE WHEN attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+    owner = CASE WHEN attempts < max_attempts THEN '' ELSE owner END,
+    error = CASE WHEN attempts < max_attempts THEN error ELSE 'lease expired with no attempts left' END,
+    lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id IN (%s, ...) AND status = 'running' AND lease_expires_at < UTC_TIMESTAMP(6)
+
+-- name: lock_held
+-- Of claims (each one's id and token), lock those still running: their ids.
+SELECT id FROM django_taskclaim_task FORCE INDEX (PRIMARY)
+WHERE status = 'running' AND ((id = %s AND fencing_token = %s) OR ...)
+ORDER BY id FOR UPDATE
+
+-- name: force_release
+-- The claims lock_held locked (their ids) released by an operator, as their owners release (see
+-- release): pending, this attempt not counted.
+UPDATE django_taskclaim_task FORCE INDEX (PRIMARY)
+SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+    lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE id IN (%s, ...) AND status = 'running'
+
+-- name: existing_ids
+-- Of the tasks (their ids), those that exist.
+SELECT id FROM django_taskclaim_task WHERE id IN (%s, ...)
+
+-- name: free_ids
+-- Of the tasks (their ids), those a locking read can take at once (in autocommit: the locks end
+-- with the statement).
+SELECT id FROM django_taskclaim_task FORCE INDEX (PRIMARY) WHERE id IN (%s, ...) FOR UPDATE SKIP LOCKED
+
+-- name: purge_candidates
+-- Finished tasks to purge (statuses; updated before a datetime; at most a number), oldest id first,
+-- read without locks: their tenants and keys.
+SELECT tenant, `key` FROM django_taskclaim_task WHERE status IN (%s, ...) AND updated_at < %s
+ORDER BY id LIMIT %s
+
+-- name: purge_lock
+-- The candidates (each one's tenant and key; the statuses, comma-separated; the datetime) locked
+-- through the unique (tenant, key) index, then their rows, and checked again under the lock: the
+-- order a claim by key takes them in (locked through the primary key first, a purge would deadlock
+-- with a claim of a key it deletes). Their ids.
+SELECT id FROM django_taskclaim_task FORCE INDEX (taskclaim_task_tenant_key_uniq)
+WHERE ((tenant = %s AND `key` = %s) OR ...) AND FIND_IN_SET(status, %s) > 0 AND updated_at < %s
+FOR UPDATE

@@ -128,11 +128,6 @@ WHERE id = %s AND status = 'running' AND fencing_token = %s
 UPDATE django_taskclaim_attempt SET outcome = 'expired', ended_at = statement_timestamp()
 WHERE task_id = %s AND token = %s AND outcome = 'running'
 
--- name: close_running_attempt
--- An attempt row (outcome, task id, token) still open, closed with that outcome.
-UPDATE django_taskclaim_attempt SET outcome = %s, ended_at = statement_timestamp()
-WHERE task_id = %s AND token = %s AND outcome = 'running'
-
 -- name: read_task
 -- The task (tenant, key): its row, or none.
 SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
@@ -153,3 +148,780 @@ RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempt
     payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
     dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
     clock_timestamp() AS claimed_at
+
+-- -- claims by key -------------------------------------------------------------------------------
+-- A claim by key is one statement with its audit rows. Which of its forms a session sends follows
+-- what its last claim met (PostgreSQLStore.claim_key): claim_new after a claim that inserted (the
+-- next key is most likely new too), claim_key after one that claimed an existing task,
+-- claim_key_or_duplicate after one that met a task it could not claim. Each has an _unaudited
+-- form (TASKCLAIM_AUDIT off: no attempt rows). Every form gives the same answers, at most one
+-- round trip later. Each text stays under psycopg's 4 KiB statement cache (each list of columns
+-- written once: c.*, cur.*; tests/store/postgresql/test_postgresql.py).
+--
+-- The claimed task's row is followed by claimed_at: clock_timestamp(), read after the row lock
+-- and the re-check, not statement_timestamp() (when the statement *arrived*: a claim that arrived
+-- while the owner still held the row inside fenced(), and ran after its release committed, would be
+-- stamped before the release ended the previous attempt). So attempts of a task are stamped in the
+-- order they happened. decode() reads the task's columns by position, before it.
+
+-- name: claim_new
+-- The claim of a key that has no task yet (tenant, key, owner, max_attempts, lease seconds, payload,
+-- fingerprint; delivery id): the insert alone, and its attempt row. The update of an existing task
+-- (an index probe) and the close of a taken-over attempt are server work a new key never needs.
+-- Where the key exists this inserts nothing and writes nothing (no WAL flush): no row, and the store
+-- sends claim_key_or_duplicate.
+WITH claimed AS (
+    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+        updated_at, queue, priority, run_after, task_path)
+    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+    ON CONFLICT (tenant, "key") DO NOTHING
+    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        clock_timestamp() AS claimed_at),
+opened AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c)
+SELECT c.* FROM claimed c
+
+-- name: claim_new_unaudited
+-- claim_new without its attempt row (the same parameters, without the delivery id).
+WITH claimed AS (
+    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+        updated_at, queue, priority, run_after, task_path)
+    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+    ON CONFLICT (tenant, "key") DO NOTHING
+    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        clock_timestamp() AS claimed_at)
+SELECT c.* FROM claimed c
+
+-- name: claim_key
+-- Take over the key's task where it is claimable, or insert it (upd: owner, lease seconds, payload,
+-- fingerprint, tenant, key, fingerprint twice; ins: claim_new's seven; opened: the delivery id).
+--
+-- upd: a task is claimable when pending, or running with an expired lease and attempts left, and
+-- not queued (a queued task belongs to the queue workers: lifecycle.transitions.refuse_other_work);
+-- the claim's payload must fit the task's (none given, none stored, or the same). A task first
+-- named without a payload keeps the first payload a claim brings. Not INSERT … ON CONFLICT DO
+-- UPDATE … WHERE: that locks the conflicting row even when its WHERE is false, so the losers of a
+-- race on one key would each hold the row lock until their own commit (a WAL flush) and be decided
+-- one after another. An UPDATE whose WHERE fails on the row version it waited for (re-checked under
+-- READ COMMITTED) locks nothing, nor does ON CONFLICT DO NOTHING: losers are decided together,
+-- without writing. A row committed after this statement's snapshot makes it claim nothing; the
+-- lifecycle reads the row and tries again when it is claimable.
+--
+-- closed, opened: the attempt taken over (token - 1, still running) closed and the new one opened,
+-- both at claimed_at. The attempt is looked up by its unique (task_id, token) as values of scalar
+-- subqueries, which the planner turns into an index lookup whatever it believes of the table's
+-- size: a join against claimed can be planned as a sequential scan of the attempt table while its
+-- statistics still say "small", and a prepared statement keeps that plan while the table grows.
+--
+-- One row when claimed: the task's columns, claimed_at, NULL (expired: not asked), the owner it
+-- was taken over from, true (claimed), 0 (no duplicate recorded). No row when nothing was claimed:
+-- the lifecycle reads the task (read_and_record_duplicate) and decides.
+WITH upd AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
+        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
+        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
+    WHERE t.tenant = %s AND t."key" = %s
+      AND ((t.status = 'pending'
+            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
+           AND t.queue IS NULL)
+      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
+    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
+        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
+        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
+        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
+ins AS (
+    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+        updated_at, queue, priority, run_after, task_path)
+    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+    WHERE NOT EXISTS (SELECT 1 FROM upd)
+    ON CONFLICT (tenant, "key") DO NOTHING
+    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        clock_timestamp() AS claimed_at),
+claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
+closed AS (
+    UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
+    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
+      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
+    RETURNING a.task_id, a.owner),
+opened AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c)
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+FROM claimed c
+
+-- name: claim_key_unaudited
+-- claim_key without the attempt rows (its parameters without the delivery id).
+WITH upd AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
+        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
+        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
+    WHERE t.tenant = %s AND t."key" = %s
+      AND ((t.status = 'pending'
+            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
+           AND t.queue IS NULL)
+      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
+    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
+        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
+        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
+        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
+ins AS (
+    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+        updated_at, queue, priority, run_after, task_path)
+    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+    WHERE NOT EXISTS (SELECT 1 FROM upd)
+    ON CONFLICT (tenant, "key") DO NOTHING
+    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        clock_timestamp() AS claimed_at),
+claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
+SELECT c.*, NULL::boolean, NULL::text, true, 0::bigint FROM claimed c
+
+-- name: claim_key_or_duplicate
+-- claim_key (its parameters), and when it claims nothing, the duplicate's read and record (cur:
+-- tenant, key; dup: owner, delivery id, fingerprint twice): one round trip for the common
+-- duplicate, a task that existed before. Not claim_key's form for every claim: the read and the
+-- record cost every claim server CPU, duplicate or not (the executor sets up their nodes even when
+-- they do nothing).
+--
+-- The read sees the task as of this statement's snapshot: a task inserted by a racing claim after
+-- that is invisible here, and the lifecycle then reads it with read_and_record_duplicate. Only a
+-- duplicate is answered here; anything else (pending, an expired lease, a payload mismatch) goes to
+-- that fresh read too. dup locks the task row (FOR KEY SHARE, as its foreign key check would): a
+-- task deleted by a concurrent purge since the snapshot is skipped instead of failing the foreign
+-- key at commit, and a purge that comes later waits for this row. Nothing inserted: the task
+-- vanished. Only a statement that recorded a duplicate (and so claimed nothing) commits
+-- asynchronously (cfg, transaction-local); a claim always waits for its flush.
+--
+-- Rows of claim_key's shape: when nothing was claimed, the task read (cur), NULL (no previous
+-- owner), false (not claimed), and the duplicates recorded (0 or 1).
+WITH upd AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
+        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
+        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
+    WHERE t.tenant = %s AND t."key" = %s
+      AND ((t.status = 'pending'
+            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
+           AND t.queue IS NULL)
+      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
+    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
+        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
+        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
+        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
+ins AS (
+    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+        updated_at, queue, priority, run_after, task_path)
+    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+    WHERE NOT EXISTS (SELECT 1 FROM upd)
+    ON CONFLICT (tenant, "key") DO NOTHING
+    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        clock_timestamp() AS claimed_at),
+claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
+closed AS (
+    UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
+    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
+      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
+    RETURNING a.task_id, a.owner),
+opened AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c),
+cur AS (
+    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        NULL::timestamptz, (lease_expires_at < statement_timestamp()) AS expired
+    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed)),
+dup AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
+    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
+    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
+      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
+    FOR KEY SHARE OF t
+    RETURNING 1),
+cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+FROM claimed c
+UNION ALL
+SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) + 0 * (SELECT count(*) FROM cfg) FROM cur
+
+-- name: claim_key_or_duplicate_in_transaction
+-- claim_key_or_duplicate inside a caller's transaction (the same parameters): the caller's commit
+-- is synchronous, so no cfg.
+WITH upd AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
+        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
+        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
+    WHERE t.tenant = %s AND t."key" = %s
+      AND ((t.status = 'pending'
+            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
+           AND t.queue IS NULL)
+      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
+    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
+        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
+        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
+        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
+ins AS (
+    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+        updated_at, queue, priority, run_after, task_path)
+    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+    WHERE NOT EXISTS (SELECT 1 FROM upd)
+    ON CONFLICT (tenant, "key") DO NOTHING
+    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        clock_timestamp() AS claimed_at),
+claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
+closed AS (
+    UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
+    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
+      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
+    RETURNING a.task_id, a.owner),
+opened AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c),
+cur AS (
+    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        NULL::timestamptz, (lease_expires_at < statement_timestamp()) AS expired
+    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed)),
+dup AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
+    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
+    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
+      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
+    FOR KEY SHARE OF t
+    RETURNING 1)
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+FROM claimed c
+UNION ALL
+SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) FROM cur
+
+-- name: claim_key_or_duplicate_unaudited
+-- claim_key_unaudited (its parameters), and when it claims nothing, the task read (tenant, key);
+-- no duplicate recorded.
+WITH upd AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
+        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
+        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
+    WHERE t.tenant = %s AND t."key" = %s
+      AND ((t.status = 'pending'
+            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
+           AND t.queue IS NULL)
+      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
+    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
+        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
+        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
+        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
+ins AS (
+    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+        updated_at, queue, priority, run_after, task_path)
+    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+    WHERE NOT EXISTS (SELECT 1 FROM upd)
+    ON CONFLICT (tenant, "key") DO NOTHING
+    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        clock_timestamp() AS claimed_at),
+claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
+cur AS (
+    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        NULL::timestamptz, (lease_expires_at < statement_timestamp()) AS expired
+    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))
+SELECT c.*, NULL::boolean, NULL::text, true, 0::bigint FROM claimed c
+UNION ALL
+SELECT cur.*, NULL::text, false, 0::bigint FROM cur
+
+-- name: read_and_record_duplicate
+-- What a claim by key that claimed nothing met (tenant, key), and the duplicate delivery recorded
+-- (owner, delivery id, fingerprint twice) in one round trip, as claim_key_or_duplicate's cur and
+-- dup: the task's row, whether its lease expired, the duplicates recorded, and 1 (cfg: committed
+-- asynchronously; the audit row decides nothing, so losers need not wait for a WAL flush; a server
+-- crash may drop the newest of these rows, while claims, results and stale-write counts stay
+-- synchronous).
+WITH cur AS (
+    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        (lease_expires_at < statement_timestamp()) AS expired
+    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s),
+dup AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
+    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
+    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
+      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
+    FOR KEY SHARE OF t
+    RETURNING 1),
+cfg AS (SELECT set_config('synchronous_commit', 'off', true))
+SELECT cur.*, (SELECT count(*) FROM dup), (SELECT count(*) FROM cfg) FROM cur
+
+-- name: read_and_record_duplicate_in_transaction
+-- read_and_record_duplicate inside a caller's transaction (the same parameters): its commit stays
+-- synchronous (0 in the last column).
+WITH cur AS (
+    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+        (lease_expires_at < statement_timestamp()) AS expired
+    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s),
+dup AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
+    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
+    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
+      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
+    FOR KEY SHARE OF t
+    RETURNING 1)
+SELECT cur.*, (SELECT count(*) FROM dup), 0 FROM cur
+
+-- name: read_state
+-- What a claim by key that claimed nothing met (tenant, key), without the audit: the task's row,
+-- whether its lease expired, 0, 0 (read_and_record_duplicate's shape).
+SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+    (lease_expires_at < statement_timestamp()) AS expired, 0, 0
+FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
+
+-- -- an owner's endings: one statement, one commit ---------------------------------------------
+-- Each ending (complete, fail, release) in four forms: alone (TASKCLAIM_AUDIT off), _audited (its
+-- attempt row closed in the same statement: looked up by its unique (task_id, token) as
+-- parameters, an index lookup; a join against t can be planned as a sequential scan of the
+-- attempt table), and _then_start / _audited_then_start: a worker's reserved claim started in the
+-- same commit if the ending matched (Start in store/rows.py).
+
+-- name: complete
+-- The claim's task (result JSON, result_ref; task id, token) succeeded, if the claim still holds it.
+-- Its status, or no row when fenced off.
+UPDATE django_taskclaim_task
+SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
+    lease_expires_at = NULL, updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: complete_audited
+-- complete and its attempt row closed, in one statement; then
+-- the attempt's outcome if the task is pending again, its outcome else; task id, token.
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp()
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+SELECT status FROM t
+
+-- name: complete_then_start
+-- complete, and if it matched, the worker's reserved claim started in the same commit (lease
+-- seconds, its task id, token): the status and the started claim's lease expiry (NULL: fenced off).
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+s AS (
+    UPDATE django_taskclaim_task
+    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+        updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, fencing_token, lease_expires_at)
+SELECT status, (SELECT lease_expires_at FROM s) FROM t
+
+-- name: complete_audited_then_start
+-- complete_audited, then complete_then_start's start with its attempt row (owner, delivery id).
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp()
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)),
+s AS (
+    UPDATE django_taskclaim_task
+    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+        updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, fencing_token, lease_expires_at),
+sa AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+SELECT status, (SELECT lease_expires_at FROM s) FROM t
+
+-- name: fail
+-- The claim's task (retry, retry, error, retry, backoff seconds or NULL; task id, token) failed:
+-- pending again when retried with attempts left ("not before" now + backoff, if any), else failed.
+-- Its status, or no row when fenced off.
+UPDATE django_taskclaim_task
+SET status = CASE WHEN %s::boolean AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+    owner = CASE WHEN %s::boolean AND attempts < max_attempts THEN '' ELSE owner END,
+    error = %s::text,
+    run_after = CASE WHEN %s::boolean AND attempts < max_attempts
+                     THEN COALESCE(statement_timestamp() + make_interval(secs => %s), run_after)
+                     ELSE run_after END,
+    lease_expires_at = NULL, updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: fail_audited
+-- fail and its attempt row closed, in one statement; then
+-- the attempt's outcome if the task is pending again, its outcome else, error, error class,
+-- traceback; task id, token.
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = CASE WHEN %s::boolean AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = CASE WHEN %s::boolean AND attempts < max_attempts THEN '' ELSE owner END,
+        error = %s::text,
+        run_after = CASE WHEN %s::boolean AND attempts < max_attempts
+                         THEN COALESCE(statement_timestamp() + make_interval(secs => %s), run_after)
+                         ELSE run_after END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp(), error = %s::text, error_class = %s::text, traceback = %s::text
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+SELECT status FROM t
+
+-- name: fail_then_start
+-- fail, and if it matched, the worker's reserved claim started in the same commit (lease
+-- seconds, its task id, token): the status and the started claim's lease expiry (NULL: fenced off).
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = CASE WHEN %s::boolean AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = CASE WHEN %s::boolean AND attempts < max_attempts THEN '' ELSE owner END,
+        error = %s::text,
+        run_after = CASE WHEN %s::boolean AND attempts < max_attempts
+                         THEN COALESCE(statement_timestamp() + make_interval(secs => %s), run_after)
+                         ELSE run_after END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+s AS (
+    UPDATE django_taskclaim_task
+    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+        updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, fencing_token, lease_expires_at)
+SELECT status, (SELECT lease_expires_at FROM s) FROM t
+
+-- name: fail_audited_then_start
+-- fail_audited, then fail_then_start's start with its attempt row (owner, delivery id).
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = CASE WHEN %s::boolean AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = CASE WHEN %s::boolean AND attempts < max_attempts THEN '' ELSE owner END,
+        error = %s::text,
+        run_after = CASE WHEN %s::boolean AND attempts < max_attempts
+                         THEN COALESCE(statement_timestamp() + make_interval(secs => %s), run_after)
+                         ELSE run_after END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp(), error = %s::text, error_class = %s::text, traceback = %s::text
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)),
+s AS (
+    UPDATE django_taskclaim_task
+    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+        updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, fencing_token, lease_expires_at),
+sa AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+SELECT status, (SELECT lease_expires_at FROM s) FROM t
+
+-- name: release
+-- The claim's task (delay seconds or NULL, reason or NULL; task id, token) pending again,
+-- untouched: this attempt does not count. Not claimed again before the delay is over; the reason
+-- kept as its error.
+-- Its status, or no row when fenced off.
+UPDATE django_taskclaim_task
+SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+    run_after = COALESCE(statement_timestamp() + make_interval(secs => %s), run_after),
+    error = COALESCE(%s::text, error),
+    lease_expires_at = NULL, updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: release_audited
+-- release and its attempt row closed, in one statement; then
+-- the attempt's outcome if the task is pending again, its outcome else; task id, token.
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+        run_after = COALESCE(statement_timestamp() + make_interval(secs => %s), run_after),
+        error = COALESCE(%s::text, error),
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp()
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+SELECT status FROM t
+
+-- name: release_then_start
+-- release, and if it matched, the worker's reserved claim started in the same commit (lease
+-- seconds, its task id, token): the status and the started claim's lease expiry (NULL: fenced off).
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+        run_after = COALESCE(statement_timestamp() + make_interval(secs => %s), run_after),
+        error = COALESCE(%s::text, error),
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+s AS (
+    UPDATE django_taskclaim_task
+    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+        updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, fencing_token, lease_expires_at)
+SELECT status, (SELECT lease_expires_at FROM s) FROM t
+
+-- name: release_audited_then_start
+-- release_audited, then release_then_start's start with its attempt row (owner, delivery id).
+WITH t AS (
+    UPDATE django_taskclaim_task
+    SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+        run_after = COALESCE(statement_timestamp() + make_interval(secs => %s), run_after),
+        error = COALESCE(%s::text, error),
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING status),
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp()
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)),
+s AS (
+    UPDATE django_taskclaim_task
+    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+        updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, fencing_token, lease_expires_at),
+sa AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+SELECT status, (SELECT lease_expires_at FROM s) FROM t
+
+-- name: unreserve
+-- A reserved claim (task id, token), never started, given back: pending, its attempt count unchanged.
+UPDATE django_taskclaim_task
+SET status = 'pending', owner = '', lease_expires_at = NULL, updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: start
+-- Start a reserved claim (lease seconds, task id, token): its attempt counted, its lease the full
+-- one from now; the new expiry, no row when the claim no longer holds the task.
+UPDATE django_taskclaim_task
+SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+    updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING lease_expires_at
+
+-- name: start_audited
+-- start and its attempt row (owner, delivery id), committed together.
+WITH s AS (
+    UPDATE django_taskclaim_task
+    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+        updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    RETURNING id, fencing_token, lease_expires_at),
+sa AS (
+    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+        stale_writes, error, error_class, traceback)
+    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+SELECT lease_expires_at FROM s
+
+-- -- the sweeper and operators: one statement each, with the audit rows -------------------------
+
+-- name: reclaim
+-- Expired claims (at most a number of them, oldest id first; NULL: all) moved on: pending again
+-- with attempts left, else failed ("lease expired with no attempts left"). The owner is cleared with
+-- the lease (the attempt log keeps who held it). SKIP LOCKED: a claim a transaction holds is left
+-- to the next sweep. Each task moved (id, key, tenant, token, new status), in id order.
+WITH victims AS (
+    SELECT id FROM django_taskclaim_task WHERE status = 'running' AND lease_expires_at < statement_timestamp()
+    ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED),
+moved AS (
+    UPDATE django_taskclaim_task t
+    SET status = CASE WHEN t.attempts < t.max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = CASE WHEN t.attempts < t.max_attempts THEN '' ELSE t.owner END,
+        error = CASE WHEN t.attempts < t.max_attempts THEN t.error ELSE 'lease expired with no attempts left' END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    FROM victims v
+    WHERE t.id = v.id AND t.status = 'running' AND t.lease_expires_at < statement_timestamp()
+    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status)
+SELECT * FROM moved ORDER BY id
+
+-- name: reclaim_audited
+-- reclaim, and the attempt rows of the claims it moved closed: expired.
+WITH victims AS (
+    SELECT id FROM django_taskclaim_task WHERE status = 'running' AND lease_expires_at < statement_timestamp()
+    ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED),
+moved AS (
+    UPDATE django_taskclaim_task t
+    SET status = CASE WHEN t.attempts < t.max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = CASE WHEN t.attempts < t.max_attempts THEN '' ELSE t.owner END,
+        error = CASE WHEN t.attempts < t.max_attempts THEN t.error ELSE 'lease expired with no attempts left' END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    FROM victims v
+    WHERE t.id = v.id AND t.status = 'running' AND t.lease_expires_at < statement_timestamp()
+    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status),
+closed AS (
+    UPDATE django_taskclaim_attempt a SET outcome = 'expired', ended_at = statement_timestamp()
+    FROM moved m WHERE a.task_id = m.id AND a.token = m.fencing_token AND a.outcome = 'running')
+SELECT * FROM moved ORDER BY id
+
+-- name: force_release
+-- Claims (their ids and tokens: two arrays of one length) released by an operator, as their owners
+-- release (see release): pending, this attempt not counted. Each task moved, in id order.
+WITH held AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)),
+moved AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'pending', owner = '', attempts = CASE WHEN t.attempts > 0 THEN t.attempts - 1 ELSE 0 END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    FROM held h
+    WHERE t.id = h.id AND t.fencing_token = h.token AND t.status = 'running'
+    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status)
+SELECT * FROM moved ORDER BY id
+
+-- name: force_release_audited
+-- force_release, and the attempt rows of the claims it released closed: released.
+WITH held AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)),
+moved AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'pending', owner = '', attempts = CASE WHEN t.attempts > 0 THEN t.attempts - 1 ELSE 0 END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    FROM held h
+    WHERE t.id = h.id AND t.fencing_token = h.token AND t.status = 'running'
+    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status),
+closed AS (
+    UPDATE django_taskclaim_attempt a SET outcome = 'released', ended_at = statement_timestamp()
+    FROM moved m WHERE a.task_id = m.id AND a.token = m.fencing_token AND a.outcome = 'running')
+SELECT * FROM moved ORDER BY id
+
+-- name: cancel
+-- Pending or running tasks (an array of ids) cancelled: how many.
+WITH moved AS (
+    UPDATE django_taskclaim_task
+    SET status = 'cancelled', lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = ANY(%s::bigint[]) AND status IN ('pending', 'running')
+    RETURNING id)
+SELECT count(*) FROM moved
+
+-- name: cancel_audited
+-- cancel, and the open attempt rows of the tasks it cancelled closed: cancelled.
+WITH moved AS (
+    UPDATE django_taskclaim_task
+    SET status = 'cancelled', lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE id = ANY(%s::bigint[]) AND status IN ('pending', 'running')
+    RETURNING id),
+closed AS (
+    UPDATE django_taskclaim_attempt a SET outcome = 'cancelled', ended_at = statement_timestamp()
+    FROM moved m WHERE a.task_id = m.id AND a.outcome = 'running')
+SELECT count(*) FROM moved
+
+-- -- many tasks at once ------------------------------------------------------------------------
+
+-- name: ensure_many
+-- New pending tasks unless their (tenant, key) exists: each column's values as one array (tenant,
+-- key, max_attempts, payload, fingerprint, dispatch, queue, priority, run_after, task_path), so one
+-- text whatever the number of tasks (a VALUES list is a text per row count). Binary parameters
+-- (%b): psycopg quotes each element of a text-format array in Python, ten times the cost of the
+-- whole binary array for 1,000 tasks. In the order given (WITH ORDINALITY): ids, and so the
+-- queue's order among equal priorities, follow it. Of each row inserted: id, tenant, key,
+-- created_at, payload (as stored).
+INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+    lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+    updated_at, queue, priority, run_after, task_path)
+SELECT v.tenant, v.key, 'pending', '', 0, 0, v.max_attempts, NULL, v.payload::jsonb, v.payload_fingerprint,
+    NULL, '', '', v.dispatch::jsonb, statement_timestamp(), statement_timestamp(), v.queue, v.priority,
+    v.run_after, v.task_path
+FROM unnest(%b::text[], %b::text[], %b::integer[], %b::text[], %b::text[], %b::text[], %b::text[],
+    %b::smallint[], %b::timestamptz[], %b::text[])
+    WITH ORDINALITY AS v(tenant, key, max_attempts, payload, payload_fingerprint, dispatch, queue, priority,
+    run_after, task_path, n)
+ORDER BY v.n
+ON CONFLICT (tenant, "key") DO NOTHING
+RETURNING id, tenant, "key", created_at, payload::text
+
+-- name: read_tasks
+-- The tasks (their tenants and keys: two arrays of one length, binary), those that exist.
+SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path
+FROM django_taskclaim_task WHERE (tenant, "key") IN (SELECT * FROM unnest(%b::text[], %b::text[]))

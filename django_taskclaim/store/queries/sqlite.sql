@@ -147,3 +147,167 @@ ON CONFLICT (tenant, "key") DO NOTHING
 RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
     "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
     "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+
+-- name: claim_key
+-- A claim by key (tenant, key, owner, max_attempts, lease as '+60.000 seconds', payload, fingerprint):
+-- a new running task, or the existing one taken over where it is claimable (pending, or running
+-- with an expired lease and attempts left; never a queued task) and its payload fits (none given,
+-- none stored, or the same). SQLite re-checks the WHERE on the row it writes: one of several racing
+-- claims matches. A task first named without a payload keeps the first payload a claim brings.
+-- The row, or none when the task was not claimable.
+INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
+    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
+    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+VALUES (%s, %s, 'running', %s, 1, 1, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), %s, %s,
+    NULL, '', '', NULL,
+    (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
+    NULL, 0, NULL, '')
+ON CONFLICT (tenant, "key") DO UPDATE
+SET status = 'running', owner = excluded.owner, fencing_token = django_taskclaim_task.fencing_token + 1,
+    attempts = django_taskclaim_task.attempts + 1, lease_expires_at = excluded.lease_expires_at,
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
+    payload = CASE WHEN django_taskclaim_task.payload_fingerprint = '' THEN excluded.payload
+                   ELSE django_taskclaim_task.payload END,
+    payload_fingerprint = CASE WHEN django_taskclaim_task.payload_fingerprint = '' THEN excluded.payload_fingerprint
+                               ELSE django_taskclaim_task.payload_fingerprint END
+WHERE ((django_taskclaim_task.status = 'pending'
+        OR (django_taskclaim_task.status = 'running'
+            AND django_taskclaim_task.lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+            AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
+       AND django_taskclaim_task.queue IS NULL)
+  AND (excluded.payload_fingerprint = '' OR django_taskclaim_task.payload_fingerprint IN ('', excluded.payload_fingerprint))
+RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+
+-- name: take_over_attempt
+-- Close the attempt a claim took over (task id, the previous token), if still open: its owner.
+UPDATE django_taskclaim_attempt
+SET outcome = 'taken_over', ended_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE task_id = %s AND token = %s AND outcome = 'running'
+RETURNING owner
+
+-- name: insert_attempt
+-- The attempt row of a claim that starts now (task id, token, owner, delivery id).
+INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+    stale_writes, error, error_class, traceback)
+VALUES (%s, %s, %s, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), NULL, 'running', 0, '', '', '')
+
+-- name: record_duplicate
+-- The audit row of a duplicate delivery (owner, delivery id, task id), inserted only while the task
+-- row exists: a purge that deleted the task since it was read makes this insert nothing instead of
+-- violating the foreign key.
+INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+    stale_writes, error, error_class, traceback)
+SELECT id, NULL, %s, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
+    (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), 'duplicate', 0, '', '', ''
+FROM django_taskclaim_task WHERE id = %s
+
+-- name: unstart
+-- Claims this transaction just made, not started after all (the reservation as '+5.000 seconds';
+-- their ids): the attempt uncounted, the lease a reservation. Each one's new expiry.
+UPDATE django_taskclaim_task
+SET attempts = attempts - 1, lease_expires_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')
+WHERE id IN (%s, ...)
+RETURNING id, lease_expires_at
+
+-- name: complete
+-- The claim's task (result JSON, result_ref; task id, token) succeeded, if the claim still holds
+-- it: its status, or no row when fenced off.
+UPDATE django_taskclaim_task
+SET status = 'succeeded', result = %s, result_ref = %s, error = '', lease_expires_at = NULL,
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: fail
+-- The claim's task (retry, retry, error, retry, backoff as '+5.000 seconds' or NULL; task id, token)
+-- failed: pending again when retried with attempts left ("not before" now + backoff, if any), else
+-- failed. Its status, or no row when fenced off.
+UPDATE django_taskclaim_task
+SET status = CASE WHEN %s AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+    owner = CASE WHEN %s AND attempts < max_attempts THEN '' ELSE owner END,
+    error = %s,
+    run_after = CASE WHEN %s AND attempts < max_attempts
+                     THEN COALESCE((strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), run_after)
+                     ELSE run_after END,
+    lease_expires_at = NULL, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: release
+-- The claim's task (delay as '+5.000 seconds' or NULL, reason or NULL; task id, token) pending
+-- again, untouched: this attempt does not count. Not claimed again before the delay is over; the
+-- reason kept as its error. Owners and operators (force_release) release alike.
+UPDATE django_taskclaim_task
+SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+    run_after = COALESCE((strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), run_after),
+    error = COALESCE(%s, error),
+    lease_expires_at = NULL, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: unreserve
+-- A reserved claim (task id, token), never started, given back: pending, its attempt count unchanged.
+UPDATE django_taskclaim_task
+SET status = 'pending', owner = '', lease_expires_at = NULL,
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+RETURNING status
+
+-- name: close_attempt
+-- The attempt row of an ending claim (outcome; task id, token).
+UPDATE django_taskclaim_attempt
+SET outcome = %s, ended_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE task_id = %s AND token = %s
+
+-- name: close_failed_attempt
+-- The attempt row of a failed claim (outcome, error, error class, traceback; task id, token).
+UPDATE django_taskclaim_attempt
+SET outcome = %s, ended_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
+    error = %s, error_class = %s, traceback = %s
+WHERE task_id = %s AND token = %s
+
+-- name: reclaim
+-- Expired claims (at most a number of them, oldest id first; NULL: all, as LIMIT -1) moved on:
+-- pending again with attempts left, else failed ("lease expired with no attempts left"). The owner
+-- is cleared with the lease (the attempt log keeps who held it). Each task moved (id, key, tenant,
+-- token, new status).
+UPDATE django_taskclaim_task
+SET status = CASE WHEN attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+    owner = CASE WHEN attempts < max_attempts THEN '' ELSE owner END,
+    error = CASE WHEN attempts < max_attempts THEN error ELSE 'lease expired with no attempts left' END,
+    lease_expires_at = NULL, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id IN (SELECT id FROM django_taskclaim_task
+             WHERE status = 'running' AND lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+             ORDER BY id LIMIT COALESCE(%s, -1))
+  AND status = 'running' AND lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+RETURNING id, "key", tenant, fencing_token, status
+
+-- name: force_release
+-- Claims (each one's id and token) released by an operator, as their owners release (see release):
+-- pending, this attempt not counted. Each task moved.
+UPDATE django_taskclaim_task
+SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+    lease_expires_at = NULL, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE status = 'running' AND ((id = %s AND fencing_token = %s) OR ...)
+RETURNING id, "key", tenant, fencing_token, status
+
+-- name: ensure_many
+-- New pending tasks unless their (tenant, key) exists (each task's values as ensure's, a row
+-- each): of each row inserted, id, tenant, key, created_at, payload.
+INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
+    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
+    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s,
+    (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
+    %s, %s, %s, %s), ...
+ON CONFLICT (tenant, "key") DO NOTHING
+RETURNING id, tenant, "key", created_at, payload
+
+-- name: read_tasks
+-- The tasks (each one's tenant and key), those that exist.
+SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+FROM django_taskclaim_task WHERE (tenant, "key") IN ((%s, %s), ...)
