@@ -27,11 +27,12 @@ TASKS_PER_THREAD, MOST_THREADS = 8, 8
 EXECUTOR_CONTEXTS = "executor" in inspect.signature(ThreadSensitiveContext).parameters
 
 
-def threads_for(concurrency: int, vendor: str) -> int:
+def threads_for(concurrency: int, row_locks: bool) -> int:
     """How many database threads an event loop of ``concurrency`` tasks in flight gets: one per
-    :data:`TASKS_PER_THREAD` tasks, :data:`MOST_THREADS` at most; one on SQLite, whose one writer
-    would make more threads wait for each other's commits (and for its lock) rather than overlap."""
-    if vendor == "sqlite":
+    :data:`TASKS_PER_THREAD` tasks, :data:`MOST_THREADS` at most; one where the database has no row
+    locks but one writer (SQLite), which would make more threads wait for each other's commits
+    (and for its lock) rather than overlap."""
+    if not row_locks:
         return 1
     return max(1, min(MOST_THREADS, concurrency // TASKS_PER_THREAD))
 

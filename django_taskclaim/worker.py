@@ -47,6 +47,7 @@ from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute,
 from .lifecycle.transitions import in_transaction
 from .models import Task
 from .status import Status
+from .store import get_store
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
 from .wakeups import wait_for_work
 from .worker_pool import Pool
@@ -372,7 +373,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     starts (its attempt counted) as it takes its slot, at once, so a reservation is never held
     longer than that. Stopped: nothing more is claimed, and the tasks in flight finish."""
     pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim), arun=lambda claim: _aslot(job, claim),
-                is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, connections[alias].vendor))
+                is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, get_store(alias).row_locks))
     stop, runner = job.stop, job.runner
     try:
         while not stop.is_set() and not pool.errors:

@@ -20,6 +20,7 @@ from devtools.polling import wait_until
 from django_taskclaim import db_threads, wakeups
 from django_taskclaim.db_threads import threads_for
 from django_taskclaim.models import Attempt, Task
+from django_taskclaim.store import get_store
 from django_taskclaim.worker import default_batch, work
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,7 +102,7 @@ def test_async_tasks_orm_calls_spread_over_database_threads_each_task_on_one(
     assert stats.succeeded == tasks and stats.handled == tasks
     assert Counter(Attempt.objects.values_list("outcome", flat=True)) == {"succeeded": tasks}
     assert all(len(used) == 1 for used in threads.values()), threads  # each task's calls on one thread
-    expected = threads_for(CONCURRENCY, connection.vendor)
+    expected = threads_for(CONCURRENCY, get_store(connection.alias).row_locks)
     assert len(set().union(*threads.values())) == expected
     assert expected == (1 if connection.vendor == "sqlite" else 2)
     # One connection per database thread, each closed when the worker ended.
