@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import thread as futures_thread
 
 #: Signals on which every thread's stack is written (SIGTERM: then the process ends as before).
 DUMP_SIGNALS = {signal.SIGUSR1: False, signal.SIGTERM: True}  # signal -> chain to its default action
@@ -29,7 +30,11 @@ def threads_left(timeout: float) -> list[threading.Thread]:
     """The non-daemon threads (the main one aside) still running after waiting up to ``timeout``
     seconds for them to end: the interpreter waits for these at exit, for ever if they never end."""
     deadline = time.monotonic() + timeout
-    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    # A concurrent.futures worker (asgiref's, a test's executor) is told to end by that module's own
+    # exit hook, which runs before the interpreter waits for threads: an idle one is no hang.
+    executors = set(getattr(futures_thread, "_threads_queues", {}).keys())
+    left = [t for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t not in executors]
     for thread in left:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [t for t in left if t.is_alive()]
