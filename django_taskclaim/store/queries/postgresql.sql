@@ -928,8 +928,8 @@ FROM django_taskclaim_task WHERE (tenant, "key") IN (SELECT * FROM unnest(%b::te
 
 -- The queue claim (claim_next; complete_and_claim_next, after a completion in the same statement).
 -- One statement, written once: its {{slots}} take the parts below that the call names
--- (PostgreSQLStore.queue_claim_parts), 64 forms, each prepared and under psycopg's cached statement
--- length. Two candidate lists, each served by its partial index; SKIP LOCKED so that workers never
+-- (PostgreSQLStore.queue_claim_parts), 64 forms, each prepared (six, audited, reserving and after a
+-- completion, are longer than psycopg's cache of converted statements, 4,096 bytes). Two candidate lists, each served by its partial index; SKIP LOCKED so that workers never
 -- queue behind each other; the UPDATE re-checks the claim predicate. An expired task on its last
 -- attempt ends FAILED here (as reclaim would end it): a queue without a reclaim sweep strands
 -- nothing. The claim updates the picked rows by their ids, an array of them: a prepared statement's
