@@ -34,15 +34,10 @@ from .rows import (
 from .sql import (
     ENSURE_CHUNK,
     EXHAUSTED_ERROR,
-    PENDING,
-    RUNNING,
     SQLStore,
     chunks,
-    claimable,
     fits,
-    has_room,
     pairs_params,
-    placeholders,
 )
 
 MINIMUM_MYSQL = (8, 0, 1)  # FOR UPDATE SKIP LOCKED
@@ -88,9 +83,6 @@ class MySQLStore(SQLStore):
     now = "UTC_TIMESTAMP(6)"
     needs_transaction = True
     row_locks = True
-
-    def quote(self, name: str) -> str:
-        return f"`{name}`"
 
     def lease_sql(self) -> str:
         return f"TIMESTAMPADD(MICROSECOND, %s, {self.now})"
@@ -271,37 +263,24 @@ class MySQLStore(SQLStore):
         delivery_id: str, audit: bool, queues: Sequence[str], path: str, exclude: int | None = None,
         reserve: float | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
-        now, t = self.now, TASK
-        where = self.queue_filter(queues, path, tenant)
-        params: list[Any] = [*queues, *([tenant] if tenant is not None else [])]
-        if exclude is not None:
-            where, params = f"{where} AND id <> %s", [*params, exclude]
+        key, parts, params = self.queue_parts(queues, path, tenant, exclude)
         # Expired leases first (older work), then the due pending tasks, the highest priority
         # first; SKIP LOCKED so that workers never queue behind each other. Locked here,
         # updated below, in one transaction.
-        cursor.execute(
-            f"SELECT id, attempts < max_attempts FROM {t} WHERE status = {RUNNING} AND lease_expires_at < {now} "
-            f"AND {where} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
-            [*params, limit],
-        )
+        cursor.execute(self.statement(("lock_expired_queued", *key),
+                                      lambda: self.fill("lock_expired_queued", parts, len(queues))), [*params, limit])
         expired = cursor.fetchall()
         ids = [r[0] for r in expired if r[1]]
         exhausted = self._fail_exhausted(cursor, [r[0] for r in expired if not r[1]], audit)
         if len(ids) < limit:
             # A full key's tasks are passed over (has_room); of the others, those that fit (_within_limits).
-            cursor.execute(
-                f"SELECT id, concurrency_key, concurrency_limit FROM {t} WHERE status = {PENDING} AND {where} "
-                f"AND (run_after IS NULL OR run_after <= {now}) AND {has_room(t)} "
-                f"ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED",
-                [*params, limit - len(ids)],
-            )
+            cursor.execute(self.statement(("lock_pending_queued", *key),
+                                          lambda: self.fill("lock_pending_queued", parts, len(queues))),
+                           [*params, limit - len(ids)])
             ids += self._within_limits(cursor, cursor.fetchall())
         if not ids:
             return [], exhausted
-        cursor.execute(
-            f"UPDATE {t} SET {self.claim_set(t)} WHERE id IN ({placeholders(len(ids))}) AND {claimable(t, now)}",
-            [owner, self.lease_param(lease), *ids],
-        )
+        cursor.execute(self.sql("claim_queued", len(ids)), [owner, self.lease_param(lease), *ids])
         found = [(row, previous) for row, previous in self._claimed_rows(cursor, ids, audit)
                  if row.status == Status.RUNNING and row.owner == owner]
         rows, reserved = self.reserve_rest(cursor, [row for row, _ in found], reserve)

@@ -3,7 +3,8 @@
 A claim (insert-or-take-over plus its audit rows), a completion (task plus attempt), a queue
 claim (``FOR UPDATE SKIP LOCKED`` plus audit) and each operator action are one round trip.
 The statements are in ``store/queries/postgresql.sql``, a statement per form (audited or not, a
-reserved claim to start in the same commit…); the queue claim's are still composed here.
+reserved claim to start in the same commit…); the queue claim's 64 forms are one statement with
+named slots, filled there from named parts (``queue_claim_parts`` names them).
 """
 
 from __future__ import annotations
@@ -18,13 +19,9 @@ from django.db import transaction
 
 from ..checkspec import spec
 from ..conf import settings
-from ..status import Outcome, Status
+from ..status import Status
 from . import prepared
 from .rows import (
-    ATTEMPT,
-    ATTEMPT_COLUMNS,
-    NO_ERROR,
-    TASK,
     TASK_COLUMNS,
     Claimed,
     Found,
@@ -36,71 +33,10 @@ from .rows import (
 )
 from .sql import (
     ENSURE_CHUNK,
-    EXHAUSTED_ERROR,
-    FAILED,
-    PENDING,
-    RUNNING,
-    SUCCEEDED,
     SQLStore,
     chunks,
-    claimable,
     is_duplicate,
-    owned,
-    runs,
-    word,
 )
-
-#: The first task a reserving queue claim starts: the first to run of those it picked (``in_claim_order``),
-#: by the priority ``picked`` carries (a join back to the task table would be planned as a scan of it).
-_FIRST = "first AS (SELECT id FROM picked ORDER BY priority DESC, id LIMIT 1), "
-
-
-# Concurrency limits. The queue claim passes over the pending tasks of a full key (taskclaim_room(),
-# in the statement's snapshot) and claims only the picked tasks that taskclaim_fit() returns: two
-# functions of migration 0008 (SQL there). The claim calls taskclaim_fit() only when a task it
-# picked has a concurrency key (a subplan run at its first use, from a row with a key), so unlimited
-# work never pays for it. It locks each limited key's gate row (in key order: two claims never
-# deadlock on gates), then counts the key's running tasks in a snapshot of its own, taken after the
-# lock (a VOLATILE function's statements each take a new one): every claim of the key committed
-# before is counted, and any claim of the key not yet committed holds the gate. Of the key's picked
-# tasks it returns those that fit (sql.fits). The task that ``done`` completes in the same statement
-# is still RUNNING in its snapshots, and is not counted. (Functions, not SQL here: the statement
-# stays under psycopg's cached statement length.)
-def done_id(prefix: str) -> str:
-    """The task the statement completes (``prefix``: the completion's CTEs, ``done``), as SQL: a
-    parameter, the id the completion names (a task it fails to complete is claimed by nothing)."""
-    return "%s" if prefix else "NULL"
-
-
-def _open_attempts(only_first: bool = False) -> str:
-    """CTEs of a queue claim that close the attempts it took over (token - 1 still running) and
-    open the new ones, both at ``claimed_at``: the clock read once the row was claimed (see
-    postgresql.sql's claim_key). With ``only_first``, only the first task's (a reserving claim).
-    (A claim by key, one row, looks its attempt up by scalar subqueries: postgresql.sql.)
-    """
-    stamp = "(SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)"
-    match = "(a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)"
-    return (
-        f", closed AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.TAKEN_OVER)}, ended_at = {stamp} "
-        f"WHERE {match} AND a.outcome = {RUNNING} RETURNING a.task_id, a.owner), "
-        f"opened AS (INSERT INTO {ATTEMPT} ({ATTEMPT_COLUMNS}) SELECT c.id, c.fencing_token, c.owner, %s, "
-        f"c.claimed_at, NULL, {RUNNING}, 0, {NO_ERROR} FROM claimed c"
-        f"{' WHERE c.id = (SELECT id FROM first)' if only_first else ''}) "
-    )
-
-
-def _name(column: str) -> str:
-    """A task column as PostgreSQL reads it: only ``key`` is quoted. Short texts matter here: psycopg
-    caches the conversion of a statement's text only up to ``MAX_CACHED_STATEMENT_LENGTH`` bytes and
-    parses a longer one afresh on every call (tests/store/postgresql/test_postgresql.py holds every
-    hot statement under it)."""
-    return f'"{column}"' if column == "key" else column
-
-
-# When the row was claimed, for the attempt's audit times: clock_timestamp(), read after the row lock
-# (postgresql.sql says why, above the claims by key). decode() reads the task columns before it.
-_CLAIMED_AT = ", clock_timestamp() AS claimed_at"
-
 
 E010 = spec("django_taskclaim.E010", "Database {alias!r} is set up for a transaction-mode connection pooler "
             "(DISABLE_SERVER_SIDE_CURSORS = True) and TASKCLAIM_PREPARED_STATEMENTS is on.",
@@ -168,18 +104,6 @@ class PostgreSQLStore(SQLStore):
         # Django's pool, a session-level setting would outlive us on another client's session.
         if seconds is not None:
             cursor.execute(self.sql("limit_lock_waits"), [f"{int(seconds * 1000)}ms"])
-
-    def column_list(self, table: str) -> str:
-        # jsonb as text: Django's psycopg setup loads jsonb as text anyway; be explicit.
-        prefix = f"{table}." if table else ""
-        return ", ".join(f"{prefix}{c}::text AS {c}" if c in ("payload", "result", "dispatch")
-                         else f"{prefix}{_name(c)}" for c in TASK_COLUMNS)
-
-    def returning(self, table: str = "") -> str:
-        return self.columns(table) + _CLAIMED_AT
-
-    def quote(self, name: str) -> str:
-        return _name(name)
 
     #: Which claim statement a session sends first for a claim by key follows what its last
     #: claim met (postgresql.sql's claims by key; kept per session by ``prepared.claim_hint``): ``"insert"``
@@ -252,107 +176,60 @@ class PostgreSQLStore(SQLStore):
         sql, params = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit,
                                         delivery_id=delivery_id, audit=audit, queues=queues, path=path,
                                         exclude=exclude, reserve=reserve if reserving else None)
-        sql = self.statement(("claim_next", sql), lambda: sql + _queue_results(audit, reserving=reserving))
         self.execute(cursor, sql, params)
         return _claimed_and_exhausted(self, cursor.fetchall())
 
-    def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK,
-                     queue: str = "%s::text") -> str:
-        # One queue by equality (``queue``: its name as SQL, a parameter by default): the queued index
-        # then gives its tasks in order (priority, id) with no sort; several as an array, one
-        # parameter whatever their number.
-        queue_sql = f"{table}.queue = {queue}" if len(queues) == 1 else f"{table}.queue = ANY(%s::text[])"
-        tenant_sql = f" AND {table}.tenant = %s::text" if tenant is not None else ""
-        return f"{queue_sql} AND {runs(table, path)}{tenant_sql}"
-
     def _queue_claim(
         self, *, owner: str, lease: float, tenant: str | None, limit: int, delivery_id: str, audit: bool,
-        queues: Sequence[str], path: str, prefix: str = "", only_if: str = "", exclude: int | None = None,
+        queues: Sequence[str], path: str, done: int | None = None, exclude: int | None = None,
         reserve: float | None = None,
     ) -> tuple[str, list[Any]]:
-        """CTEs ending in ``claimed`` (and the audit's ``closed``/``opened``) for a queue claim,
-        with ``exhausted``: the expired tasks on their last attempt, made FAILED.
-
-        ``prefix`` CTEs come first; ``only_if`` (SQL without parameters) must hold for any task
-        to be picked; task ``exclude`` is never picked. With ``reserve`` (seconds), only the first
-        task to run (``first``: the highest priority, then the oldest) is started; the others are
-        reserved (their attempt not counted, no attempt row, a lease of ``reserve`` seconds).
-        """
-        where = self.queue_filter(queues, path, tenant, "t")
+        """postgresql.sql's ``queue_claim`` in the form this call needs, and its parameters after the
+        completion's: after completing task ``done`` in the same statement if given; task ``exclude``
+        never picked. With ``reserve`` (seconds), only the first task to run is started; the others are
+        reserved (their attempt not counted, no attempt row, a lease of ``reserve`` seconds)."""
         several = len(queues) > 1
+        exclude = done if done is not None else exclude
+        key = ("queue_claim", several, path, tenant is not None, done is not None, bool(exclude),
+               reserve is not None, audit)
+        sql = self.statement(key, lambda: self.fill("queue_claim", self.queue_claim_parts(
+            several=several, path=path, tenant=tenant is not None, done=done is not None, exclude=bool(exclude),
+            reserve=reserve is not None, audit=audit)))
         fparams: list[Any] = [list(queues) if several else queues[0], *([] if tenant is None else [tenant])]
         eparams = [*fparams, exclude] if exclude else fparams
         # Several queues: the same parameters, and one more limit (each queue's, then all of them).
-        # The task a completion ends (``exclude``), for the limits' counts: in ``pending``, then in ``claimed``.
-        done = [exclude] if prefix else []
-        params: list[Any] = [*eparams, limit, *fparams, *done, *([limit] if several else []), limit, limit, owner,
+        # The task a completion ends, for the limits' counts: in ``pending``, then in ``claimed``.
+        counted = [] if done is None else [done]
+        params: list[Any] = [*eparams, limit, *fparams, *counted, *([limit] if several else []), limit, limit, owner,
                              lease]
         if reserve is not None:
             params.append(reserve)
-        params += done
+        params += counted
         if audit:
             params.append(delivery_id)
-        key = ("queue_claim", where, bool(exclude), audit, prefix, only_if, reserve is not None)
-        return self.statement(key, lambda: self._queue_claim_sql(
-            where=where, exclude=bool(exclude), audit=audit, prefix=prefix, only_if=only_if,
-            reserve=reserve is not None,
-            each_queue=self.queue_filter(queues[:1], path, tenant, "t", queue="n.queue") if several else None)), params
+        return sql, params
 
-    def _queue_claim_sql(self, *, where: str, exclude: bool, audit: bool, prefix: str, only_if: str,
-                         each_queue: str | None, reserve: bool = False) -> str:
-        now = self.now
-        also = f" AND {only_if}" if only_if else ""
-        expired_also = f"{also} AND t.id <> %s" if exclude else also
-        due = (f"t.status = {PENDING} AND (t.run_after IS NULL OR t.run_after <= {now}){also} "
-               f"AND (t.concurrency_key = '' OR taskclaim_room(t.id, {done_id(prefix)}))")
-        if each_queue is None:  # one queue: the queued index gives its tasks in claim order
-            pending = (f"SELECT t.id, t.priority FROM {TASK} t WHERE {where} AND {due} "
-                       f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED")
-        else:
-            # Several: each queue's first tasks from the queued index (as one queue's), then the first
-            # of those. One sort of the whole backlog of the queues instead would cost every claim
-            # time in proportion to the tasks waiting. The candidates of each queue are locked for the
-            # statement (its transaction), and those not picked are left as they were.
-            pending = (f"SELECT c.id, c.priority FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL "
-                       f"(SELECT t.id, t.priority FROM {TASK} t WHERE {each_queue} AND {due} "
-                       f"ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED) c "
-                       f"ORDER BY c.priority DESC, c.id LIMIT %s")
-        # Two candidate lists, each served by its partial index; SKIP LOCKED so that workers
-        # never queue behind each other. The UPDATEs re-check the claim predicate. An expired
-        # task on its last attempt ends FAILED here (as reclaim would end it): a queue without
-        # a reclaim sweep strands nothing. The claim updates the picked rows by their ids, an
-        # array of them: a prepared statement's generic plan cannot know that ``picked`` holds
-        # ``limit`` rows at most, and joined against it, planned the update as a scan of the whole
-        # task table on every claim (tests/store/postgresql/test_postgresql.py).
-        sql = (
-            f"WITH {prefix}expired AS MATERIALIZED (SELECT t.id, t.priority, t.attempts < t.max_attempts AS again "
-            f"FROM {TASK} t WHERE t.status = {RUNNING} AND t.lease_expires_at < {now} AND {where}{expired_also} "
-            f"ORDER BY t.id LIMIT %s FOR UPDATE SKIP LOCKED), "
-            f"exhausted AS (UPDATE {TASK} x SET status = {FAILED}, error = '{EXHAUSTED_ERROR}', "
-            f"lease_expires_at = NULL, updated_at = {now} FROM expired e WHERE x.id = e.id AND NOT e.again "
-            f"AND x.status = {RUNNING} RETURNING {self.returning('x')}), "
-            f"pending AS MATERIALIZED ({pending}), "
-            f"picked AS (SELECT id, priority FROM expired WHERE again UNION ALL SELECT id, priority FROM pending "
-            f"LIMIT %s), "
-            f"{_FIRST if reserve else ''}"
-            f"claimed AS (UPDATE {TASK} q SET {self.reserving_set('q') if reserve else self.claim_set('q')} "
-            f"WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND (q.concurrency_key = '' "
-            f"OR q.id IN (SELECT taskclaim_fit(ARRAY(SELECT id FROM picked), {done_id(prefix)}))) "
-            f"AND {claimable('q', now)} RETURNING {self.returning('q')})"
-        )
-        if audit:
-            sql += (f", lost AS (UPDATE {ATTEMPT} a SET outcome = {word(Outcome.EXPIRED)}, ended_at = {now} "
-                    f"FROM exhausted x WHERE a.task_id = x.id AND a.token = x.fencing_token AND a.outcome = {RUNNING})"
-                    + _open_attempts(only_first=reserve))
-        return sql
-
-    def reserving_set(self, table: str) -> str:
-        """:meth:`claim_set` of a reserving queue claim: only the ``first`` task started (its attempt
-        counted, the full lease), the others reserved (parameters: owner, lease, reservation)."""
-        first = f"{table}.id = (SELECT id FROM first)"
-        return (f"status = {RUNNING}, owner = %s, fencing_token = {table}.fencing_token + 1, "
-                f"attempts = {table}.attempts + ({first})::int, lease_expires_at = CASE WHEN {first} "
-                f"THEN {self.lease_sql()} ELSE {self.lease_sql()} END, updated_at = {self.now}")
+    def queue_claim_parts(self, *, several: bool, path: str, tenant: bool, done: bool, exclude: bool,
+                          reserve: bool, audit: bool) -> dict[str, str | None]:
+        """The parts of postgresql.sql that fill ``queue_claim``'s slots in one of its forms (by name;
+        ``None``: the slot stays empty)."""
+        return {
+            "completion": ("claim_done_audited" if audit else "claim_done") if done else None,
+            "queues": "any_queue" if several else "one_queue",
+            "pending": "pending_of_each_queue" if several else "pending_of_one_queue",
+            "path": self.path_part(path),
+            "tenant": "of_tenant" if tenant else None,
+            "only_if_done": "after_done" if done else None,
+            "exclude": "not_done" if exclude else None,
+            "done_id": "completed_task" if done else "no_task",
+            "first": "first_to_start" if reserve else None,
+            "claim_set": "start_first_reserve_rest" if reserve else "start_claimed",
+            "audit": "queue_claim_audit" if audit else None,
+            "only_first": "of_first" if reserve else None,
+            "results": "queue_claim_results_after_done" if done else "queue_claim_results",
+            "previous": "taken_over_from" if audit else "no_owner",
+            "flag": "first_started" if reserve else "started",
+        }
 
     def start(self, cursor: Any, start: Start, audit: bool) -> datetime | None:
         # One statement: the start and its attempt row commit together (no transaction here).
@@ -369,26 +246,13 @@ class PostgreSQLStore(SQLStore):
         path: str, reserve: float | None = None,
     ) -> tuple[str | None, list[Claimed], list[Moved]]:
         # One statement, one commit: the completion (fenced by its token), then the next claims,
-        # made only if the completion matched (EXISTS done). The expired candidates exclude the
-        # task being completed: one statement may not update a row twice.
-        done = (
-            f"done AS (UPDATE {TASK} SET status = {SUCCEEDED}, result = %s::jsonb, result_ref = %s, error = '', "
-            f"lease_expires_at = NULL, updated_at = {self.now} WHERE {owned()} RETURNING id), "
-        )
-        params: list[Any] = [result, result_ref, task_id, token]
-        if audit:
-            done += (
-                f"done_attempt AS (UPDATE {ATTEMPT} SET outcome = {word(Outcome.SUCCEEDED)}, "
-                f"ended_at = {self.now} WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM done)), "
-            )
-            params += [task_id, token]
+        # made only if the completion matched (after_done). The candidates exclude the task being
+        # completed: one statement may not update a row twice.
+        params: list[Any] = [result, result_ref, task_id, token, *([task_id, token] if audit else [])]
         reserving = reserve is not None and limit > 1
         sql, more = self._queue_claim(owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
-                                      audit=audit, queues=queues, path=path, prefix=done,
-                                      only_if="EXISTS (SELECT 1 FROM done)", exclude=task_id,
+                                      audit=audit, queues=queues, path=path, done=task_id,
                                       reserve=reserve if reserving else None)
-        sql = self.statement(("complete_and_claim_next", sql),
-                             lambda: sql + _queue_results(audit, done=True, reserving=reserving))
         self.execute(cursor, sql, params + more)
         found = cursor.fetchall()
         if not found or not found[0][-1]:
@@ -514,21 +378,6 @@ class PostgreSQLStore(SQLStore):
 
     def refused_write(self, error: BaseException) -> bool:
         return getattr(error, "sqlstate", None) == READ_ONLY_SQL_TRANSACTION
-
-
-def _queue_results(audit: bool, done: bool = False, reserving: bool = False) -> str:
-    """The final SELECT of a queue claim: the claimed tasks (with the owner each was taken over
-    from), then the exhausted ones, a flag telling which (0 exhausted, 1 claimed, 2 claimed and
-    reserved); with ``done``, the completion's count in every row (one row, of NULLs, when
-    nothing was claimed)."""
-    previous = "(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)" if audit else "NULL::text"
-    flag = "CASE WHEN c.id = (SELECT id FROM first) THEN 1 ELSE 2 END" if reserving else "1"
-    if not done:
-        return (f" SELECT c.*, {previous}, {flag} FROM claimed c "
-                f"UNION ALL SELECT x.*, NULL::text, 0 FROM exhausted x")
-    count = "(SELECT count(*) FROM done)"
-    return (f" SELECT c.*, {previous}, {flag}, {count} FROM (SELECT 1) one LEFT JOIN claimed c ON true "
-            f"UNION ALL SELECT x.*, NULL::text, 0, {count} FROM exhausted x")
 
 
 def _claimed_and_exhausted(store: PostgreSQLStore, found: Sequence[Sequence[Any]]) -> tuple[list[Claimed], list[Moved]]:

@@ -3,15 +3,15 @@
 SQLite uses it as it is (inside one write transaction opened by the lifecycle); other stores
 override the clock, fuse statements (PostgreSQL) or replace what their dialect lacks (MySQL
 has no ``UPDATE … RETURNING``). The statements are SQL files (``store/queries/``), asked for by
-name (:meth:`SQLStore.sql`); only the queue claim's are still put together here, from fixed SQL
-(table and column names, the clock, the status words of ``status.py``). Every value is a parameter.
+name (:meth:`SQLStore.sql`), or, for the queue claim's many forms, filled from named parts
+(:meth:`SQLStore.fill`). Every value is a parameter.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
@@ -26,7 +26,6 @@ from . import queries
 from .rows import (
     DATETIME_COLUMNS,
     JSON_COLUMNS,
-    TASK,
     TASK_COLUMNS,
     Claimed,
     Found,
@@ -53,53 +52,8 @@ E003 = spec("django_taskclaim.E003", "USE_TZ is False with {vendor}.",
             "a time zone: set USE_TZ = True, so that Django stores them in UTC too.")
 
 
-def word(choice: str) -> str:
-    """A status or outcome as a SQL literal (a fixed word of ``status.py``, never user input)."""
-    return f"'{choice}'"
-
-
-PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (word(s) for s in Status.values)
 PENDING_STATUS = str(Status.PENDING.value)
 EXHAUSTED_ERROR = "lease expired with no attempts left"
-
-
-def claimable(table: str, now: str) -> str:
-    """A task can be claimed when pending, or running with an expired lease and attempts left.
-
-    This predicate sits in the WHERE of the statement that writes the row, so the database
-    re-checks it on the row version it locks: exactly one of several racing claims matches.
-    """
-    return (
-        f"({table}.status = {PENDING} OR ({table}.status = {RUNNING} "
-        f"AND {table}.lease_expires_at < {now} AND {table}.attempts < {table}.max_attempts))"
-    )
-
-
-def due_or_expired(table: str, now: str) -> str:
-    """A queued task can be claimed when pending and due (its "not before" time has come), or
-    running with an expired lease and attempts left: :func:`claimable`, and due."""
-    return (
-        f"(({table}.status = {PENDING} AND ({table}.run_after IS NULL OR {table}.run_after <= {now})) "
-        f"OR ({table}.status = {RUNNING} AND {table}.lease_expires_at < {now} "
-        f"AND {table}.attempts < {table}.max_attempts))"
-    )
-
-
-def limited_running(key: str) -> str:
-    """SQL for the number of RUNNING tasks of the concurrency key ``key`` (SQL) names. Any lease: a
-    holder whose lease ran out counts until it is taken over or ends FAILED, so a paused holder
-    that wakes up can never run beside a task that took its place."""
-    return f"(SELECT count(*) FROM {TASK} r WHERE r.concurrency_key = {key} AND r.status = {RUNNING})"
-
-
-def has_room(table: str) -> str:
-    """A candidate of a queue claim: unlimited, an expired task taken over (its key's count does
-    not change), or a pending task of a key with fewer RUNNING tasks than the task's own limit. A
-    full key's tasks are passed over, not waited for: the claim takes the next task of another key.
-    A count in the statement's snapshot: the claim then keeps of each key's candidates only those
-    that fit (:func:`fits`), counted where no other claim of the key can interleave."""
-    return (f"({table}.concurrency_key = '' OR {table}.status = {RUNNING} "
-            f"OR {limited_running(f'{table}.concurrency_key')} < {table}.concurrency_limit)")
 
 
 def fits(running: int, place: int, limit: int) -> bool:
@@ -107,21 +61,6 @@ def fits(running: int, place: int, limit: int) -> bool:
     (1, 2…) among the key's pending candidates of the claim, in claim order, within its own limit.
     The rule every store applies (in SQL on PostgreSQL and SQLite, here for MySQL)."""
     return running + place <= limit
-
-
-def runs(table: str, path: str) -> str:
-    """Which queued tasks a worker takes: ``""`` work for a handler (no task path), ``"*"``
-    tasks that name the callable that runs them."""
-    if path == "":
-        return f"{table}.task_path = ''"
-    if path == "*":
-        return f"{table}.task_path <> ''"
-    raise ValueError(f"path must be '' or '*', not {path!r}")
-
-
-def owned(table: str = TASK) -> str:
-    """The guard of every owner write (two parameters: id, token)."""
-    return f"{table}.id = %s AND {table}.status = {RUNNING} AND {table}.fencing_token = %s"
 
 
 def is_duplicate(row: TaskRow, expired: bool, fingerprint: str) -> bool:
@@ -138,10 +77,6 @@ def pairs_params(held: Sequence[tuple[int, int]]) -> list[int]:
     """The parameters of a list of claims written ``id IN (%s, ...) AND ((id = %s AND fencing_token
     = %s) OR ...)``: the ids, then each claim's id and token."""
     return [*(pk for pk, _ in held), *(v for pair in held for v in pair)]
-
-
-def placeholders(n: int) -> str:
-    return ", ".join(["%s"] * n)
 
 
 #: Rows of one multi-row insert (``ensure_many``) at most, where the database's limit on parameters allows.
@@ -187,6 +122,22 @@ class SQLStore:
         text = queries.STATEMENTS[self.vendor][name]
         return text if n is None else queries.repeat(text, n)
 
+    def fill(self, name: str, parts: Mapping[str, str | None], n: int | None = None) -> str:
+        """The statement ``name`` with its ``{{slots}}`` filled by the named ``parts`` (:func:`queries.fill`),
+        its list repeated for ``n`` items if given: a form of a statement with many, put together from
+        the files only. Callers keep each form (:meth:`statement`): it is fixed once its parts are."""
+        text = queries.fill(queries.STATEMENTS[self.vendor], name, parts)
+        return text if n is None else queries.repeat(text, n)
+
+    def path_part(self, path: str) -> str:
+        """The part of a queue claim that says which tasks a worker takes: ``""`` work for a handler
+        (no task path), ``"*"`` tasks that name the callable that runs them."""
+        if path == "":
+            return "handler_work"
+        if path == "*":
+            return "task_paths"
+        raise ValueError(f"path must be '' or '*', not {path!r}")
+
     def statement(self, key: tuple[Any, ...], build: Callable[[], str]) -> str:
         """The SQL text ``build()`` makes for ``key``, put together once: a store's texts are fixed,
         and composing the fused statements again on every claim costs more client CPU than
@@ -231,41 +182,10 @@ class SQLStore:
         """The database's own estimate of ``table``'s rows without counting them; ``None`` where it keeps none."""
         return None
 
-    def columns(self, table: str = "") -> str:
-        """The task columns in ``TASK_COLUMNS`` order (qualified by ``table`` if given)."""
-        return self.statement(("columns", table), lambda: self.column_list(table))
-
-    def column_list(self, table: str) -> str:
-        prefix = f"{table}." if table else ""
-        return ", ".join(f"{prefix}{self.quote(c)}" for c in TASK_COLUMNS)
-
-    def quote(self, name: str) -> str:
-        """A column name quoted for this database (``key`` is a reserved word in some)."""
-        return f'"{name}"'
-
-    def returning(self, table: str = "") -> str:
-        """What a statement that writes a task row returns: its columns, in order."""
-        return self.columns(table)
-
-    # -- the queue claim's shared parts (its statements are still put together in code) ----
-    def queue_filter(self, queues: Sequence[str], path: str, tenant: str | None, table: str = TASK) -> str:
-        """Which queued tasks a queue claim looks at (parameters: the queue names, the tenant if given)."""
-        tenant_sql = f" AND {table}.tenant = %s" if tenant is not None else ""
-        return f"{table}.queue IN ({placeholders(len(queues))}) AND {runs(table, path)}{tenant_sql}"
-
     def datetime_param(self, cursor: Any, value: datetime | None) -> Any:
         """A datetime as this database's driver takes it for a column Django wrote (naive UTC text
         on SQLite and MySQL, as Django stores them)."""
         return None if value is None else cursor.db.ops.adapt_datetimefield_value(value)
-
-    def claim_set(self, table: str, owner: str = "%s", lease: str = "") -> str:
-        """The SET clause of every claim, by key or queue style: RUNNING for ``owner``, the next
-        fencing token and attempt, a lease from the database clock (``lease``: SQL for the expiry;
-        by default the lease parameter added to the clock). ``table``: the task table's name or
-        alias in the statement."""
-        return (f"status = {RUNNING}, owner = {owner}, fencing_token = {table}.fencing_token + 1, "
-                f"attempts = {table}.attempts + 1, lease_expires_at = {lease or self.lease_sql()}, "
-                f"updated_at = {self.now}")
 
     def begin_write(self, cursor: Any) -> None:
         """Nothing to do where row locks serialise writers; SQLite overrides it."""
@@ -380,48 +300,34 @@ class SQLStore:
         delivery_id: str, audit: bool, queues: Sequence[str], path: str, reserve: float | None = None,
         exclude: int | None = None,
     ) -> tuple[list[Claimed], list[Moved]]:
-        """The portable queue claim; task ``exclude`` (the one a completion just ended) is never
-        taken, expired or not."""
-        now, t = self.now, TASK
-        where = self.queue_filter(queues, path, tenant)
-        params: list[Any] = [*queues, *([tenant] if tenant is not None else [])]
-        if exclude is not None:
-            where, params = f"{where} AND {t}.id <> %s", [*params, exclude]
-        exhausted = self.fail_exhausted_queued(cursor, where, params, audit)
-        # Expired leases first (older work), then the due pending tasks, the highest priority first,
-        # of keys with room (has_room); of each key's pending candidates, those that fit (fits()).
-        # SQLite's one writer makes the counts exact: this transaction holds the write lock since
-        # fail_exhausted_queued's UPDATE.
-        cursor.execute(
-            self.statement(("claim_next", where), lambda: (
-                f"UPDATE {t} SET {self.claim_set(t)} "
-                f"WHERE id IN (SELECT id FROM (SELECT c.*, row_number() OVER (PARTITION BY c.ck, c.pending "
-                f"ORDER BY c.priority DESC, c.id) AS place FROM (SELECT id, priority, concurrency_key AS ck, "
-                f"concurrency_limit AS cl, status = {PENDING} AS pending FROM {t} "
-                f"WHERE {due_or_expired(t, now)} AND {where} AND {has_room(t)} "
-                f"ORDER BY {t}.status = {PENDING}, {t}.priority DESC, {t}.id LIMIT %s) c) w "
-                f"WHERE w.ck = '' OR NOT w.pending OR {limited_running('w.ck')} + w.place <= w.cl) "
-                f"AND {claimable(t, now)} RETURNING {self.returning()}")),
-            [owner, self.lease_param(lease), *params, limit],
-        )
+        """The portable queue claim (SQLite's: sqlite.sql's ``queue_claim``); task ``exclude`` (the one a
+        completion just ended) is never taken, expired or not."""
+        key, parts, params = self.queue_parts(queues, path, tenant, exclude)
+        exhausted = self.fail_exhausted_queued(cursor, key, parts, params, audit)
+        cursor.execute(self.statement(("queue_claim", *key), lambda: self.fill("queue_claim", parts, len(queues))),
+                       [owner, self.lease_param(lease), *params, limit])
         rows = sorted((self.decode(r) for r in cursor.fetchall()), key=lambda r: r.id)  # attempts in id order
         rows, reserved = self.reserve_rest(cursor, rows, reserve)
         claimed = [Claimed(row, self.open_attempt(cursor, row, delivery_id, row.id not in reserved) if audit else None,
                            row.id in reserved) for row in rows]
         return in_claim_order(claimed), exhausted
 
-    def fail_exhausted_queued(self, cursor: Any, where: str, params: list[Any], audit: bool) -> list[Moved]:
-        """Queued tasks whose lease expired on their last attempt to FAILED, as ``reclaim`` would:
-        a queue worker takes over what it can, and strands nothing it cannot."""
-        now, t = self.now, TASK
-        cursor.execute(
-            self.statement(("fail_exhausted_queued", where), lambda: (
-                f"UPDATE {t} SET status = {FAILED}, error = '{EXHAUSTED_ERROR}', lease_expires_at = NULL, "
-                f"updated_at = {now} WHERE {t}.status = {RUNNING} AND {t}.lease_expires_at < {now} "
-                f"AND {t}.attempts >= {t}.max_attempts AND {where} "
-                f'RETURNING id, {self.quote("key")}, tenant, fencing_token, status')),
-            params,
-        )
+    def queue_parts(self, queues: Sequence[str], path: str, tenant: str | None,
+                    exclude: int | None) -> tuple[tuple[Any, ...], dict[str, str | None], list[Any]]:
+        """What fills common.sql's ``queue_filter`` for one call: the form's key, the parts named for its
+        slots, and its parameters (the queue names, the tenant, the excluded task: those given)."""
+        key = (len(queues), path, tenant is not None, exclude is not None)
+        parts = {"path": self.path_part(path), "tenant": None if tenant is None else "of_tenant",
+                 "exclude": None if exclude is None else "not_done"}
+        return key, parts, [*queues, *([] if tenant is None else [tenant]), *([] if exclude is None else [exclude])]
+
+    def fail_exhausted_queued(self, cursor: Any, key: tuple[Any, ...], parts: dict[str, str | None],
+                              params: list[Any], audit: bool) -> list[Moved]:
+        """Queued tasks (of the form ``key``, ``parts``: :meth:`queue_parts`) whose lease expired on their
+        last attempt to FAILED, as ``reclaim`` would: a queue worker takes over what it can, and strands
+        nothing it cannot."""
+        cursor.execute(self.statement(("fail_exhausted_queued", *key),
+                                      lambda: self.fill("fail_exhausted_queued", parts, key[0])), params)
         moved = sorted((Moved(*r) for r in cursor.fetchall()), key=lambda m: m.id)
         if audit:
             self.close_running_attempts(cursor, moved, Outcome.EXPIRED)

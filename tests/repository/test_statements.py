@@ -93,7 +93,16 @@ def needed(vendor: str) -> set[str]:
                 continue
             if found:
                 todo.append(found)
-    return asked | (wanted & known)
+    from django_taskclaim.store.queries import STATEMENTS, slots_of
+
+    # A part a statement includes ({{name}}, filled or included as written) is used where the statement is.
+    used = asked | (wanted & known)
+    todo_names = list(used)
+    while todo_names:
+        for name in slots_of(STATEMENTS[vendor].get(todo_names.pop(), "")) & known - used:
+            used.add(name)
+            todo_names.append(name)
+    return used
 
 
 def test_every_statement_named_in_the_code_is_in_the_files_and_every_one_in_the_files_is_used() -> None:
@@ -176,6 +185,58 @@ def test_a_list_written_item_then_ellipsis_is_repeated_for_a_call() -> None:
         repeat(text, 0)
 
 
+def test_a_statement_is_filled_from_named_parts_and_a_slot_left_empty_leaves_no_gap() -> None:
+    """``{{slot}}`` takes the part the call names (parts fill their own slots from the same names),
+    ``None`` leaves nothing (nor the space before it); ``{{name}}`` of a part no slot names is that
+    part; a slot no part fills, or a part that includes itself, is an error naming it."""
+    from django_taskclaim.store.queries import fill
+
+    statements = {"claim": "SELECT id FROM t WHERE {{queues}} {{tenant}} AND {{due}} LIMIT %s",
+                  "one": "t.queue = %s", "many": "t.queue = ANY(%s)", "of_tenant": "AND t.tenant = %s",
+                  "due": "t.run_after <= now() {{tenant}}", "loop": "x {{loop}}"}
+    assert fill(statements, "claim", {"queues": "one", "tenant": None}) == (
+        "SELECT id FROM t WHERE t.queue = %s AND t.run_after <= now() LIMIT %s")
+    assert fill(statements, "claim", {"queues": "many", "tenant": "of_tenant"}) == (
+        "SELECT id FROM t WHERE t.queue = ANY(%s) AND t.tenant = %s AND t.run_after <= now() AND t.tenant = %s "
+        "LIMIT %s")
+    with pytest.raises(KeyError, match="no part 'queues'"):
+        fill(statements, "claim", {"tenant": None})
+    with pytest.raises(ValueError, match="includes itself"):
+        fill(statements, "loop", {})
+
+
+#: Each vendor's queue-claim statements and the store method that names the parts of their slots.
+QUEUE_FORMS = {"postgresql": ["queue_claim"], "sqlite": ["queue_claim", "fail_exhausted_queued"],
+               "mysql": ["lock_expired_queued", "lock_pending_queued"]}
+
+
+@pytest.mark.parametrize("vendor", sorted(QUEUE_FORMS))
+def test_every_form_of_the_queue_claim_is_filled_from_the_files_alone(vendor: str) -> None:
+    """Every form a store asks for (each choice of its parts) fills every slot of its statements
+    from the files, and leaves no ``{{`` in the text it sends; PostgreSQL's 64 forms are distinct."""
+    import itertools
+
+    from django_taskclaim.store import postgresql, sql
+    from django_taskclaim.store.queries import STATEMENTS, fill
+
+    texts = set()
+    store = postgresql.store if vendor == "postgresql" else sql.SQLStore()
+    for several, path, tenant, done, reserve, audit in itertools.product(
+            (False, True), ("", "*"), (False, True), (False, True), (False, True), (False, True)):
+        if vendor == "postgresql":
+            parts = postgresql.store.queue_claim_parts(several=several, path=path, tenant=tenant, done=done,
+                                                       exclude=done, reserve=reserve, audit=audit)
+        else:
+            parts = store.queue_parts(["a", "b"] if several else ["a"], path, "t" if tenant else None,
+                                      1 if done else None)[1]
+        for name in QUEUE_FORMS[vendor]:
+            text = fill(STATEMENTS[vendor], name, parts)
+            assert "{{" not in text and "}}" not in text, (vendor, name, text)
+            texts.add(text)
+    if vendor == "postgresql":
+        assert len(texts) == 64
+
+
 def test_every_task_column_list_written_out_is_the_rows_columns_in_order() -> None:
     """A statement that reads or writes whole task rows names their columns in ``TASK_COLUMNS``
     order (``decode`` reads them by position): a column added to the model and forgotten in one
@@ -215,25 +276,10 @@ def test_every_task_column_list_written_out_is_the_rows_columns_in_order() -> No
 SQLISH = re.compile(r"\b(WHERE|FROM|SET|VALUES|ORDER BY|LIMIT|JOIN|THEN|AND|OR|CASE|IN)\s|\bRETURNING\s"
                     r"|^\s*(SELECT|UPDATE|INSERT|DELETE|WITH)\s")
 
-LIMITS = ("the concurrency-limit SQL (has_room, limited_running): rewritten by a change in parallel "
-          "with the one that moved the other statements; left as it is")
-QUEUE = ("the queue claim and its parts (claim_next, complete_and_claim_next, fail_exhausted_queued): it "
-         "embeds the concurrency-limit SQL (has_room; taskclaim_room/taskclaim_fit on PostgreSQL) that a change "
-         "in parallel rewrites, and its variants (one queue or several, a tenant or none, handler work or task "
-         "paths, audited, after a completion, reserving: 64 texts on PostgreSQL, each prepared) are still put "
-         "together from parts; it moves to store/queries/ once the limits land")
 #: Where a store module may still build SQL in an f-string ("module.function", or a module
-#: constant), and why. Each entry goes as its statements move to store/queries/; every other
-#: statement of the stores is written there.
-ALLOWED = {
-    "sql.has_room": LIMITS, "sql.limited_running": LIMITS,
-    "sql.claim_next": QUEUE, "sql.fail_exhausted_queued": QUEUE, "sql.claimable": QUEUE,
-    "sql.due_or_expired": QUEUE, "sql.queue_filter": QUEUE, "sql.owned": QUEUE,
-    "mysql.claim_next": QUEUE,
-    "postgresql._queue_claim_sql": QUEUE, "postgresql.complete_and_claim_next": QUEUE,
-    "postgresql._open_attempts": QUEUE, "postgresql._queue_results": QUEUE, "postgresql.queue_filter": QUEUE,
-    "postgresql.reserving_set": QUEUE,
-}
+#: constant), and why: none now. The queue claim, the last, is written in store/queries/ with named
+#: slots filled by named parts (queries.fill); an entry added here must say why it cannot be.
+ALLOWED: dict[str, str] = {}
 
 
 def sql_in_fstrings(source: str) -> set[str]:

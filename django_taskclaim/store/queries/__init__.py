@@ -20,9 +20,15 @@ The rules that keep the files readable as they run:
   the one part added in code, and never from a value.
 - A statement with forms (audited or not, a reserved claim to start in the same commit…) is a
   statement per form, named for what it adds (``claim_key_unaudited``,
-  ``complete_audited_then_start``); an optional value is a parameter that may be NULL. Only the
-  queue claim (``claim_next``, ``complete_and_claim_next``) is still put together in code from
-  shared parts (tests/repository/test_statements.py's ``ALLOWED`` says why).
+  ``complete_audited_then_start``); an optional value is a parameter that may be NULL.
+- A statement with too many forms to write each out (the queue claim: a tenant or none, one queue
+  or several, handler work or task paths, reserving, audited, after a completion: 64 on
+  PostgreSQL) is written once with named slots, ``{{slot}}``, and named parts (``-- name:``
+  blocks like any statement) that fill them: :func:`fill` puts a form together from the parts the
+  call names for each slot (or nothing), and a ``{{name}}`` of a part no slot names is that part,
+  always. Code chooses parts by name only; it never writes SQL. Optional filters stay slots, not
+  NULL-able parameters: each form keeps its own plan (an ``(%s IS NULL OR …)`` filter can make
+  PostgreSQL's generic plan pass over the queued index).
 """
 
 from __future__ import annotations
@@ -79,6 +85,36 @@ def parse(text: str, source: str) -> dict[str, str]:
         lines.append(stripped)
     close()
     return found
+
+
+_SLOT = re.compile(r"( ?)\{\{([a-z][a-z0-9_]*)\}\}")
+
+
+def slots_of(text: str) -> set[str]:
+    """The names written ``{{name}}`` in ``text``: slots, or parts included as they are."""
+    return {m[2] for m in _SLOT.finditer(text)}
+
+
+def fill(statements: Mapping[str, str], name: str, parts: Mapping[str, str | None]) -> str:
+    """The statement ``name`` with each ``{{slot}}`` replaced by the part ``parts`` names for it
+    (``None``: nothing), and each other ``{{name}}`` by the statement of that name; parts are
+    filled the same way. ``KeyError`` names a slot neither ``parts`` nor the statements know."""
+
+    def expand(text: str, seen: tuple[str, ...]) -> str:
+        def one(m: re.Match[str]) -> str:
+            slot = m[2]
+            chosen = parts.get(slot, slot)
+            if chosen is None:
+                return ""
+            if chosen in seen:
+                raise ValueError(f"{name}: part {chosen!r} includes itself")
+            if chosen not in statements:
+                raise KeyError(f"{name}: no part {chosen!r} for {{{{{slot}}}}}")
+            return m[1] + expand(statements[chosen], (*seen, chosen))
+
+        return _SLOT.sub(one, text)
+
+    return expand(statements[name], (name,))
 
 
 #: An item written once then "...": ``%s`` or a parenthesised group (two levels of nesting: a row of

@@ -58,3 +58,40 @@ DELETE FROM django_taskclaim_attempt WHERE task_id IN (%s, ...)
 -- name: purge_tasks
 -- The tasks purge_select chose (their ids), after their attempt rows.
 DELETE FROM django_taskclaim_task WHERE id IN (%s, ...)
+
+-- The queue claim's parts where a database has no arrays (SQLite's claim, MySQL's): the vendor's
+-- statements take them by {{name}}, filled by the parts the call names (SQLStore.queue_parts).
+
+-- name: queue_filter
+-- The queued tasks a queue claim looks at (the queue names; the tenant, the task a completion just
+-- ended where the call names them).
+django_taskclaim_task.queue IN (%s, ...) AND {{path}} {{tenant}} {{exclude}}
+
+-- name: handler_work
+-- {{path}}: work for a handler (tasks that name no callable).
+django_taskclaim_task.task_path = ''
+
+-- name: task_paths
+-- Tasks that name the callable that runs them.
+django_taskclaim_task.task_path <> ''
+
+-- name: of_tenant
+-- {{tenant}}: only the tenant's tasks (a tenant).
+AND django_taskclaim_task.tenant = %s
+
+-- name: not_done
+-- {{exclude}}: never the task a completion just ended in this transaction (its id), expired or not.
+AND django_taskclaim_task.id <> %s
+
+-- name: has_room
+-- A candidate of a queue claim: unlimited, an expired task taken over (its key's count does not
+-- change), or a pending task of a key with fewer running tasks than the task's own limit. A full
+-- key's tasks are passed over, not waited for: the claim takes the next task of another key. Any
+-- lease counts: a holder whose lease ran out counts until it is taken over or ends failed, so a
+-- paused holder that wakes up can never run beside a task that took its place. A count in the
+-- statement's snapshot: the claim then keeps of each key's candidates only those that fit (sql.fits),
+-- counted where no other claim of the key can interleave.
+(django_taskclaim_task.concurrency_key = '' OR django_taskclaim_task.status = 'running'
+ OR (SELECT count(*) FROM django_taskclaim_task r
+     WHERE r.concurrency_key = django_taskclaim_task.concurrency_key AND r.status = 'running')
+    < django_taskclaim_task.concurrency_limit)

@@ -420,3 +420,29 @@ ORDER BY id LIMIT %s
 SELECT id FROM django_taskclaim_task FORCE INDEX (taskclaim_task_tenant_key_uniq)
 WHERE ((tenant = %s AND `key` = %s) OR ...) AND FIND_IN_SET(status, %s) > 0 AND updated_at < %s
 FOR UPDATE
+
+-- The queue claim: three statements in one transaction (mysql.py's claim_next).
+
+-- name: lock_expired_queued
+-- The queued tasks ({{queue_filter}}) whose lease expired, oldest first (limit), locked for the
+-- claim: whether each has attempts left. SKIP LOCKED so that workers never queue behind each other.
+SELECT id, attempts < max_attempts FROM django_taskclaim_task
+WHERE status = 'running' AND lease_expires_at < UTC_TIMESTAMP(6) AND {{queue_filter}}
+ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+
+-- name: lock_pending_queued
+-- Then the due pending tasks (limit), the highest priority first, of keys with room ({{has_room}}):
+-- each one's concurrency key and limit, for _within_limits.
+SELECT id, concurrency_key, concurrency_limit FROM django_taskclaim_task
+WHERE status = 'pending' AND {{queue_filter}} AND (run_after IS NULL OR run_after <= UTC_TIMESTAMP(6))
+AND {{has_room}}
+ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED
+
+-- name: claim_queued
+-- The locked tasks claimed (owner, lease in microseconds, their ids), re-checking the claim predicate.
+UPDATE django_taskclaim_task SET status = 'running', owner = %s,
+    fencing_token = django_taskclaim_task.fencing_token + 1, attempts = django_taskclaim_task.attempts + 1,
+    lease_expires_at = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), updated_at = UTC_TIMESTAMP(6)
+WHERE id IN (%s, ...) AND (django_taskclaim_task.status = 'pending' OR (django_taskclaim_task.status = 'running'
+    AND django_taskclaim_task.lease_expires_at < UTC_TIMESTAMP(6)
+    AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))

@@ -925,3 +925,177 @@ SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, 
     payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
     dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path
 FROM django_taskclaim_task WHERE (tenant, "key") IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+
+-- The queue claim (claim_next; complete_and_claim_next, after a completion in the same statement).
+-- One statement, written once: its {{slots}} take the parts below that the call names
+-- (PostgreSQLStore.queue_claim_parts), 64 forms, each prepared (six, audited, reserving and after a
+-- completion, are longer than psycopg's cache of converted statements, 4,096 bytes). Two candidate lists, each served by its partial index; SKIP LOCKED so that workers never
+-- queue behind each other; the UPDATE re-checks the claim predicate. An expired task on its last
+-- attempt ends FAILED here (as reclaim would end it): a queue without a reclaim sweep strands
+-- nothing. The claim updates the picked rows by their ids, an array of them: a prepared statement's
+-- generic plan cannot know that picked holds "limit" rows at most, and joined against it, planned
+-- the update as a scan of the whole task table (tests/store/postgresql/test_postgresql.py).
+-- Concurrency limits: the pending candidates pass over a full key's tasks (taskclaim_room(), in the
+-- statement's snapshot) and the claim keeps only the picked tasks taskclaim_fit() returns (migration
+-- 0008 and after): called only when a picked task has a key (a subplan run at its first use), so
+-- unlimited work never pays for it. It locks each limited key's gate row (in key order), then counts
+-- the key's running tasks in a snapshot taken after the lock. The task a completion ends in the same
+-- statement ({{done_id}}) is still running in its snapshots, and is not counted.
+-- Parameters: the completion's ({{completion}}); the expired candidates' (queues, tenant, the
+-- completed task, limit); the pending ones' (queues, tenant, completed task, limit, and with several
+-- queues the limit of all); the limit of picked; the claim's (owner, lease, reservation, completed
+-- task); the audit's delivery id. Rows: the claimed tasks (clock_timestamp() at the claim, the owner
+-- taken over from, 1 started or 2 reserved), then the exhausted ones (0); after a completion, its
+-- count in every row (one row of NULLs when nothing was claimed).
+-- name: queue_claim
+WITH {{completion}} expired AS MATERIALIZED (SELECT t.id, t.priority, t.attempts < t.max_attempts AS again
+    FROM django_taskclaim_task t
+    WHERE t.status = 'running' AND t.lease_expires_at < statement_timestamp()
+    AND {{queues}} AND {{path}} {{tenant}} {{only_if_done}} {{exclude}}
+    ORDER BY t.id LIMIT %s FOR UPDATE SKIP LOCKED),
+exhausted AS (UPDATE django_taskclaim_task x SET status = 'failed', error = 'lease expired with no attempts left',
+    lease_expires_at = NULL, updated_at = statement_timestamp()
+    FROM expired e WHERE x.id = e.id AND NOT e.again AND x.status = 'running'
+    RETURNING x.id, x.tenant, x."key", x.status, x.owner, x.fencing_token, x.attempts, x.max_attempts,
+    x.lease_expires_at, x.payload::text AS payload, x.payload_fingerprint, x.result::text AS result,
+    x.result_ref, x.error, x.dispatch::text AS dispatch, x.created_at, x.updated_at, x.queue, x.priority,
+    x.run_after, x.task_path, clock_timestamp() AS claimed_at),
+pending AS MATERIALIZED ({{pending}}),
+picked AS (SELECT id, priority FROM expired WHERE again UNION ALL SELECT id, priority FROM pending LIMIT %s),
+{{first}} claimed AS (UPDATE django_taskclaim_task q SET {{claim_set}}
+    WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
+    AND (q.concurrency_key = '' OR q.id IN (SELECT taskclaim_fit(ARRAY(SELECT id FROM picked), {{done_id}})))
+    AND (q.status = 'pending'
+         OR (q.status = 'running' AND q.lease_expires_at < statement_timestamp() AND q.attempts < q.max_attempts))
+    RETURNING q.id, q.tenant, q."key", q.status, q.owner, q.fencing_token, q.attempts, q.max_attempts,
+    q.lease_expires_at, q.payload::text AS payload, q.payload_fingerprint, q.result::text AS result,
+    q.result_ref, q.error, q.dispatch::text AS dispatch, q.created_at, q.updated_at, q.queue, q.priority,
+    q.run_after, q.task_path, clock_timestamp() AS claimed_at){{audit}}
+{{results}}
+
+-- name: claim_done
+-- {{completion}}: the task completed before the claim (result, result_ref, id, token), fenced by its token.
+done AS (UPDATE django_taskclaim_task SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
+    lease_expires_at = NULL, updated_at = statement_timestamp()
+    WHERE django_taskclaim_task.id = %s AND django_taskclaim_task.status = 'running'
+    AND django_taskclaim_task.fencing_token = %s RETURNING id),
+
+-- name: claim_done_audited
+-- The completion and its attempt row (id, token), ended only if the completion matched.
+{{claim_done}} done_attempt AS (UPDATE django_taskclaim_attempt SET outcome = 'succeeded',
+    ended_at = statement_timestamp() WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM done)),
+
+-- name: one_queue
+-- {{queues}}: one queue by equality, its name: the queued index gives its tasks in order (priority, id).
+t.queue = %s::text
+
+-- name: any_queue
+-- Several queues, as one array whatever their number.
+t.queue = ANY(%s::text[])
+
+-- name: handler_work
+-- {{path}}: work for a handler (tasks that name no callable).
+t.task_path = ''
+
+-- name: task_paths
+-- Tasks that name the callable that runs them.
+t.task_path <> ''
+
+-- name: of_tenant
+-- {{tenant}}: only the tenant's tasks (a tenant).
+AND t.tenant = %s::text
+
+-- name: after_done
+-- {{only_if_done}}: no task is picked unless the completion matched.
+AND EXISTS (SELECT 1 FROM done)
+
+-- name: not_done
+-- {{exclude}}: never the completed task (its id): one statement may not update a row twice.
+AND t.id <> %s
+
+-- name: completed_task
+-- {{done_id}}: the completed task (its id), for the limits' counts.
+%s
+
+-- name: no_task
+NULL
+
+-- name: due_with_room
+-- A due pending task, of a key with room.
+t.status = 'pending' AND (t.run_after IS NULL OR t.run_after <= statement_timestamp()) {{only_if_done}}
+AND (t.concurrency_key = '' OR taskclaim_room(t.id, {{done_id}}))
+
+-- name: pending_of_one_queue
+-- {{pending}}: one queue's first due tasks, from the queued index in claim order (no sort).
+SELECT t.id, t.priority FROM django_taskclaim_task t WHERE {{queues}} AND {{path}} {{tenant}} AND {{due_with_room}}
+ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED
+
+-- name: pending_of_each_queue
+-- Several queues: each queue's first tasks from the queued index (as one queue's), then the first of
+-- those. One sort of the whole backlog of the queues instead would cost every claim time in proportion
+-- to the tasks waiting. The candidates of each queue are locked for the statement, and those not picked
+-- are left as they were.
+SELECT c.id, c.priority FROM unnest(%s::text[]) AS n(queue) CROSS JOIN LATERAL (SELECT t.id, t.priority FROM django_taskclaim_task t WHERE t.queue = n.queue AND {{path}} {{tenant}}
+    AND {{due_with_room}} ORDER BY t.priority DESC, t.id LIMIT %s FOR UPDATE SKIP LOCKED) c
+ORDER BY c.priority DESC, c.id LIMIT %s
+
+-- name: first_to_start
+-- {{first}}: the task a reserving claim starts, the first to run of those it picked, by the priority
+-- picked carries (a join back to the task table would be planned as a scan of it).
+first AS (SELECT id FROM picked ORDER BY priority DESC, id LIMIT 1),
+
+-- name: start_claimed
+-- {{claim_set}}: every picked task started (owner, lease in seconds).
+status = 'running', owner = %s, fencing_token = q.fencing_token + 1, attempts = q.attempts + 1,
+lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp()
+
+-- name: start_first_reserve_rest
+-- A reserving claim: only the first task started (its attempt counted, the lease), the others reserved
+-- (owner, lease, reservation in seconds).
+status = 'running', owner = %s, fencing_token = q.fencing_token + 1,
+attempts = q.attempts + (q.id = (SELECT id FROM first))::int,
+lease_expires_at = CASE WHEN q.id = (SELECT id FROM first) THEN statement_timestamp() + make_interval(secs => %s)
+ELSE statement_timestamp() + make_interval(secs => %s) END, updated_at = statement_timestamp()
+
+-- name: queue_claim_audit
+-- {{audit}}: the exhausted tasks' attempts ended expired; the attempts the claim took over (token - 1
+-- still running) closed and the new ones opened (delivery id), both at claimed_at: the clock read once
+-- the row was claimed (see claim_key above).
+, lost AS (UPDATE django_taskclaim_attempt a SET outcome = 'expired', ended_at = statement_timestamp()
+    FROM exhausted x WHERE a.task_id = x.id AND a.token = x.fencing_token AND a.outcome = 'running'),
+closed AS (UPDATE django_taskclaim_attempt a SET outcome = 'taken_over',
+    ended_at = (SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)
+    WHERE (a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)
+    AND a.outcome = 'running' RETURNING a.task_id, a.owner),
+opened AS (INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at,
+    outcome, stale_writes, error, error_class, traceback)
+    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c
+    {{only_first}})
+
+-- name: of_first
+-- {{only_first}}: a reserving claim opens the attempt of the task it starts only.
+WHERE c.id = (SELECT id FROM first)
+
+-- name: queue_claim_results
+-- {{results}}: the claimed tasks, then the exhausted ones.
+SELECT c.*, {{previous}}, {{flag}} FROM claimed c UNION ALL SELECT x.*, NULL::text, 0 FROM exhausted x
+
+-- name: queue_claim_results_after_done
+-- After a completion: its count in every row, and one row of NULLs when nothing was claimed.
+SELECT c.*, {{previous}}, {{flag}}, (SELECT count(*) FROM done) FROM (SELECT 1) one LEFT JOIN claimed c ON true
+UNION ALL SELECT x.*, NULL::text, 0, (SELECT count(*) FROM done) FROM exhausted x
+
+-- name: taken_over_from
+-- {{previous}}: the owner the claim took the task over from (audited).
+(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)
+
+-- name: no_owner
+NULL::text
+
+-- name: started
+-- {{flag}}: every claimed task started.
+1
+
+-- name: first_started
+-- A reserving claim: 1 for the task started, 2 for those reserved.
+CASE WHEN c.id = (SELECT id FROM first) THEN 1 ELSE 2 END

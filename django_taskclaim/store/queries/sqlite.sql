@@ -311,3 +311,49 @@ SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "m
     "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
     "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
 FROM django_taskclaim_task WHERE (tenant, "key") IN ((%s, %s), ...)
+
+-- name: fail_exhausted_queued
+-- The queued tasks ({{queue_filter}}) whose lease expired on their last attempt, made failed as
+-- reclaim would: a queue worker takes over what it can, and strands nothing it cannot.
+UPDATE django_taskclaim_task SET status = 'failed', error = 'lease expired with no attempts left',
+    lease_expires_at = NULL, updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE django_taskclaim_task.status = 'running'
+    AND django_taskclaim_task.lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+    AND django_taskclaim_task.attempts >= django_taskclaim_task.max_attempts AND {{queue_filter}}
+RETURNING id, "key", tenant, fencing_token, status
+
+-- name: queue_claim
+-- The queue claim (owner, lease as '+60.000 seconds', {{queue_filter}}'s, limit), after
+-- fail_exhausted_queued in the same transaction: expired leases first (older work), then the due
+-- pending tasks, the highest priority first, of keys with room ({{has_room}}); of each key's pending
+-- candidates, those that fit: the key's running tasks plus the candidate's place among them within
+-- its limit (sql.fits). SQLite's one writer makes the counts exact: this transaction holds the write
+-- lock since fail_exhausted_queued. The UPDATE re-checks the claim predicate.
+UPDATE django_taskclaim_task SET status = 'running', owner = %s,
+    fencing_token = django_taskclaim_task.fencing_token + 1, attempts = django_taskclaim_task.attempts + 1,
+    lease_expires_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
+    updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id IN (
+    SELECT id FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.ck, c.pending ORDER BY c.priority DESC, c.id) AS place
+        FROM (
+            SELECT id, priority, concurrency_key AS ck, concurrency_limit AS cl, status = 'pending' AS pending
+            FROM django_taskclaim_task
+            WHERE ((django_taskclaim_task.status = 'pending' AND (django_taskclaim_task.run_after IS NULL
+                    OR django_taskclaim_task.run_after <= (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')))
+                OR (django_taskclaim_task.status = 'running'
+                    AND django_taskclaim_task.lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+                    AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
+            AND {{queue_filter}} AND {{has_room}}
+            ORDER BY django_taskclaim_task.status = 'pending', django_taskclaim_task.priority DESC,
+                django_taskclaim_task.id
+            LIMIT %s) c) w
+    WHERE w.ck = '' OR NOT w.pending
+        OR (SELECT count(*) FROM django_taskclaim_task r WHERE r.concurrency_key = w.ck AND r.status = 'running')
+            + w.place <= w.cl)
+AND (django_taskclaim_task.status = 'pending' OR (django_taskclaim_task.status = 'running'
+    AND django_taskclaim_task.lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+    AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
+RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
