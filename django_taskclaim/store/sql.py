@@ -116,10 +116,11 @@ class SQLStore:
 
     def sql(self, name: str, n: int | None = None) -> str:
         """The statement ``name`` as this vendor runs it: its own file's, else common.sql's
-        (store/queries/); with ``n``, its list written ``item, ...`` repeated for ``n`` items
-        (where the database has no arrays). Not kept per ``n``: the lists are as long as a call's
-        ids (a purge's up to its limit), and repeating one is cheaper than sending it."""
-        text = queries.STATEMENTS[self.vendor][name]
+        (store/queries/), the parts it includes put in (once, at import); with ``n``, its list
+        written ``item, ...`` repeated for ``n`` items (where the database has no arrays). Not kept
+        per ``n``: the lists are as long as a call's ids (a purge's up to its limit), and repeating
+        one is cheaper than sending it."""
+        text = queries.INCLUDED[self.vendor][name]
         return text if n is None else queries.repeat(text, n)
 
     def fill(self, name: str, parts: Mapping[str, str | None], n: int | None = None) -> str:

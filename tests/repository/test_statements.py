@@ -123,14 +123,28 @@ def test_every_statement_named_in_the_code_is_in_the_files_and_every_one_in_the_
 def test_no_statement_is_written_twice() -> None:
     """No two names, in one file or across files, hold the same SQL: a vendor's file holds a
     statement only where its SQL differs from common.sql's."""
-    from django_taskclaim.store.queries import FILES
+    from django_taskclaim.store.queries import FILES, INCLUDED
 
     seen: dict[str, str] = {}
     for stem, statements in FILES.items():
         for name, text in statements.items():
+            # As run: a part a vendor's statement includes is that vendor's (its task_columns, say).
+            text = INCLUDED[stem][name] if stem in INCLUDED else text
             where = f"{stem}.sql: {name}"
             assert text not in seen, f"{where} repeats {seen[text]}"
             seen[text] = where
+
+
+def test_a_part_is_included_where_it_stands_never_written_out_again() -> None:
+    """A part a statement includes (``{{name}}``) stands nowhere else written out in full, in its
+    vendor's statements as written: the forms of one statement share their SQL by including it."""
+    from django_taskclaim.store.queries import STATEMENTS, slots_of
+
+    for vendor, statements in STATEMENTS.items():
+        parts = {part for text in statements.values() for part in slots_of(text)} & set(statements)
+        for part in parts:
+            for name, text in statements.items():
+                assert name == part or statements[part] not in text, f"{vendor}: {name} writes out {part}"
 
 
 def test_the_files_are_the_ones_the_loader_reads_and_ship_in_the_package_data() -> None:
@@ -205,6 +219,24 @@ def test_a_statement_is_filled_from_named_parts_and_a_slot_left_empty_leaves_no_
         fill(statements, "loop", {})
 
 
+def test_a_statement_that_only_includes_parts_is_put_together_once_at_load() -> None:
+    """``{{name}}`` of a statement, in a statement with no slot a call fills, is that statement put in
+    when the files are read: ``SQLStore.sql(name)`` is the whole text; a statement still holding a
+    ``{{`` is a form a call fills, left as written for :func:`fill`."""
+    from django_taskclaim.store.queries import INCLUDED, STATEMENTS, include
+
+    statements = {"both": "SELECT {{cols}} FROM t", "cols": "a, {{more}}", "more": "b",
+                  "claim": "SELECT {{cols}} FROM t WHERE 1 = 1 {{tenant}}"}
+    assert include(statements) == {**statements, "both": "SELECT a, b FROM t", "cols": "a, b"}
+    included = 0
+    for vendor, texts in INCLUDED.items():
+        for name, text in texts.items():
+            # Put together, or left as written for fill(): a form whose slots a call fills.
+            assert "{{" not in text or text == STATEMENTS[vendor][name], (vendor, name)
+            included += text != STATEMENTS[vendor][name]
+    assert included, "no statement includes a part: the check reads nothing"
+
+
 #: Each vendor's queue-claim statements and the store method that names the parts of their slots.
 QUEUE_FORMS = {"postgresql": ["queue_claim"], "sqlite": ["queue_claim", "fail_exhausted_queued"],
                "mysql": ["lock_expired_queued", "lock_pending_queued"]}
@@ -241,7 +273,7 @@ def test_every_task_column_list_written_out_is_the_rows_columns_in_order() -> No
     """A statement that reads or writes whole task rows names their columns in ``TASK_COLUMNS``
     order (``decode`` reads them by position): a column added to the model and forgotten in one
     file, or two swapped, fails here rather than as a wrong field at run time."""
-    from django_taskclaim.store.queries import FILES
+    from django_taskclaim.store.queries import INCLUDED
     from django_taskclaim.store.rows import TASK_COLUMNS
 
     def bare(column: str) -> str:
@@ -250,8 +282,10 @@ def test_every_task_column_list_written_out_is_the_rows_columns_in_order() -> No
         return re.sub(r"^\w+\.", "", column).strip('`"')
 
     checked = 0
-    for stem, statements in FILES.items():
+    # As each vendor runs them: the parts put in (a queue claim's slots left out: its parts are checked too).
+    for stem, statements in INCLUDED.items():
         for name, text in statements.items():
+            text = re.sub(r"\{\{(\w+)\}\}", lambda m, parts=statements: parts.get(m[1], m[0]), text)
             for clause in re.findall(r"(?:RETURNING|SELECT)\s+(.*?)(?:\s+(?:FROM|ON CONFLICT|WHERE)\b|$)", text):
                 columns = [bare(c) for c in clause.split(",")]
                 # Not a task row: a few columns (a moved task's id, key, tenant, token, status; what a

@@ -4,8 +4,9 @@
 ``mysql.sql`` and ``sqlite.sql`` hold only those whose SQL differs on that database (or that
 only it runs). Each statement follows a ``-- name: <name>`` header, as in procrastinate's
 ``queries.sql``; comment lines (``--``) after the header say what it does and are not sent.
-The files are parsed once, at import, into :data:`STATEMENTS` (vendor → name → text); a store
-asks for one with ``SQLStore.sql(name)``, its vendor's text or else the common one.
+The files are parsed once, at import, into :data:`STATEMENTS` (vendor → name → text), and the
+parts each includes put in, into :data:`INCLUDED`; a store asks for one with
+``SQLStore.sql(name)``, its vendor's text or else the common one.
 
 The rules that keep the files readable as they run:
 
@@ -26,7 +27,10 @@ The rules that keep the files readable as they run:
   PostgreSQL) is written once with named slots, ``{{slot}}``, and named parts (``-- name:``
   blocks like any statement) that fill them: :func:`fill` puts a form together from the parts the
   call names for each slot (or nothing), and a ``{{name}}`` of a part no slot names is that part,
-  always. Code chooses parts by name only; it never writes SQL. Optional filters stay slots, not
+  always. Code chooses parts by name only; it never writes SQL. A statement that only includes
+  parts (``{{name}}`` of a statement; no slot a call fills) is put together once, at import: the
+  forms of one statement write the SQL they share once, as a named part each includes, and the
+  store sends the whole text. Optional filters stay slots, not
   NULL-able parameters: each form keeps its own plan (an ``(%s IS NULL OR …)`` filter can make
   PostgreSQL's generic plan pass over the queued index).
 """
@@ -141,6 +145,25 @@ def _read(stem: str) -> dict[str, str]:
 FILES: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {stem: MappingProxyType(_read(stem)) for stem in (COMMON, *VENDOR_FILES)})
 
-#: What each vendor runs: the common statements, with its own file's over them.
+def include(statements: Mapping[str, str]) -> dict[str, str]:
+    """Each statement whose every ``{{name}}`` (and its parts', in turn) names a statement, with
+    those parts included as :func:`fill` would (so a plain ``SQLStore.sql(name)`` is the whole
+    text, put together once); a statement with a slot only a call fills stays as written."""
+    included: dict[str, str] = {}
+    for name, text in statements.items():
+        try:
+            included[name] = fill(statements, name, {}) if slots_of(text) else text
+        except KeyError:
+            included[name] = text
+    return included
+
+
+#: What each vendor runs: the common statements, with its own file's over them, as written
+#: (:func:`fill` puts a form of one together from these).
 STATEMENTS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {vendor: MappingProxyType({**FILES[COMMON], **FILES[vendor]}) for vendor in VENDOR_FILES})
+
+#: :data:`STATEMENTS` with the parts each statement includes put in (:func:`include`): the text
+#: ``SQLStore.sql(name)`` sends.
+INCLUDED: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {vendor: MappingProxyType(include(STATEMENTS[vendor])) for vendor in VENDOR_FILES})

@@ -66,6 +66,27 @@ ON DUPLICATE KEY UPDATE task_id = task_id
 -- the latest committed value).
 SELECT task_id FROM django_taskclaim_coalescegroup WHERE tenant = %s AND name = %s FOR UPDATE
 
+-- name: task_columns
+-- A part: a task row's columns in TASK_COLUMNS order, as decode() reads them.
+`id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
+`lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
+`created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`
+
+-- name: task_insert
+-- A part: the insert of a task's row, its columns but id named (in TASK_COLUMNS order).
+INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
+    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
+    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+
+-- name: claimed_columns_audited
+-- A part: a claimed task's row (t) and the owner of the attempt it took over (the
+-- attempt before its token, still running), read in the claim's transaction.
+t.`id`, t.`tenant`, t.`key`, t.`status`, t.`owner`, t.`fencing_token`, t.`attempts`, t.`max_attempts`,
+t.`lease_expires_at`, t.`payload`, t.`payload_fingerprint`, t.`result`, t.`result_ref`, t.`error`,
+t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_after`, t.`task_path`,
+(SELECT a.owner FROM django_taskclaim_attempt a
+ WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 AND a.outcome = 'running')
+
 -- name: refresh_waiting
 -- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay in
 -- microseconds, task id, task path) if it still waits (see postgresql.sql). InnoDB re-checks the
@@ -85,9 +106,7 @@ WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
 
 -- name: insert_waiting
 -- A coalesced task, pending (the parameters of postgresql.sql's, the delay in microseconds).
-INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
-    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
-    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+{{task_insert}}
 VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
     %s, %s, TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), %s)
 
@@ -128,17 +147,13 @@ ORDER BY TABLE_NAME, ORDINAL_POSITION
 
 -- name: read_task
 -- The task (tenant, key): its row, or none.
-SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
-    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
-    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`
+SELECT {{task_columns}}
 FROM django_taskclaim_task WHERE tenant = %s AND `key` = %s
 
 -- name: read_state
 -- What a claim by key that did not claim met (tenant, key): the task's row, and whether its lease
 -- has expired.
-SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
-    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
-    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`,
+SELECT {{task_columns}},
     (lease_expires_at < UTC_TIMESTAMP(6))
 FROM django_taskclaim_task WHERE tenant = %s AND `key` = %s
 
@@ -195,9 +210,7 @@ WHERE tenant = %s AND `key` = %s
 -- name: insert_claimed
 -- A claim by key of a key with no task yet (tenant, key, owner, max_attempts, lease in
 -- microseconds, payload, fingerprint): a new running task. A duplicate key is refused (error 1062).
-INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
-    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
-    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+{{task_insert}}
 VALUES (%s, %s, 'running', %s, 1, 1, %s, TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), %s, %s, NULL, '', '',
     NULL, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, 0, NULL, '')
 
@@ -301,54 +314,38 @@ WHERE task_id = %s AND token = %s
 
 -- name: rows_by_id
 -- The tasks (their ids), in id order.
-SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
-    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
-    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`
+SELECT {{task_columns}}
 FROM django_taskclaim_task WHERE id IN (%s, ...) ORDER BY id
 
 -- name: claimed_rows_audited
 -- The tasks this transaction just claimed (their ids), in id order, each with the owner of the
 -- attempt it took over (read in the same statement: one round trip less per takeover).
-SELECT t.`id`, t.`tenant`, t.`key`, t.`status`, t.`owner`, t.`fencing_token`, t.`attempts`, t.`max_attempts`,
-    t.`lease_expires_at`, t.`payload`, t.`payload_fingerprint`, t.`result`, t.`result_ref`, t.`error`,
-    t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_after`, t.`task_path`,
-    (SELECT a.owner FROM django_taskclaim_attempt a
-     WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 AND a.outcome = 'running')
+SELECT {{claimed_columns_audited}}
 FROM django_taskclaim_task t WHERE t.id IN (%s, ...) ORDER BY t.id
 
 -- name: claimed_by_key_audited
 -- The task this transaction just claimed by key (tenant, key), with the owner of the attempt it
 -- took over.
-SELECT t.`id`, t.`tenant`, t.`key`, t.`status`, t.`owner`, t.`fencing_token`, t.`attempts`, t.`max_attempts`,
-    t.`lease_expires_at`, t.`payload`, t.`payload_fingerprint`, t.`result`, t.`result_ref`, t.`error`,
-    t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_after`, t.`task_path`,
-    (SELECT a.owner FROM django_taskclaim_attempt a
-     WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 AND a.outcome = 'running')
+SELECT {{claimed_columns_audited}}
 FROM django_taskclaim_task t WHERE t.tenant = %s AND t.`key` = %s
 
 -- name: ensure
 -- A new pending task (tenant, key, max_attempts, payload, fingerprint, dispatch, queue, priority,
 -- run_after, task path). A duplicate key is refused (error 1062): the task exists.
-INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
-    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
-    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+{{task_insert}}
 VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
     %s, %s, %s, %s)
 
 -- name: ensure_many
 -- New pending tasks (each task's values as ensure's, a row each). One duplicate key refuses them
 -- all (error 1062: InnoDB undoes this statement alone), and ensure inserts them one at a time.
-INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`,
-    `max_attempts`, `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`,
-    `dispatch`, `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`)
+{{task_insert}}
 VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
     %s, %s, %s, %s), ...
 
 -- name: read_tasks
 -- The tasks (each one's tenant and key), those that exist.
-SELECT `id`, `tenant`, `key`, `status`, `owner`, `fencing_token`, `attempts`, `max_attempts`,
-    `lease_expires_at`, `payload`, `payload_fingerprint`, `result`, `result_ref`, `error`, `dispatch`,
-    `created_at`, `updated_at`, `queue`, `priority`, `run_after`, `task_path`
+SELECT {{task_columns}}
 FROM django_taskclaim_task WHERE (tenant, `key`) IN ((%s, %s), ...)
 
 -- name: fail_exhausted_locked

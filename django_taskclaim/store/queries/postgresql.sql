@@ -58,6 +58,23 @@ FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)
 WHERE t.id = h.id AND t.fencing_token = h.token AND t.status = 'running'
 RETURNING t.id, t.lease_expires_at
 
+-- name: task_columns
+-- A part: a task row's columns in TASK_COLUMNS order, as decode() reads them (JSON as text).
+id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
+payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
+dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path
+
+-- name: task_insert
+-- A part: the insert of a task's row, its columns but id named (in TASK_COLUMNS order).
+INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
+    lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
+    updated_at, queue, priority, run_after, task_path)
+
+-- name: attempt_insert
+-- A part: the insert of an attempt row, its columns named.
+INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
+    stale_writes, error, error_class, traceback)
+
 -- name: refresh_waiting
 -- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay in
 -- seconds, task id, task path) if it still waits: pending and never claimed (a claim raises its
@@ -67,9 +84,7 @@ UPDATE django_taskclaim_task
 SET payload = %s::jsonb, payload_fingerprint = %s::text,
     run_after = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp()
 WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
-RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+RETURNING {{task_columns}},
     clock_timestamp() AS claimed_at
 
 -- name: refresh_waiting_capped
@@ -80,23 +95,17 @@ SET payload = %s::jsonb, payload_fingerprint = %s::text,
     run_after = LEAST(statement_timestamp() + make_interval(secs => %s), created_at + make_interval(secs => %s)),
     updated_at = statement_timestamp()
 WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
-RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+RETURNING {{task_columns}},
     clock_timestamp() AS claimed_at
 
 -- name: insert_waiting
 -- A coalesced task, pending (tenant, key: 128 random bits, max_attempts, payload, fingerprint,
 -- dispatch, queue, priority, delay in seconds, task path): "not before" now + delay. Its row.
-INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-    lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-    updated_at, queue, priority, run_after, task_path)
+{{task_insert}}
 VALUES (%s::text, %s::text, 'pending', '', 0, 0, %s::integer, NULL, %s::jsonb, %s::text, NULL, '', '',
     %s::jsonb, statement_timestamp(), statement_timestamp(), %s::text, %s::smallint,
     statement_timestamp() + make_interval(secs => %s), %s::text)
-RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+RETURNING {{task_columns}},
     clock_timestamp() AS claimed_at
 
 -- name: purge_select
@@ -130,24 +139,23 @@ WHERE task_id = %s AND token = %s AND outcome = 'running'
 
 -- name: read_task
 -- The task (tenant, key): its row, or none.
-SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path
+SELECT {{task_columns}}
 FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
+
+-- name: inserted_unless_key_exists
+-- A part: an insert's end (ensure's, new_task_insert's): nothing where the key exists; the row
+-- inserted and its claimed_at.
+ON CONFLICT (tenant, "key") DO NOTHING
+RETURNING {{task_columns}},
+    clock_timestamp() AS claimed_at
 
 -- name: ensure
 -- A new pending task unless its (tenant, key) exists (tenant, key, max_attempts, payload,
 -- fingerprint, dispatch, queue, priority, run_after, task path): its row, or none.
-INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-    lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-    updated_at, queue, priority, run_after, task_path)
+{{task_insert}}
 VALUES (%s::text, %s::text, 'pending', '', 0, 0, %s::integer, NULL, %s::jsonb, %s::text, NULL, '', '',
     %s::jsonb, statement_timestamp(), statement_timestamp(), %s::text, %s::smallint, %s::timestamptz, %s::text)
-ON CONFLICT (tenant, "key") DO NOTHING
-RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-    clock_timestamp() AS claimed_at
+{{inserted_unless_key_exists}}
 
 -- -- claims by key -------------------------------------------------------------------------------
 -- A claim by key is one statement with its audit rows. Which of its forms a session sends follows
@@ -164,6 +172,20 @@ RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempt
 -- stamped before the release ended the previous attempt). So attempts of a task are stamped in the
 -- order they happened. decode() reads the task's columns by position, before it.
 
+-- name: new_task_insert
+-- A part: the insert of a key's task, claimed (tenant, key, owner, max_attempts, lease seconds,
+-- payload, fingerprint); its forms say when it runs, then inserted_unless_key_exists.
+{{task_insert}}
+SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+    statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
+    statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
+
+-- name: attempt_opened
+-- A part: the claimed task's attempt row opened at claimed_at (the delivery id).
+opened AS (
+    {{attempt_insert}}
+    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c)
+
 -- name: claim_new
 -- The claim of a key that has no task yet (tenant, key, owner, max_attempts, lease seconds, payload,
 -- fingerprint; delivery id): the insert alone, and its attempt row. The update of an existing task
@@ -171,38 +193,67 @@ RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempt
 -- Where the key exists this inserts nothing and writes nothing (no WAL flush): no row, and the store
 -- sends claim_key_or_duplicate.
 WITH claimed AS (
-    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-        updated_at, queue, priority, run_after, task_path)
-    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
-        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
-        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
-    ON CONFLICT (tenant, "key") DO NOTHING
-    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        clock_timestamp() AS claimed_at),
-opened AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c)
+    {{new_task_insert}}
+    {{inserted_unless_key_exists}}),
+{{attempt_opened}}
 SELECT c.* FROM claimed c
 
 -- name: claim_new_unaudited
 -- claim_new without its attempt row (the same parameters, without the delivery id).
 WITH claimed AS (
-    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-        updated_at, queue, priority, run_after, task_path)
-    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
-        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
-        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
-    ON CONFLICT (tenant, "key") DO NOTHING
-    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        clock_timestamp() AS claimed_at)
+    {{new_task_insert}}
+    {{inserted_unless_key_exists}})
 SELECT c.* FROM claimed c
+
+-- name: key_claimed
+-- A part: claim_key's upd, ins and claimed (its parameters up to the delivery id; claim_key says why).
+upd AS (
+    UPDATE django_taskclaim_task t
+    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
+        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
+        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
+        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
+    WHERE t.tenant = %s AND t."key" = %s
+      AND ((t.status = 'pending'
+            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
+           AND t.queue IS NULL)
+      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
+    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
+        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
+        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
+        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
+ins AS (
+    {{new_task_insert}}
+    WHERE NOT EXISTS (SELECT 1 FROM upd)
+    {{inserted_unless_key_exists}}),
+claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
+
+-- name: attempt_taken_over
+-- A part: the attempt a claim took over (token - 1, still running) closed at claimed_at; claim_key says why so.
+closed AS (
+    UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
+    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
+      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
+    RETURNING a.task_id, a.owner)
+
+-- name: key_read
+-- A part: the key's task (tenant, key) when nothing was claimed, with no claimed_at and whether its lease expired.
+cur AS (
+    SELECT {{task_columns}},
+        NULL::timestamptz, (lease_expires_at < statement_timestamp()) AS expired
+    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))
+
+-- name: duplicate_recorded
+-- A part: the duplicate delivery's audit row (owner, delivery id, fingerprint twice), where cur is a
+-- duplicate; claim_key_or_duplicate says why it locks the task row.
+dup AS (
+    {{attempt_insert}}
+    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
+    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
+    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
+      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
+    FOR KEY SHARE OF t
+    RETURNING 1)
 
 -- name: claim_key
 -- Take over the key's task where it is claimable, or insert it (upd: owner, lease seconds, payload,
@@ -228,78 +279,15 @@ SELECT c.* FROM claimed c
 -- One row when claimed: the task's columns, claimed_at, NULL (expired: not asked), the owner it
 -- was taken over from, true (claimed), 0 (no duplicate recorded). No row when nothing was claimed:
 -- the lifecycle reads the task (read_and_record_duplicate) and decides.
-WITH upd AS (
-    UPDATE django_taskclaim_task t
-    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
-        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
-        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
-        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
-    WHERE t.tenant = %s AND t."key" = %s
-      AND ((t.status = 'pending'
-            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
-           AND t.queue IS NULL)
-      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
-    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
-        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
-        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
-        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
-ins AS (
-    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-        updated_at, queue, priority, run_after, task_path)
-    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
-        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
-        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
-    WHERE NOT EXISTS (SELECT 1 FROM upd)
-    ON CONFLICT (tenant, "key") DO NOTHING
-    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        clock_timestamp() AS claimed_at),
-claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
-closed AS (
-    UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
-    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
-      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
-    RETURNING a.task_id, a.owner),
-opened AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c)
+WITH {{key_claimed}},
+{{attempt_taken_over}},
+{{attempt_opened}}
 SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
 FROM claimed c
 
 -- name: claim_key_unaudited
 -- claim_key without the attempt rows (its parameters without the delivery id).
-WITH upd AS (
-    UPDATE django_taskclaim_task t
-    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
-        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
-        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
-        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
-    WHERE t.tenant = %s AND t."key" = %s
-      AND ((t.status = 'pending'
-            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
-           AND t.queue IS NULL)
-      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
-    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
-        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
-        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
-        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
-ins AS (
-    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-        updated_at, queue, priority, run_after, task_path)
-    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
-        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
-        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
-    WHERE NOT EXISTS (SELECT 1 FROM upd)
-    ON CONFLICT (tenant, "key") DO NOTHING
-    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        clock_timestamp() AS claimed_at),
-claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
+WITH {{key_claimed}}
 SELECT c.*, NULL::boolean, NULL::text, true, 0::bigint FROM claimed c
 
 -- name: claim_key_or_duplicate
@@ -320,59 +308,11 @@ SELECT c.*, NULL::boolean, NULL::text, true, 0::bigint FROM claimed c
 --
 -- Rows of claim_key's shape: when nothing was claimed, the task read (cur), NULL (no previous
 -- owner), false (not claimed), and the duplicates recorded (0 or 1).
-WITH upd AS (
-    UPDATE django_taskclaim_task t
-    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
-        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
-        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
-        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
-    WHERE t.tenant = %s AND t."key" = %s
-      AND ((t.status = 'pending'
-            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
-           AND t.queue IS NULL)
-      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
-    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
-        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
-        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
-        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
-ins AS (
-    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-        updated_at, queue, priority, run_after, task_path)
-    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
-        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
-        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
-    WHERE NOT EXISTS (SELECT 1 FROM upd)
-    ON CONFLICT (tenant, "key") DO NOTHING
-    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        clock_timestamp() AS claimed_at),
-claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
-closed AS (
-    UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
-    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
-      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
-    RETURNING a.task_id, a.owner),
-opened AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c),
-cur AS (
-    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        NULL::timestamptz, (lease_expires_at < statement_timestamp()) AS expired
-    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed)),
-dup AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
-    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
-    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
-      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
-    FOR KEY SHARE OF t
-    RETURNING 1),
+WITH {{key_claimed}},
+{{attempt_taken_over}},
+{{attempt_opened}},
+{{key_read}},
+{{duplicate_recorded}},
 cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)
 SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
 FROM claimed c
@@ -382,59 +322,11 @@ SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) + 0 * (SELECT count(
 -- name: claim_key_or_duplicate_in_transaction
 -- claim_key_or_duplicate inside a caller's transaction (the same parameters): the caller's commit
 -- is synchronous, so no cfg.
-WITH upd AS (
-    UPDATE django_taskclaim_task t
-    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
-        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
-        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
-        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
-    WHERE t.tenant = %s AND t."key" = %s
-      AND ((t.status = 'pending'
-            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
-           AND t.queue IS NULL)
-      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
-    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
-        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
-        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
-        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
-ins AS (
-    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-        updated_at, queue, priority, run_after, task_path)
-    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
-        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
-        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
-    WHERE NOT EXISTS (SELECT 1 FROM upd)
-    ON CONFLICT (tenant, "key") DO NOTHING
-    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        clock_timestamp() AS claimed_at),
-claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
-closed AS (
-    UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
-    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
-      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
-    RETURNING a.task_id, a.owner),
-opened AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c),
-cur AS (
-    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        NULL::timestamptz, (lease_expires_at < statement_timestamp()) AS expired
-    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed)),
-dup AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
-    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
-    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
-      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
-    FOR KEY SHARE OF t
-    RETURNING 1)
+WITH {{key_claimed}},
+{{attempt_taken_over}},
+{{attempt_opened}},
+{{key_read}},
+{{duplicate_recorded}}
 SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
 FROM claimed c
 UNION ALL
@@ -443,41 +335,8 @@ SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) FROM cur
 -- name: claim_key_or_duplicate_unaudited
 -- claim_key_unaudited (its parameters), and when it claims nothing, the task read (tenant, key);
 -- no duplicate recorded.
-WITH upd AS (
-    UPDATE django_taskclaim_task t
-    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
-        lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
-        payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
-        payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
-    WHERE t.tenant = %s AND t."key" = %s
-      AND ((t.status = 'pending'
-            OR (t.status = 'running' AND t.lease_expires_at < statement_timestamp() AND t.attempts < t.max_attempts))
-           AND t.queue IS NULL)
-      AND (%s::text = '' OR t.payload_fingerprint IN ('', %s::text))
-    RETURNING t.id, t.tenant, t."key", t.status, t.owner, t.fencing_token, t.attempts, t.max_attempts,
-        t.lease_expires_at, t.payload::text AS payload, t.payload_fingerprint, t.result::text AS result,
-        t.result_ref, t.error, t.dispatch::text AS dispatch, t.created_at, t.updated_at, t.queue, t.priority,
-        t.run_after, t.task_path, clock_timestamp() AS claimed_at),
-ins AS (
-    INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-        lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-        updated_at, queue, priority, run_after, task_path)
-    SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
-        statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
-        statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
-    WHERE NOT EXISTS (SELECT 1 FROM upd)
-    ON CONFLICT (tenant, "key") DO NOTHING
-    RETURNING id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        clock_timestamp() AS claimed_at),
-claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins),
-cur AS (
-    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
-        NULL::timestamptz, (lease_expires_at < statement_timestamp()) AS expired
-    FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s AND NOT EXISTS (SELECT 1 FROM claimed))
+WITH {{key_claimed}},
+{{key_read}}
 SELECT c.*, NULL::boolean, NULL::text, true, 0::bigint FROM claimed c
 UNION ALL
 SELECT cur.*, NULL::text, false, 0::bigint FROM cur
@@ -490,20 +349,10 @@ SELECT cur.*, NULL::text, false, 0::bigint FROM cur
 -- crash may drop the newest of these rows, while claims, results and stale-write counts stay
 -- synchronous).
 WITH cur AS (
-    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+    SELECT {{task_columns}},
         (lease_expires_at < statement_timestamp()) AS expired
     FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s),
-dup AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
-    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
-    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
-      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
-    FOR KEY SHARE OF t
-    RETURNING 1),
+{{duplicate_recorded}},
 cfg AS (SELECT set_config('synchronous_commit', 'off', true))
 SELECT cur.*, (SELECT count(*) FROM dup), (SELECT count(*) FROM cfg) FROM cur
 
@@ -511,28 +360,16 @@ SELECT cur.*, (SELECT count(*) FROM dup), (SELECT count(*) FROM cfg) FROM cur
 -- read_and_record_duplicate inside a caller's transaction (the same parameters): its commit stays
 -- synchronous (0 in the last column).
 WITH cur AS (
-    SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-        payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-        dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+    SELECT {{task_columns}},
         (lease_expires_at < statement_timestamp()) AS expired
     FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s),
-dup AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT t.id, NULL, %s, %s, statement_timestamp(), statement_timestamp(), 'duplicate', 0, '', '', ''
-    FROM cur JOIN django_taskclaim_task t ON t.id = cur.id
-    WHERE (cur.status = 'succeeded' OR (cur.status = 'running' AND NOT cur.expired)) AND cur.queue IS NULL
-      AND (%s::text = '' OR cur.payload_fingerprint IN ('', %s::text))
-    FOR KEY SHARE OF t
-    RETURNING 1)
+{{duplicate_recorded}}
 SELECT cur.*, (SELECT count(*) FROM dup), 0 FROM cur
 
 -- name: read_state
 -- What a claim by key that claimed nothing met (tenant, key), without the audit: the task's row,
 -- whether its lease expired, 0, 0 (read_and_record_duplicate's shape).
-SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path,
+SELECT {{task_columns}},
     (lease_expires_at < statement_timestamp()) AS expired, 0, 0
 FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
 
@@ -542,6 +379,43 @@ FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
 -- parameters, an index lookup; a join against t can be planned as a sequential scan of the
 -- attempt table), and _then_start / _audited_then_start: a worker's reserved claim started in the
 -- same commit if the ending matched (Start in store/rows.py).
+
+-- name: attempt_ended
+-- A part: the ending's attempt row closed (the outcome if the task is pending again, else; task id,
+-- token), where t (the ending) matched.
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp()
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+
+-- name: attempt_failed
+-- A part: attempt_ended for a failure, its error kept (outcomes; error, class, traceback; task id, token).
+a AS (
+    UPDATE django_taskclaim_attempt
+    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
+        ended_at = statement_timestamp(), error = %s::text, error_class = %s::text, traceback = %s::text
+    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+
+-- name: start_lease
+-- A part: a reserved claim started (lease seconds, task id, token): start says what it does; its
+-- forms say what it returns.
+UPDATE django_taskclaim_task
+SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+    updated_at = statement_timestamp()
+WHERE id = %s AND status = 'running' AND fencing_token = %s
+
+-- name: then_started
+-- A part: the reserved claim started (start_lease) if the ending t matched.
+s AS (
+    {{start_lease}} AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, fencing_token, lease_expires_at)
+
+-- name: attempt_started
+-- A part: the started claim's attempt row (owner, delivery id).
+sa AS (
+    {{attempt_insert}}
+    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
 
 -- name: complete
 -- The claim's task (result JSON, result_ref; task id, token) succeeded, if the claim still holds it.
@@ -556,58 +430,25 @@ RETURNING status
 -- complete and its attempt row closed, in one statement; then
 -- the attempt's outcome if the task is pending again, its outcome else; task id, token.
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-a AS (
-    UPDATE django_taskclaim_attempt
-    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
-        ended_at = statement_timestamp()
-    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+    {{complete}}),
+{{attempt_ended}}
 SELECT status FROM t
 
 -- name: complete_then_start
 -- complete, and if it matched, the worker's reserved claim started in the same commit (lease
 -- seconds, its task id, token): the status and the started claim's lease expiry (NULL: fenced off).
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-s AS (
-    UPDATE django_taskclaim_task
-    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-        updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
-    RETURNING id, fencing_token, lease_expires_at)
+    {{complete}}),
+{{then_started}}
 SELECT status, (SELECT lease_expires_at FROM s) FROM t
 
 -- name: complete_audited_then_start
 -- complete_audited, then complete_then_start's start with its attempt row (owner, delivery id).
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = 'succeeded', result = %s::jsonb, result_ref = %s, error = '',
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-a AS (
-    UPDATE django_taskclaim_attempt
-    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
-        ended_at = statement_timestamp()
-    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)),
-s AS (
-    UPDATE django_taskclaim_task
-    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-        updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
-    RETURNING id, fencing_token, lease_expires_at),
-sa AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+    {{complete}}),
+{{attempt_ended}},
+{{then_started}},
+{{attempt_started}}
 SELECT status, (SELECT lease_expires_at FROM s) FROM t
 
 -- name: fail
@@ -630,73 +471,25 @@ RETURNING status
 -- the attempt's outcome if the task is pending again, its outcome else, error, error class,
 -- traceback; task id, token.
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = CASE WHEN %s::boolean AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = CASE WHEN %s::boolean AND attempts < max_attempts THEN '' ELSE owner END,
-        error = %s::text,
-        run_after = CASE WHEN %s::boolean AND attempts < max_attempts
-                         THEN COALESCE(statement_timestamp() + make_interval(secs => %s), run_after)
-                         ELSE run_after END,
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-a AS (
-    UPDATE django_taskclaim_attempt
-    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
-        ended_at = statement_timestamp(), error = %s::text, error_class = %s::text, traceback = %s::text
-    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+    {{fail}}),
+{{attempt_failed}}
 SELECT status FROM t
 
 -- name: fail_then_start
 -- fail, and if it matched, the worker's reserved claim started in the same commit (lease
 -- seconds, its task id, token): the status and the started claim's lease expiry (NULL: fenced off).
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = CASE WHEN %s::boolean AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = CASE WHEN %s::boolean AND attempts < max_attempts THEN '' ELSE owner END,
-        error = %s::text,
-        run_after = CASE WHEN %s::boolean AND attempts < max_attempts
-                         THEN COALESCE(statement_timestamp() + make_interval(secs => %s), run_after)
-                         ELSE run_after END,
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-s AS (
-    UPDATE django_taskclaim_task
-    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-        updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
-    RETURNING id, fencing_token, lease_expires_at)
+    {{fail}}),
+{{then_started}}
 SELECT status, (SELECT lease_expires_at FROM s) FROM t
 
 -- name: fail_audited_then_start
 -- fail_audited, then fail_then_start's start with its attempt row (owner, delivery id).
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = CASE WHEN %s::boolean AND attempts < max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = CASE WHEN %s::boolean AND attempts < max_attempts THEN '' ELSE owner END,
-        error = %s::text,
-        run_after = CASE WHEN %s::boolean AND attempts < max_attempts
-                         THEN COALESCE(statement_timestamp() + make_interval(secs => %s), run_after)
-                         ELSE run_after END,
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-a AS (
-    UPDATE django_taskclaim_attempt
-    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
-        ended_at = statement_timestamp(), error = %s::text, error_class = %s::text, traceback = %s::text
-    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)),
-s AS (
-    UPDATE django_taskclaim_task
-    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-        updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
-    RETURNING id, fencing_token, lease_expires_at),
-sa AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+    {{fail}}),
+{{attempt_failed}},
+{{then_started}},
+{{attempt_started}}
 SELECT status, (SELECT lease_expires_at FROM s) FROM t
 
 -- name: release
@@ -716,64 +509,25 @@ RETURNING status
 -- release and its attempt row closed, in one statement; then
 -- the attempt's outcome if the task is pending again, its outcome else; task id, token.
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
-        run_after = COALESCE(statement_timestamp() + make_interval(secs => %s), run_after),
-        error = COALESCE(%s::text, error),
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-a AS (
-    UPDATE django_taskclaim_attempt
-    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
-        ended_at = statement_timestamp()
-    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t))
+    {{release}}),
+{{attempt_ended}}
 SELECT status FROM t
 
 -- name: release_then_start
 -- release, and if it matched, the worker's reserved claim started in the same commit (lease
 -- seconds, its task id, token): the status and the started claim's lease expiry (NULL: fenced off).
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
-        run_after = COALESCE(statement_timestamp() + make_interval(secs => %s), run_after),
-        error = COALESCE(%s::text, error),
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-s AS (
-    UPDATE django_taskclaim_task
-    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-        updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
-    RETURNING id, fencing_token, lease_expires_at)
+    {{release}}),
+{{then_started}}
 SELECT status, (SELECT lease_expires_at FROM s) FROM t
 
 -- name: release_audited_then_start
 -- release_audited, then release_then_start's start with its attempt row (owner, delivery id).
 WITH t AS (
-    UPDATE django_taskclaim_task
-    SET status = 'pending', owner = '', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
-        run_after = COALESCE(statement_timestamp() + make_interval(secs => %s), run_after),
-        error = COALESCE(%s::text, error),
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
-    RETURNING status),
-a AS (
-    UPDATE django_taskclaim_attempt
-    SET outcome = CASE WHEN (SELECT status FROM t) = 'pending' THEN %s ELSE %s END,
-        ended_at = statement_timestamp()
-    WHERE task_id = %s AND token = %s AND EXISTS (SELECT 1 FROM t)),
-s AS (
-    UPDATE django_taskclaim_task
-    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-        updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s AND EXISTS (SELECT 1 FROM t)
-    RETURNING id, fencing_token, lease_expires_at),
-sa AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+    {{release}}),
+{{attempt_ended}},
+{{then_started}},
+{{attempt_started}}
 SELECT status, (SELECT lease_expires_at FROM s) FROM t
 
 -- name: unreserve
@@ -786,70 +540,53 @@ RETURNING status
 -- name: start
 -- Start a reserved claim (lease seconds, task id, token): its attempt counted, its lease the full
 -- one from now; the new expiry, no row when the claim no longer holds the task.
-UPDATE django_taskclaim_task
-SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-    updated_at = statement_timestamp()
-WHERE id = %s AND status = 'running' AND fencing_token = %s
+{{start_lease}}
 RETURNING lease_expires_at
 
 -- name: start_audited
 -- start and its attempt row (owner, delivery id), committed together.
 WITH s AS (
-    UPDATE django_taskclaim_task
-    SET attempts = attempts + 1, lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-        updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'running' AND fencing_token = %s
+    {{start_lease}}
     RETURNING id, fencing_token, lease_expires_at),
-sa AS (
-    INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at, outcome,
-        stale_writes, error, error_class, traceback)
-    SELECT s.id, s.fencing_token, %s, %s, statement_timestamp(), NULL, 'running', 0, '', '', '' FROM s)
+{{attempt_started}}
 SELECT lease_expires_at FROM s
 
 -- -- the sweeper and operators: one statement each, with the audit rows -------------------------
+
+-- name: expired_moved
+-- A part: reclaim's victims and moved (a number of claims; reclaim says what it does).
+victims AS (
+    SELECT id FROM django_taskclaim_task WHERE status = 'running' AND lease_expires_at < statement_timestamp()
+    ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED),
+moved AS (
+    UPDATE django_taskclaim_task t
+    SET status = CASE WHEN t.attempts < t.max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = CASE WHEN t.attempts < t.max_attempts THEN '' ELSE t.owner END,
+        error = CASE WHEN t.attempts < t.max_attempts THEN t.error ELSE 'lease expired with no attempts left' END,
+        lease_expires_at = NULL, updated_at = statement_timestamp()
+    FROM victims v
+    WHERE t.id = v.id AND t.status = 'running' AND t.lease_expires_at < statement_timestamp()
+    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status)
 
 -- name: reclaim
 -- Expired claims (at most a number of them, oldest id first; NULL: all) moved on: pending again
 -- with attempts left, else failed ("lease expired with no attempts left"). The owner is cleared with
 -- the lease (the attempt log keeps who held it). SKIP LOCKED: a claim a transaction holds is left
 -- to the next sweep. Each task moved (id, key, tenant, token, new status), in id order.
-WITH victims AS (
-    SELECT id FROM django_taskclaim_task WHERE status = 'running' AND lease_expires_at < statement_timestamp()
-    ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED),
-moved AS (
-    UPDATE django_taskclaim_task t
-    SET status = CASE WHEN t.attempts < t.max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = CASE WHEN t.attempts < t.max_attempts THEN '' ELSE t.owner END,
-        error = CASE WHEN t.attempts < t.max_attempts THEN t.error ELSE 'lease expired with no attempts left' END,
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    FROM victims v
-    WHERE t.id = v.id AND t.status = 'running' AND t.lease_expires_at < statement_timestamp()
-    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status)
+WITH {{expired_moved}}
 SELECT * FROM moved ORDER BY id
 
 -- name: reclaim_audited
 -- reclaim, and the attempt rows of the claims it moved closed: expired.
-WITH victims AS (
-    SELECT id FROM django_taskclaim_task WHERE status = 'running' AND lease_expires_at < statement_timestamp()
-    ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED),
-moved AS (
-    UPDATE django_taskclaim_task t
-    SET status = CASE WHEN t.attempts < t.max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = CASE WHEN t.attempts < t.max_attempts THEN '' ELSE t.owner END,
-        error = CASE WHEN t.attempts < t.max_attempts THEN t.error ELSE 'lease expired with no attempts left' END,
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    FROM victims v
-    WHERE t.id = v.id AND t.status = 'running' AND t.lease_expires_at < statement_timestamp()
-    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status),
+WITH {{expired_moved}},
 closed AS (
     UPDATE django_taskclaim_attempt a SET outcome = 'expired', ended_at = statement_timestamp()
     FROM moved m WHERE a.task_id = m.id AND a.token = m.fencing_token AND a.outcome = 'running')
 SELECT * FROM moved ORDER BY id
 
--- name: force_release
--- Claims (their ids and tokens: two arrays of one length) released by an operator, as their owners
--- release (see release): pending, this attempt not counted. Each task moved, in id order.
-WITH held AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)),
+-- name: held_moved
+-- A part: force_release's held and moved (ids and tokens; force_release says what it does).
+held AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)),
 moved AS (
     UPDATE django_taskclaim_task t
     SET status = 'pending', owner = '', attempts = CASE WHEN t.attempts > 0 THEN t.attempts - 1 ELSE 0 END,
@@ -857,39 +594,37 @@ moved AS (
     FROM held h
     WHERE t.id = h.id AND t.fencing_token = h.token AND t.status = 'running'
     RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status)
+
+-- name: force_release
+-- Claims (their ids and tokens: two arrays of one length) released by an operator, as their owners
+-- release (see release): pending, this attempt not counted. Each task moved, in id order.
+WITH {{held_moved}}
 SELECT * FROM moved ORDER BY id
 
 -- name: force_release_audited
 -- force_release, and the attempt rows of the claims it released closed: released.
-WITH held AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)),
-moved AS (
-    UPDATE django_taskclaim_task t
-    SET status = 'pending', owner = '', attempts = CASE WHEN t.attempts > 0 THEN t.attempts - 1 ELSE 0 END,
-        lease_expires_at = NULL, updated_at = statement_timestamp()
-    FROM held h
-    WHERE t.id = h.id AND t.fencing_token = h.token AND t.status = 'running'
-    RETURNING t.id, t."key", t.tenant, t.fencing_token, t.status),
+WITH {{held_moved}},
 closed AS (
     UPDATE django_taskclaim_attempt a SET outcome = 'released', ended_at = statement_timestamp()
     FROM moved m WHERE a.task_id = m.id AND a.token = m.fencing_token AND a.outcome = 'running')
 SELECT * FROM moved ORDER BY id
 
--- name: cancel
--- Pending or running tasks (an array of ids) cancelled: how many.
-WITH moved AS (
+-- name: cancelled_moved
+-- A part: cancel's moved (an array of ids; cancel says what it does).
+moved AS (
     UPDATE django_taskclaim_task
     SET status = 'cancelled', lease_expires_at = NULL, updated_at = statement_timestamp()
     WHERE id = ANY(%s::bigint[]) AND status IN ('pending', 'running')
     RETURNING id)
+
+-- name: cancel
+-- Pending or running tasks (an array of ids) cancelled: how many.
+WITH {{cancelled_moved}}
 SELECT count(*) FROM moved
 
 -- name: cancel_audited
 -- cancel, and the open attempt rows of the tasks it cancelled closed: cancelled.
-WITH moved AS (
-    UPDATE django_taskclaim_task
-    SET status = 'cancelled', lease_expires_at = NULL, updated_at = statement_timestamp()
-    WHERE id = ANY(%s::bigint[]) AND status IN ('pending', 'running')
-    RETURNING id),
+WITH {{cancelled_moved}},
 closed AS (
     UPDATE django_taskclaim_attempt a SET outcome = 'cancelled', ended_at = statement_timestamp()
     FROM moved m WHERE a.task_id = m.id AND a.outcome = 'running')
@@ -905,9 +640,7 @@ SELECT count(*) FROM moved
 -- whole binary array for 1,000 tasks. In the order given (WITH ORDINALITY): ids, and so the
 -- queue's order among equal priorities, follow it. Of each row inserted: id, tenant, key,
 -- created_at, payload (as stored).
-INSERT INTO django_taskclaim_task (tenant, "key", status, owner, fencing_token, attempts, max_attempts,
-    lease_expires_at, payload, payload_fingerprint, result, result_ref, error, dispatch, created_at,
-    updated_at, queue, priority, run_after, task_path)
+{{task_insert}}
 SELECT v.tenant, v.key, 'pending', '', 0, 0, v.max_attempts, NULL, v.payload::jsonb, v.payload_fingerprint,
     NULL, '', '', v.dispatch::jsonb, statement_timestamp(), statement_timestamp(), v.queue, v.priority,
     v.run_after, v.task_path
@@ -921,9 +654,7 @@ RETURNING id, tenant, "key", created_at, payload::text
 
 -- name: read_tasks
 -- The tasks (their tenants and keys: two arrays of one length, binary), those that exist.
-SELECT id, tenant, "key", status, owner, fencing_token, attempts, max_attempts, lease_expires_at,
-    payload::text AS payload, payload_fingerprint, result::text AS result, result_ref, error,
-    dispatch::text AS dispatch, created_at, updated_at, queue, priority, run_after, task_path
+SELECT {{task_columns}}
 FROM django_taskclaim_task WHERE (tenant, "key") IN (SELECT * FROM unnest(%b::text[], %b::text[]))
 
 -- The queue claim (claim_next; complete_and_claim_next, after a completion in the same statement).
@@ -1067,8 +798,7 @@ closed AS (UPDATE django_taskclaim_attempt a SET outcome = 'taken_over',
     ended_at = (SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)
     WHERE (a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)
     AND a.outcome = 'running' RETURNING a.task_id, a.owner),
-opened AS (INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, started_at, ended_at,
-    outcome, stale_writes, error, error_class, traceback)
+opened AS ({{attempt_insert}}
     SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c
     {{only_first}})
 

@@ -27,6 +27,18 @@ SET lease_expires_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')
 WHERE id IN (%s, ...) AND status = 'running' AND ((id = %s AND fencing_token = %s) OR ...)
 RETURNING id, lease_expires_at
 
+-- name: task_columns
+-- A part: a task row's columns in TASK_COLUMNS order, as decode() reads them.
+"id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
+"lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
+"created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+
+-- name: task_insert
+-- A part: the insert of a task's row, its columns but id named (in TASK_COLUMNS order).
+INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
+    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
+    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+
 -- name: refresh_waiting
 -- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay as
 -- '+1.000 seconds', task id, task path) if it still waits (see postgresql.sql). Its row, or none.
@@ -35,9 +47,7 @@ SET payload = %s, payload_fingerprint = %s,
     run_after = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
     updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
 WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
-RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+RETURNING {{task_columns}}
 
 -- name: refresh_waiting_capped
 -- refresh_waiting with a max_delay after the delay: capped at created_at + max_delay (min() of
@@ -48,21 +58,15 @@ SET payload = %s, payload_fingerprint = %s,
                     (strftime('%%Y-%%m-%%d %%H:%%M:%%f', created_at, %s) || '000')),
     updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
 WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
-RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+RETURNING {{task_columns}}
 
 -- name: insert_waiting
 -- A coalesced task, pending (the parameters of postgresql.sql's). Its row.
-INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
-    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
-    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+{{task_insert}}
 VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s,
     (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
     %s, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), %s)
-RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+RETURNING {{task_columns}}
 
 -- name: requeue
 -- A reclaimed task's new dispatch (JSON; task id, the token it was reclaimed with), if it is still
@@ -120,33 +124,25 @@ UPDATE django_taskclaim_task SET id = id WHERE 0 = 1
 
 -- name: read_task
 -- The task (tenant, key): its row, or none.
-SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+SELECT {{task_columns}}
 FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
 
 -- name: read_state
 -- What a claim by key that did not claim met (tenant, key): the task's row, and whether its lease
 -- has expired.
-SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path",
+SELECT {{task_columns}},
     (lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'))
 FROM django_taskclaim_task WHERE tenant = %s AND "key" = %s
 
 -- name: ensure
 -- A new pending task unless its (tenant, key) exists (the parameters of postgresql.sql's): its
 -- row, or none.
-INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
-    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
-    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+{{task_insert}}
 VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s,
     (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
     %s, %s, %s, %s)
 ON CONFLICT (tenant, "key") DO NOTHING
-RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+RETURNING {{task_columns}}
 
 -- name: claim_key
 -- A claim by key (tenant, key, owner, max_attempts, lease as '+60.000 seconds', payload, fingerprint):
@@ -155,9 +151,7 @@ RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts",
 -- none stored, or the same). SQLite re-checks the WHERE on the row it writes: one of several racing
 -- claims matches. A task first named without a payload keeps the first payload a claim brings.
 -- The row, or none when the task was not claimable.
-INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
-    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
-    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+{{task_insert}}
 VALUES (%s, %s, 'running', %s, 1, 1, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), %s, %s,
     NULL, '', '', NULL,
     (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
@@ -176,9 +170,7 @@ WHERE ((django_taskclaim_task.status = 'pending'
             AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
        AND django_taskclaim_task.queue IS NULL)
   AND (excluded.payload_fingerprint = '' OR django_taskclaim_task.payload_fingerprint IN ('', excluded.payload_fingerprint))
-RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+RETURNING {{task_columns}}
 
 -- name: take_over_attempt
 -- Close the attempt a claim took over (task id, the previous token), if still open: its owner.
@@ -296,9 +288,7 @@ RETURNING id, "key", tenant, fencing_token, status
 -- name: ensure_many
 -- New pending tasks unless their (tenant, key) exists (each task's values as ensure's, a row
 -- each): of each row inserted, id, tenant, key, created_at, payload.
-INSERT INTO django_taskclaim_task ("tenant", "key", "status", "owner", "fencing_token", "attempts",
-    "max_attempts", "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
-    "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+{{task_insert}}
 VALUES (%s, %s, 'pending', '', 0, 0, %s, NULL, %s, %s, NULL, '', '', %s,
     (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
     %s, %s, %s, %s), ...
@@ -307,9 +297,7 @@ RETURNING id, tenant, "key", created_at, payload
 
 -- name: read_tasks
 -- The tasks (each one's tenant and key), those that exist.
-SELECT "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+SELECT {{task_columns}}
 FROM django_taskclaim_task WHERE (tenant, "key") IN ((%s, %s), ...)
 
 -- name: fail_exhausted_queued
@@ -354,6 +342,4 @@ WHERE id IN (
 AND (django_taskclaim_task.status = 'pending' OR (django_taskclaim_task.status = 'running'
     AND django_taskclaim_task.lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
     AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
-RETURNING "id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
-    "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error", "dispatch",
-    "created_at", "updated_at", "queue", "priority", "run_after", "task_path"
+RETURNING {{task_columns}}
