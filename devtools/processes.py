@@ -24,6 +24,15 @@ from typing import IO, Any, Self
 from .events import Event, EventReader
 
 
+def state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (``T`` stopped, ``S`` sleeping, ``Z`` a zombie), or ``gone``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
+
+
 def send(pid: int, signum: int, *, group: bool = False) -> bool:
     """Send ``signum`` to process ``pid`` (to its whole process group with ``group``); False if it is gone.
 

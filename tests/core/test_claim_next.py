@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection, connections, transaction
 
 from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, Task
@@ -140,34 +143,36 @@ def test_bad_limit(limit: object) -> None:
         Task.objects.claim_next(limit=limit)  # type: ignore[arg-type]
 
 
+def claimed_beside(limit: int) -> list[str]:
+    """The keys another worker's ``claim_next(limit=limit)`` takes, on a connection of its own in a
+    thread, while this thread's transaction is open: it must pass over the rows held here, never
+    wait for them."""
+    out: dict[str, list[str]] = {}
+
+    def other_worker() -> None:
+        try:
+            out["keys"] = [c.key for c in Task.objects.claim_next(limit=limit)]
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_worker, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "claim_next waited for a row lock instead of skipping the row"
+    return out["keys"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_locked_row_is_skipped_not_waited_for() -> None:
     """PostgreSQL, MySQL: claim_next passes over a row another transaction holds (SKIP LOCKED)."""
-    import threading
-
-    from django.db import connection, connections, transaction
-
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has one writer: there is no row lock to skip")
     Task.objects.ensure("held", queue="default")
     Task.objects.ensure("free", queue="default")
-    out: dict[str, object] = {}
-
-    def other_worker() -> None:
-        try:
-            out["keys"] = [c.key for c in Task.objects.claim_next(limit=5)]
-        finally:
-            connections.close_all()
-
     with transaction.atomic():
         Task.objects.select_for_update().get(key="held")  # another claimer, mid-transaction
-        thread = threading.Thread(target=other_worker, daemon=True)
-        thread.start()
-        thread.join(30)
-        waited = thread.is_alive()
-    thread.join(30)
-    assert not waited, "claim_next waited for a row lock instead of skipping the row"
-    assert out["keys"] == ["free"]
+        keys = claimed_beside(5)
+    assert keys == ["free"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -176,31 +181,14 @@ def test_a_claim_mid_transaction_locks_only_what_it_took() -> None:
     racing claim takes the next one. On MySQL/MariaDB the claim once sorted the queue's backlog and
     kept every row it sorted locked (migration 0009): the racer skipped them all and came away empty,
     which under a concurrency limit left a free place unclaimed (issue 33)."""
-    import threading
-
-    from django.db import connection, connections, transaction
-
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has one writer: the racer waits for the first claim's commit")
     for n in range(6):
         Task.objects.ensure(f"t{n}", queue="default")
-    out: dict[str, object] = {}
-
-    def other_worker() -> None:
-        try:
-            out["keys"] = [c.key for c in Task.objects.claim_next(limit=2)]
-        finally:
-            connections.close_all()
-
     with transaction.atomic():
         assert [c.key for c in Task.objects.claim_next(limit=1)] == ["t0"]  # not committed yet
-        thread = threading.Thread(target=other_worker, daemon=True)
-        thread.start()
-        thread.join(30)
-        waited = thread.is_alive()
-    thread.join(30)
-    assert not waited, "claim_next waited for a row lock instead of skipping the row"
-    assert out["keys"] == ["t1", "t2"]
+        keys = claimed_beside(2)
+    assert keys == ["t1", "t2"]
 
 
 @pytest.mark.django_db(transaction=True)  # the starts commit, as a worker's do

@@ -10,18 +10,10 @@ import pytest
 
 from devtools.events import parse
 from devtools.polling import wait_until
-from devtools.processes import Supervisor, send
+from devtools.processes import Supervisor, send, state
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def state(pid: int) -> str:
-    """The kernel's one-letter state of ``pid`` (``T`` stopped, ``S`` sleeping, ``Z`` a zombie), or ``gone``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return "gone"
-    return stat[stat.rindex(")") + 2]
 
 
 def supervisor() -> Supervisor:

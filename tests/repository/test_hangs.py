@@ -24,20 +24,13 @@ import pytest
 
 from devtools import stacks
 from devtools.polling import wait_until
+from devtools.processes import state
 from devtools.servers import PostgresServer, postgres_bindir
 from devtools.threads import call_in_thread
 from tests.conftest import ROOT, requirement_missing
 
 pytestmark = pytest.mark.slow
 
-
-def state(pid: int) -> str:
-    """The kernel's one-letter state of ``pid`` (``T``: stopped), or ``gone``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return "gone"
-    return stat[stat.rindex(")") + 2]
 
 
 def all_stopped(pids: list[int]) -> None:
