@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> None:
         emit(event="stopped", succeeded=0, failed=0, fenced_off=0)
         return
     # A short poll: the demo's leases are short, and an agent waits for a paused agent's lease to run out.
+    # batch=1: each agent claims one job a statement (a concurrent worker's default batch would let
+    # two agents take all six jobs, and the first agent, the one the chaos pauses, none).
     stats = work(TaskRunner("default"), owner=args.name, queue="testgen", until_drained=True, poll=0.1,
-                 concurrency=args.concurrency)
+                 concurrency=args.concurrency, batch=1)
     emit(event="stopped", succeeded=stats.succeeded, failed=stats.failed, fenced_off=stats.fenced_off)
 
 
