@@ -49,10 +49,10 @@ def watch(claim: Claim, seconds: float | None, policy: Policy,
     finally:
         if entry.disarm():
             _watcher().dropped()
-            if time.monotonic() >= entry.due:
+            if claim.overran():
                 # The body returned late and the watcher has not got to it (this process was
                 # paused or starved): the attempt timed out all the same, fenced off here (its
-                # completion was refused by the same clock: Claim.overran()). An event loop's
+                # completion was refused by the same test of the same deadline). An event loop's
                 # thread may not use the ORM: the write then goes to a thread of its own.
                 if _in_event_loop():
                     entry.fire_now(late=True)
