@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import socket
 import time
@@ -305,13 +306,23 @@ def claim(
         routing.unreachable(exc, using, tenant)
 
 
+#: Rounds a claim by key tries before it reports a task that kept changing under it.
+CLAIM_ROUNDS = 8
+
+
 def _claim(using: str, key: str, tenant: str, owner: str, seconds: float, stored: str | None, fp: str,
            limit: int, delivery_id: str) -> ClaimOutcome:
     # A claim can lose to a change that makes the task claimable again (a release) between the
     # statement and the read of the state; try again a few times before reporting what we saw.
     # A task deleted by taskclaim_purge meanwhile (even between the read and the duplicate's
-    # audit row) reads as absent: the next round creates it afresh and claims it.
-    for _ in range(3):
+    # audit row) reads as absent: the next round creates it afresh and claims it. Each lost round
+    # is another process's progress (a claim, a purge, an ensure() of the purged key); from the
+    # third on a short random pause lets the racers part, so that a busy key is answered rather
+    # than reported as changing (four claimers and a purge loop on six keys lost three rounds in a
+    # row on a loaded MariaDB).
+    for round_ in range(CLAIM_ROUNDS):
+        if round_ >= 2:
+            time.sleep(random.uniform(0, 0.002 * round_))  # noqa: S311 (jitter)
         sent = time.monotonic()
         result = transitions.claim_key(using, tenant=tenant, key=key, owner=owner, lease=seconds,
                                        payload=stored, fingerprint=fp, max_attempts=limit,
