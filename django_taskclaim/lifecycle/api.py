@@ -44,6 +44,19 @@ from . import transitions, visits
 from .claim import Claim, claim_next_in
 from .transitions import to_task
 
+#: Rounds a claim or an ``ensure()`` by key tries before it reports a task that kept changing (or
+#: vanishing) under it.
+RACE_ROUNDS = 8
+
+
+def _raced(round_: int) -> None:
+    """Before round ``round_`` of a call by key: each round lost is another process's progress (a
+    claim, a purge, an ``ensure()`` of the purged key); from the third on, a short random pause
+    lets the racers part, so that a busy key is answered rather than reported as changing (four
+    claimers and a purge loop on six keys lost three rounds in a row on a loaded MariaDB)."""
+    if round_ >= 2:
+        time.sleep(random.uniform(0, 0.002 * round_))  # noqa: S311 (jitter)
+
 
 def default_owner() -> str:
     """A worker identity unique to this process and call: ``host:pid:random``."""
@@ -137,7 +150,8 @@ def ensure_task(
     task_path = validate_text(task_path, "task_path", MAX_PATH_LENGTH)
     concurrency = concurrency_of(concurrency_key, concurrency_limit, queued=queue is not None)
     # The row that made the insert conflict can be purged before it is read: insert again.
-    for _ in range(3):
+    for round_ in range(RACE_ROUNDS):
+        _raced(round_)
         try:
             row, created = transitions.ensure(using, tenant=tenant, key=key, payload=stored, fingerprint=fp,
                                               max_attempts=limit, dispatch=dispatch_json, queue=queue,
@@ -306,23 +320,14 @@ def claim(
         routing.unreachable(exc, using, tenant)
 
 
-#: Rounds a claim by key tries before it reports a task that kept changing under it.
-CLAIM_ROUNDS = 8
-
-
 def _claim(using: str, key: str, tenant: str, owner: str, seconds: float, stored: str | None, fp: str,
            limit: int, delivery_id: str) -> ClaimOutcome:
     # A claim can lose to a change that makes the task claimable again (a release) between the
     # statement and the read of the state; try again a few times before reporting what we saw.
     # A task deleted by taskclaim_purge meanwhile (even between the read and the duplicate's
-    # audit row) reads as absent: the next round creates it afresh and claims it. Each lost round
-    # is another process's progress (a claim, a purge, an ensure() of the purged key); from the
-    # third on a short random pause lets the racers part, so that a busy key is answered rather
-    # than reported as changing (four claimers and a purge loop on six keys lost three rounds in a
-    # row on a loaded MariaDB).
-    for round_ in range(CLAIM_ROUNDS):
-        if round_ >= 2:
-            time.sleep(random.uniform(0, 0.002 * round_))  # noqa: S311 (jitter)
+    # audit row) reads as absent: the next round creates it afresh and claims it.
+    for round_ in range(RACE_ROUNDS):
+        _raced(round_)
         sent = time.monotonic()
         result = transitions.claim_key(using, tenant=tenant, key=key, owner=owner, lease=seconds,
                                        payload=stored, fingerprint=fp, max_attempts=limit,
