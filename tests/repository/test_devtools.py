@@ -15,7 +15,6 @@ from devtools.processes import Supervisor, send, state
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
 def supervisor() -> Supervisor:
     return Supervisor(cwd=str(ROOT), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 

@@ -32,7 +32,6 @@ from tests.conftest import ROOT, requirement_missing
 pytestmark = pytest.mark.slow
 
 
-
 def all_stopped(pids: list[int]) -> None:
     """Wait for the kernel to stop each of ``pids`` (a signal is delivered when the process next
     runs); a backend that was exiting when it was stopped ends as a zombie (its stopped postmaster
