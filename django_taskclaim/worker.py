@@ -41,7 +41,7 @@ from .conf import settings
 from .db_threads import threads_for
 from .exceptions import InvalidArgument, StaleClaim, TimedOut
 from .lifecycle.api import claim_next, default_owner
-from .lifecycle.claim import Claim
+from .lifecycle.claim import RESERVATION, Claim
 from .lifecycle.deadlines import watch
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute, execute
 from .lifecycle.transitions import in_transaction
@@ -50,7 +50,7 @@ from .status import Status
 from .store import get_store
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
 from .wakeups import wait_for_work
-from .worker_pool import Pool
+from .worker_pool import Pool, Spares
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -204,7 +204,8 @@ def work(
 
     ``concurrency``: up to that many tasks in flight at once (:mod:`django_taskclaim.worker_pool`):
     sync bodies each on a thread of its own, coroutine functions on one event loop. Free slots are
-    filled by claims of at most ``batch`` tasks each, every task started as it gets its slot.
+    filled by claims of at most ``batch`` tasks each, every task started as it gets its slot; a
+    slot whose task ends starts its next one (a spare claim held ready) in the same commit.
     ``timeout``: seconds an attempt may run (unless its task says otherwise) before its claim is
     fenced off and the attempt recorded as failed with ``TimedOut`` (:mod:`~django_taskclaim.lifecycle.deadlines`):
     an async body is cancelled, a sync one runs on harmlessly, holding its slot until it returns.
@@ -371,19 +372,31 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     """:func:`_serve` with up to ``job.concurrency`` tasks in flight: one claimer (this thread) fills
     the free slots, at most ``job.batch`` tasks a statement, reserving all but the first; each task
     starts (its attempt counted) as it takes its slot, at once, so a reservation is never held
-    longer than that. Stopped: nothing more is claimed, and the tasks in flight finish."""
-    pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim), arun=lambda claim: _aslot(job, claim),
+    longer than that. It also keeps a few reserved claims ready (:class:`Spares`) for the slots
+    whose task is ending: such a slot's completion starts its next task in the same commit, and
+    the slot runs it. Stopped: nothing more is claimed, and the tasks in flight finish."""
+    pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim, spares),
+                arun=lambda claim: _aslot(job, claim, spares),
                 is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, get_store(alias).row_locks))
+    spares = Spares(job.batch, pool.nudge)
     stop, runner = job.stop, job.runner
     try:
         while not stop.is_set() and not pool.errors:
+            _release_stale(spares, job.budget)
             free = pool.free()
-            if not free:
-                pool.wait(job.wait)  # until a task in flight returns
+            for claim in spares.give(free):
+                pool.submit(claim)
+            free = pool.free()
+            wanted = free + spares.wanted()
+            if not wanted:
+                pool.wait(job.wait)  # until a task in flight returns, or a spare is taken
                 continue
             close_old_connections()
-            room = job.budget.take(min(free, job.batch))
+            room = job.budget.take(min(wanted, job.batch))
             if not room:
+                if not free:
+                    pool.wait(job.wait)
+                    continue
                 break  # max_tasks claimed, by this lane or others
             claims, drained = [], False
             try:
@@ -395,53 +408,130 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
             except _UNREACHABLE as exc:
                 outages.down(alias, exc)
             job.budget.refund(room - len(claims))
-            for claim in claims:
+            for claim in claims[:free]:
                 pool.submit(claim)
+            spares.put(claims[free:])
             if drained:
                 break
-            if not claims:
+            if not claims and free:
                 wait_for_work(alias, job.queues, job.wait, stop)  # woken early by an enqueue (PostgreSQL)
     except BaseException:  # interrupted (KeyboardInterrupt): the tasks in flight end, nothing more starts
         stop.set()
         raise
     finally:
-        pool.close()
+        try:
+            pool.close()
+        finally:
+            left = spares.remove(lambda claim: False)
+            job.budget.refund(len(left))
+            for claim in left:
+                _release_unstarted(claim)
 
 
-def _slot(job: _Job, claim: Claim) -> None:
-    """One sync task in its slot: started now (a reserved one given back instead when the worker is
-    stopping), then run, counted; its lease renewed with the other tasks in flight, one statement a
-    round for all (:mod:`~django_taskclaim.lifecycle.renewal`)."""
-    claim.renew_together = True
-    if job.stop.is_set() and claim.reserved:
+def _release_stale(spares: Spares, budget: _Budget) -> None:
+    """Give back the spare claims held past half their reservation: slots that free so seldom have
+    no use for them, and other workers may."""
+    stale = spares.remove(lambda claim: claim.remaining() > RESERVATION / 2)
+    budget.refund(len(stale))
+    for claim in stale:
         _release_unstarted(claim)
-    elif _started(claim, None, job.stats):
-        _run(job.runner, claim, job.stats, _finisher(0, None, [], ""), job.timeout)
 
 
-async def _aslot(job: _Job, claim: Claim) -> None:
+class _Successor:
+    """What a slot's completion hands over: a spare claim, taken once as the result is stored,
+    started by the same commit (:meth:`Claim.then_start`). For a coroutine body (``eager``) the
+    spare is also begun there (:func:`_begin`), on the ORM thread the completion already runs on:
+    one crossing to that thread per task saved."""
+
+    def __init__(self, job: _Job, spares: Spares | None, *, eager: bool = False) -> None:
+        self.job, self.spares, self.eager = job, spares, eager
+        self.claim: Claim | None = None
+        self.asked = False
+        #: Set when the completion began the spare: what :func:`_begin` returned, or raised.
+        self.begun: tuple[Prepared | None, BaseException | None] | None = None
+        self.next: _Successor | None = None
+
+    def finish(self, claim: Claim, result: Any) -> None:
+        if self.spares is None or self.asked or self.job.stop.is_set():
+            claim.complete(result)
+            return
+        self.asked = True
+        self.claim = self.spares.take()
+        claim.then_start(self.claim)
+        claim.complete(result)
+        if self.eager and self.claim is not None:
+            self.next = _Successor(self.job, self.spares, eager=True)
+            try:
+                self.begun = (_begin(self.job, self.claim, self.next.finish, claim), None)
+            except BaseException as exc:  # raised by the slot, not as this task's failure to store
+                self.begun = (None, exc)
+
+
+def _slot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
+    """Sync tasks in one slot: ``claim``'s started now (a reserved one given back instead when the
+    worker is stopping), then run, counted; then the spare its completion started, if any. Each
+    lease is renewed with the other tasks in flight, one statement a round for all
+    (:mod:`~django_taskclaim.lifecycle.renewal`)."""
+    previous: Claim | None = None
+    current: Claim | None = claim
+    while current is not None:
+        current.renew_together = True
+        if job.stop.is_set() and current.reserved and current.started_by(previous) is None:
+            _release_unstarted(current)
+            return
+        if not _started(current, previous, job.stats):
+            return
+        successor = _Successor(job, spares)
+        try:
+            _run(job.runner, current, job.stats, successor.finish, job.timeout)
+        except BaseException:  # a shutdown: the spare its completion took goes back, uncharged
+            if successor.claim is not None:
+                _release_all([successor.claim], current)
+            raise
+        previous, current = current, successor.claim
+
+
+async def _aslot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
     """:func:`_slot` for a coroutine body, on the pool's event loop (its ORM calls on one of the pool's
     database threads)."""
-    claim.renew_together = True
-    if job.stop.is_set() and claim.reserved:
-        await sync_to_async(_release_unstarted)(claim)
-        return
-    finish = _finisher(0, None, [], "")
-    try:
-        prepared = await sync_to_async(_begin)(job, claim, finish)
-        if prepared is None:
-            return  # taken over before it started: counted as fenced off
-        executed = await _aexecute(job.runner, claim, finish, _timeout(job.runner, claim, job.timeout), prepared)
-    except _UNREACHABLE as exc:
-        _unrecorded(claim, job.stats, exc)
-        return
-    _counted(executed, job.stats)
+    previous: Claim | None = None
+    current: Claim | None = claim
+    successor = _Successor(job, spares, eager=True)
+    begun: tuple[Prepared | None, BaseException | None] | None = None
+    while current is not None:
+        current.renew_together = True
+        if begun is None and job.stop.is_set() and current.reserved and current.started_by(previous) is None:
+            await sync_to_async(_release_unstarted)(current)
+            return
+        try:
+            if begun is None:
+                prepared = await sync_to_async(_begin)(job, current, successor.finish, previous)
+            elif begun[1] is not None:
+                raise begun[1]
+            else:
+                prepared = begun[0]
+            if prepared is None:
+                return  # taken over before it started: counted as fenced off
+            executed = await _aexecute(job.runner, current, successor.finish,
+                                       _timeout(job.runner, current, job.timeout), prepared)
+        except _UNREACHABLE as exc:
+            _unrecorded(current, job.stats, exc)
+            executed = None
+        try:
+            if executed is not None:
+                _counted(executed, job.stats)
+        except BaseException:  # a shutdown: the spare its completion took goes back, uncharged
+            if successor.claim is not None:
+                await sync_to_async(_release_all)([successor.claim], current)
+            raise
+        previous, current, begun = current, successor.claim, successor.begun
+        successor = successor.next or _Successor(job, spares, eager=True)
 
 
-def _begin(job: _Job, claim: Claim, finish: Finish) -> Prepared | None:
+def _begin(job: _Job, claim: Claim, finish: Finish, previous: Claim | None = None) -> Prepared | None:
     """On the ORM thread, in one call: start a reserved claim (``None`` if it was taken over), then
     the runner's :meth:`~Runner.prepare`, and whether the thread is in a transaction."""
-    if not _started(claim, None, job.stats):
+    if not _started(claim, previous, job.stats):
         return None
     return Prepared(job.runner.prepare(claim, finish), in_transaction(claim.using))
 

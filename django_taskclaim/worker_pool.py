@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
@@ -45,6 +47,7 @@ class Pool:
         self.idle_threads = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread: threading.Thread | None = None
+        self.nudged = False
 
     def free(self) -> int:
         """Slots free now (none once a task let an error out)."""
@@ -52,10 +55,19 @@ class Pool:
             return 0 if self.errors else self.size - self.busy
 
     def wait(self, timeout: float | None) -> None:
-        """Until a slot frees (or ``timeout`` seconds pass); at once if one is free."""
+        """Until a slot frees or :meth:`nudge` is called (or ``timeout`` seconds pass); at once if one
+        is free or a nudge came since the last wait."""
         with self.changed:
-            if self.busy >= self.size and not self.errors:
+            if self.busy >= self.size and not self.errors and not self.nudged:
                 self.changed.wait(timeout)
+            self.nudged = False
+
+    def nudge(self) -> None:
+        """Wake :meth:`wait` (or make its next call return at once): the caller has news for the
+        thread that fills the slots."""
+        with self.changed:
+            self.nudged = True
+            self.changed.notify_all()
 
     def wait_idle(self) -> None:
         """Until every task in flight has returned."""
@@ -139,3 +151,57 @@ class Pool:
             started.result()
             self.loop = loop
         return self.loop
+
+
+class Spares:
+    """Items held ready for a slot that is about to free: :meth:`take` hands one over without a
+    round trip to the thread that fills the slots, which holds as many as the slots took in the
+    last :attr:`WINDOW` seconds (``size`` at most; :meth:`wanted`) and is nudged when half of
+    those or fewer are left. A pool of long tasks, whose slots seldom free, holds one or none."""
+
+    #: Seconds of demand held ready.
+    WINDOW = 1.0
+
+    def __init__(self, size: int, nudge: Callable[[], None]) -> None:
+        self.size, self.nudge = size, nudge
+        self.items: deque[Any] = deque()
+        self.lock = threading.Lock()
+        self.taken: deque[float] = deque(maxlen=size)  # when the last ``size`` takes came
+
+    def take(self) -> Any:
+        """The oldest item held ready (``None``: none)."""
+        now = time.monotonic()
+        with self.lock:
+            item = self.items.popleft() if self.items else None
+            self.taken.append(now)
+            low = len(self.items) <= self._target(now) // 2
+        if low:
+            self.nudge()
+        return item
+
+    def wanted(self) -> int:
+        """How many more to hold now."""
+        with self.lock:
+            return max(0, self._target(time.monotonic()) - len(self.items))
+
+    def _target(self, now: float) -> int:
+        return sum(1 for at in self.taken if now - at < self.WINDOW)
+
+    def put(self, items: list[Any]) -> None:
+        with self.lock:
+            self.items.extend(items)
+
+    def give(self, count: int) -> list[Any]:
+        """Up to ``count`` items, the oldest first (for the slots that are free now)."""
+        with self.lock:
+            return [self.items.popleft() for _ in range(min(count, len(self.items)))]
+
+    def remove(self, keep: Callable[[Any], bool]) -> list[Any]:
+        """Remove and return the items ``keep`` refuses (held too long; all, when stopping)."""
+        with self.lock:
+            kept: deque[Any] = deque()
+            gone: list[Any] = []
+            for item in self.items:
+                (kept if keep(item) else gone).append(item)
+            self.items = kept
+            return gone

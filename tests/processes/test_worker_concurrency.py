@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -185,3 +186,88 @@ def test_a_slot_given_a_reserved_claim_after_the_stop_releases_it_uncharged() ->
     assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
     _slot(job, first)  # started by its claim: in flight already, it runs to its end
     assert ran == ["r000"] and Task.objects.get(pk=first.task_id).status == Task.Status.SUCCEEDED
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_finishing_slot_starts_its_next_task_in_its_own_completion(kind: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A slot whose task ends takes a spare claim the claimer holds ready and starts it in the
+    commit of that ending. Without spares every task costs a statement besides its completion (a
+    claim that starts it, or a start of its own: ``k`` tasks claimed together cost one claim and
+    ``k - 1`` starts), ``n`` in all; with them, a task started by the completion before it costs
+    none. Each still runs once, one attempt."""
+    from django_taskclaim import worker
+    from django_taskclaim.lifecycle import transitions
+
+    n = 120
+    keys = queue(n, prefix=f"n{kind[0]}")
+    sent: list[str] = []
+    claim_next, start = worker.claim_next, transitions.start
+    monkeypatch.setattr(worker, "claim_next", lambda *a, **k: sent.append("claim") or claim_next(*a, **k))
+    monkeypatch.setattr(transitions, "start", lambda *a: sent.append("start") or start(*a))
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        time.sleep(0.02)  # long enough for the claimer to hold spares ready
+        return claim.key
+
+    async def ahandler(claim):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.02)
+        return claim.key
+
+    stats = work(handler if kind == "sync" else ahandler, owner="chain", concurrency=8, until_drained=True,
+                 poll=0.05)
+    assert stats.succeeded == n
+    assert {t.key: (t.status, t.attempts, t.result) for t in Task.objects.all()} == {
+        key: (Task.Status.SUCCEEDED, 1, key) for key in keys}
+    assert len(sent) < 0.8 * n, f"{len(sent)} claims and starts for {n} tasks: {Counter(sent)}"
+
+
+def test_a_stopped_pool_leaves_nothing_held_its_spares_given_back_uncharged() -> None:
+    queue(60, prefix="h")
+    stop, done = threading.Event(), []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        time.sleep(0.005)
+        done.append(claim.key)
+        if len(done) == 20:
+            stop.set()
+        return claim.key
+
+    stats = work(handler, owner="held", concurrency=4, stop=stop, poll=0.05)
+    assert stats.succeeded == len(done) >= 20
+    rows = set(Task.objects.exclude(key__in=done).values_list("status", "attempts", "owner"))
+    assert rows <= {(Task.Status.PENDING, 0, "")}
+    assert Task.objects.filter(key__in=done, status=Task.Status.SUCCEEDED, attempts=1).count() == len(done)
+
+
+def test_spares_held_past_half_their_reservation_are_given_back_uncharged() -> None:
+    from django_taskclaim.worker import _Budget, _release_stale
+    from django_taskclaim.worker_pool import Spares
+
+    queue(3, prefix="sp")
+    claims = Task.objects.claim_next(owner="w", limit=3, reserve=True)
+    spares, budget = Spares(4, lambda: None), _Budget(10)
+    spares.put(claims[1:])
+    claims[1]._deadline = time.monotonic() + 1  # held long: less than half its reservation left
+    _release_stale(spares, budget)
+    assert spares.give(4) == [claims[2]] and budget.left == 11
+    row = Task.objects.get(pk=claims[1].task_id)
+    assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+
+
+def test_spares_are_asked_for_by_demand_only() -> None:
+    from django_taskclaim.worker_pool import Spares
+
+    nudges: list[int] = []
+    spares = Spares(4, lambda: nudges.append(1))
+    assert spares.wanted() == 0  # nobody took one yet: a pool of long tasks holds none
+    assert spares.take() is None and nudges == [1]
+    assert spares.wanted() == 1  # as many as were taken in the last second
+    spares.put(["a"])
+    assert spares.take() == "a" and spares.take() is None and spares.take() is None
+    assert spares.wanted() == 4
+    spares.put(["b", "c"])
+    assert spares.take() == "b" and len(nudges) == 5 and spares.wanted() == 3  # four of the last second
+    shifted = [at - Spares.WINDOW for at in spares.taken]
+    spares.taken.clear()
+    spares.taken.extend(shifted)
+    assert spares.wanted() == 0  # none taken in the last second: what is held is enough
