@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, Self
 
+from . import forkserver
 from .events import Event, EventReader
 
 
@@ -180,11 +181,14 @@ class Supervisor:
         ``stderr``: a file to keep the child's stderr in (default: a temporary file).
         """
         err = open(stderr, "w+b") if stderr is not None else tempfile.TemporaryFile()  # noqa: SIM115 (closed by Child.close)
-        proc = subprocess.Popen(
-            [self.python, "-m", module, *args], env={**self.env, **(env or {})}, cwd=self.cwd,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, errors="replace",
-            start_new_session=group,
-        )
+        full_env = {**self.env, **(env or {})}
+        proc: Any = forkserver.start(self.python, full_env, self.cwd, module, list(args), group=group, stderr=err)
+        if proc is None:
+            proc = subprocess.Popen(
+                [self.python, "-m", module, *args], env=full_env, cwd=self.cwd,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, errors="replace",
+                start_new_session=group,
+            )
         child = Child(proc, err, self.events, group)
         self.children.append(child)
         assert proc.stdout is not None

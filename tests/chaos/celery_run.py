@@ -117,7 +117,7 @@ class CeleryHarness(Harness):
     def start_worker(self, skewed: bool | None = None) -> WorkerProc:
         tag = f"c{self.next_tag}"
         self.next_tag += 1
-        env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}"}
+        env = {**os.environ, **self.env, "PGAPPNAME": f"chaos-{tag}"}
         # The worker leads a process group: its signals reach its pool processes too.
         child = self.processes.start(
             "celery", "-A", "tests.chaos.celery_app", "worker", "--pool", "prefork", "--concurrency", "2",

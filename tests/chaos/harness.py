@@ -209,7 +209,7 @@ class Harness:
             "TASKCLAIM_TEST_DB": self.opts.db,
             "PYTHONPATH": str(ROOT),
             "CHAOS_SEED": str(self.opts.seed),
-            "CHAOS_APP_NAME": "chaos-harness",
+            "PGAPPNAME": "chaos-harness",
         }
         if self.opts.schedules:
             env["CHAOS_SCHEDULES"] = json.dumps({ticks.NAME: ticks.SCHEDULE})
@@ -275,7 +275,7 @@ class Harness:
     def start_relay(self) -> WorkerProc:
         tag = f"r{self.next_relay}"
         self.next_relay += 1
-        env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}"}
+        env = {**os.environ, **self.env, "PGAPPNAME": f"chaos-{tag}"}
         child = self.processes.start(
             "django", "taskclaim_relay", "--lease", str(self.relay_lease),
             "--timeout", str(self.relay_timeout), "--backoff", "0.2", "--max-attempts", "100000",
@@ -290,7 +290,7 @@ class Harness:
         """A ``taskclaim_scheduler`` process of ``--schedules``; ``skewed``: its clock ahead (libfaketime)."""
         tag = f"s{self.next_scheduler}"
         self.next_scheduler += 1
-        env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}"}
+        env = {**os.environ, **self.env, "PGAPPNAME": f"chaos-{tag}"}
         if skewed:
             # The scheduler's sleeps are on the monotonic clock: left alone.
             env.update(LD_PRELOAD=FAKETIME_LIB, FAKETIME=ticks.SKEW, FAKETIME_DONT_FAKE_MONOTONIC="1")
@@ -373,7 +373,7 @@ class Harness:
         self.next_tag += 1
         if skewed is None:
             skewed = self.skew_available and self.rng.random() < self.opts.skew
-        env = {**os.environ, **self.env, "CHAOS_APP_NAME": f"chaos-{tag}",
+        env = {**os.environ, **self.env, "PGAPPNAME": f"chaos-{tag}",
                "CHAOS_CRASH": self.opts.crash}
         if skewed:
             # FORCE_MONOTONIC_FIX: without it, libfaketime 0.9.10 breaks clock_nanosleep, so

@@ -1,7 +1,9 @@
 """Settings of the harness's processes: the test settings plus a name on each PostgreSQL session.
 
 The nemesis finds a worker's server process through ``application_name`` in
-``pg_stat_activity`` (``CHAOS_APP_NAME``), to terminate it or to catch it inside a commit.
+``pg_stat_activity``, to terminate it or to catch it inside a commit: each process's own, in
+libpq's ``PGAPPNAME`` (read when it connects, so that the harness's processes differ only in a
+variable the fork server of ``devtools/forkserver.py`` sets after the fork).
 
 With the ``failover`` fault, ``HOST`` and ``PORT`` list both servers of the pair
 (``"127.0.0.1,127.0.0.1"``, ``"5433,5434"``: Django hands them to libpq as they are) and
@@ -21,7 +23,6 @@ from tests.settings import DATABASES, DB_VENDOR
 
 if DB_VENDOR == "postgresql":
     _options: dict[str, object] = {
-        "application_name": os.environ.get("CHAOS_APP_NAME", "chaos"),
         # A restarting server refuses connections for a moment; fail fast and retry instead.
         "connect_timeout": 5,
     }

@@ -17,9 +17,9 @@ import json
 import os
 import sys
 import tempfile
-import traceback
 
 from devtools.events import emit
+from devtools.forkserver import exit_code
 
 
 def run_forked(argv: list[str], prog: str) -> tuple[int, str, str]:
@@ -37,15 +37,7 @@ def run_forked(argv: list[str], prog: str) -> tuple[int, str, str]:
                 os.dup2(devnull, 0)
                 os.dup2(out.fileno(), 1)
                 os.dup2(err.fileno(), 2)
-                try:
-                    execute_from_command_line([prog, *argv])
-                    code = 0
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                    if exc.code is not None and not isinstance(exc.code, int):
-                        print(exc.code, file=sys.stderr)  # as the interpreter does with a message
-                except BaseException:
-                    traceback.print_exc()  # as the interpreter does with an uncaught exception
+                code = exit_code(lambda: execute_from_command_line([prog, *argv]))
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
