@@ -151,22 +151,26 @@ def _sample_rss(pid: int, seconds: float) -> list[int]:
     return samples
 
 
-def _count(url: str, table: str, status: str) -> int:
+def _count(url: str, table: str, status: str, started: str = "") -> int:
+    """Rows of ``table`` in ``status`` (and, with ``started``, with that column above 0)."""
     import psycopg
     from psycopg import sql
 
+    query = sql.SQL("SELECT count(*) FROM {} WHERE status = %s").format(sql.Identifier(table))
+    if started:
+        query = sql.SQL("{} AND {} > 0").format(query, sql.Identifier(started))
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = %s").format(sql.Identifier(table)),
-                           [status]).fetchone()
+        row = conn.execute(query, [status]).fetchone()
     return int(row[0]) if row else 0
 
 
-def _await_count(url: str, table: str, status: str, want: int, deadline: float, proc: Any, what: str) -> None:
-    """Poll until ``want`` rows of ``table`` have ``status``; an error if the worker exits first or
-    the deadline passes."""
+def _await_count(url: str, table: str, status: str, want: int, deadline: float, proc: Any, what: str,
+                 started: str = "") -> None:
+    """Poll until ``want`` rows of ``table`` have ``status`` (and have started, by ``started``); an
+    error if the worker exits first or the deadline passes."""
     have = -1
     while time.monotonic() < deadline:
-        have = _count(url, table, status)
+        have = _count(url, table, status, started)
         if have == want:
             return
         if proc.poll() is not None:
@@ -199,13 +203,14 @@ def inflight(runner: Runner, key: str, sizes: Sizes, results: IoResults, counter
         _await_count(runner.url, io.table, io.succeeded, 1, time.monotonic() + 60, proc, what)
         idle = statistics.median(_sample_rss(proc.pid, 1.0))
         runner.call(key, "enqueue", str(n), "hold", json.dumps([gate, 300.0]), io.bulk)
-        _await_count(runner.url, io.table, io.running, n, time.monotonic() + 60 + n / 10, proc, what)
+        # Every task started, not only claimed: a reserved claim's start is not a statement of waiting.
+        _await_count(runner.url, io.table, io.running, n, time.monotonic() + 60 + n / 10, proc, what, io.started)
         before = counter.snapshot(io.table)
         started = time.monotonic()
         loaded = max(_sample_rss(proc.pid, sizes.io_window))
         seconds = time.monotonic() - started
         after = counter.snapshot(io.table)
-        still = _count(runner.url, io.table, io.running)
+        still = _count(runner.url, io.table, io.running, io.started)
         if still != n:
             raise RuntimeError(f"{what}: {still} tasks in flight at the end of the window, expected {n}")
         with open(gate, "w"):

@@ -46,6 +46,9 @@ class IoWorker:
     running: str  # the status of a task in flight there
     succeeded: str  # the status of a task done
     bulk: str  # how its tasks are enqueued before a drain (untimed): its own bulk call (bulk_enqueue)
+    #: A column above 0 once a task in flight has started, where a claimed task may wait its turn
+    #: reserved first (ours: ``attempts``, counted when it starts); "" where every claim starts at once.
+    started: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ OURS_SYSTEM = System(
     # Issue 32: `--concurrency N` tasks in flight per process (sync ones on N threads, async ones
     # on one event loop); the phase skips ours, saying so, where the option does not exist yet.
     io=IoWorker("taskclaim_worker", ("--queue", QUEUE, "--until-drained"), ("--queue", QUEUE), "--concurrency",
-                "--lease", "django_taskclaim_task", "running", "succeeded", "ours_many"),
+                "--lease", "django_taskclaim_task", "running", "succeeded", "ours_many", started="attempts"),
 )
 # ---------------------------------------------------------------------------------------------
 
