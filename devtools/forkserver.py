@@ -81,10 +81,9 @@ def _run_child(module: str, args: list[str], fds: list[int], group: bool, late: 
     """In the forked child: its stdio, session and signals, then ``module`` as ``__main__``; never returns."""
     code = 1
     try:
+        # The signals as a fresh interpreter has them (the server's SIGCHLD wake-up undone).
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start-up
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if group:
             os.setsid()

@@ -382,7 +382,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     stop, runner = job.stop, job.runner
     try:
         while not stop.is_set() and not pool.errors:
-            _release_stale(spares, job.budget)
+            _give_back(spares, job.budget, keep=_fresh)
             free = pool.free()
             for claim in spares.give(free):
                 pool.submit(claim)
@@ -422,18 +422,20 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
         try:
             pool.close()
         finally:
-            left = spares.remove(lambda claim: False)
-            job.budget.refund(len(left))
-            for claim in left:
-                _release_unstarted(claim)
+            _give_back(spares, job.budget)
 
 
-def _release_stale(spares: Spares, budget: _Budget) -> None:
-    """Give back the spare claims held past half their reservation: slots that free so seldom have
-    no use for them, and other workers may."""
-    stale = spares.remove(lambda claim: claim.remaining() > RESERVATION / 2)
-    budget.refund(len(stale))
-    for claim in stale:
+def _fresh(spare: Claim) -> bool:
+    """Whether a spare claim has more than half its reservation left: one held longer sits in a pool
+    whose slots free too seldom to use it, and goes back for other workers."""
+    return spare.remaining() > RESERVATION / 2
+
+
+def _give_back(spares: Spares, budget: _Budget, keep: Callable[[Claim], bool] = lambda claim: False) -> None:
+    """Release the spare claims ``keep`` refuses (all by default) uncharged, for other workers, and
+    refund them to ``max_tasks``."""
+    for claim in spares.remove(keep):
+        budget.refund(1)
         _release_unstarted(claim)
 
 
