@@ -382,7 +382,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     stop, runner = job.stop, job.runner
     try:
         while not stop.is_set() and not pool.errors:
-            _give_back(spares, job.budget, keep=_fresh)
+            _release_spares(spares, job.budget, keep=_fresh)
             free = pool.free()
             for claim in spares.give(free):
                 pool.submit(claim)
@@ -413,8 +413,8 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
             spares.put(claims[free:])
             if drained:
                 break
-            if not claims and free:
-                wait_for_work(alias, job.queues, job.wait, stop)  # woken early by an enqueue (PostgreSQL)
+            if not claims:  # nothing to claim, for a free slot or a spare: until an enqueue (PostgreSQL) or a poll
+                wait_for_work(alias, job.queues, job.wait, stop)
     except BaseException:  # interrupted (KeyboardInterrupt): the tasks in flight end, nothing more starts
         stop.set()
         raise
@@ -422,16 +422,16 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
         try:
             pool.close()
         finally:
-            _give_back(spares, job.budget)
+            _release_spares(spares, job.budget)
 
 
 def _fresh(spare: Claim) -> bool:
     """Whether a spare claim has more than half its reservation left: one held longer sits in a pool
-    whose slots free too seldom to use it, and goes back for other workers."""
+    whose slots free too seldom to use it, and is released for other workers."""
     return spare.remaining() > RESERVATION / 2
 
 
-def _give_back(spares: Spares, budget: _Budget, keep: Callable[[Claim], bool] = lambda claim: False) -> None:
+def _release_spares(spares: Spares, budget: _Budget, keep: Callable[[Claim], bool] = lambda claim: False) -> None:
     """Release the spare claims ``keep`` refuses (all by default) uncharged, for other workers, and
     refund them to ``max_tasks``."""
     for claim in spares.remove(keep):
@@ -470,7 +470,7 @@ class _Successor:
 
 
 def _slot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
-    """Sync tasks in one slot: ``claim``'s started now (a reserved one given back instead when the
+    """Sync tasks in one slot: ``claim``'s started now (a reserved one released instead when the
     worker is stopping), then run, counted; then the spare its completion started, if any. Each
     lease is renewed with the other tasks in flight, one statement a round for all
     (:mod:`~django_taskclaim.lifecycle.renewal`)."""
@@ -486,7 +486,7 @@ def _slot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
         successor = _Successor(job, spares)
         try:
             _run(job.runner, current, job.stats, successor.finish, job.timeout)
-        except BaseException:  # a shutdown: the spare its completion took goes back, uncharged
+        except BaseException:  # a shutdown: the spare its completion took is released, uncharged
             if successor.claim is not None:
                 _release_all([successor.claim], current)
             raise
@@ -522,7 +522,7 @@ async def _aslot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
         try:
             if executed is not None:
                 _counted(executed, job.stats)
-        except BaseException:  # a shutdown: the spare its completion took goes back, uncharged
+        except BaseException:  # a shutdown: the spare its completion took is released, uncharged
             if successor.claim is not None:
                 await sync_to_async(_release_all)([successor.claim], current)
             raise

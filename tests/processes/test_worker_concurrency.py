@@ -240,7 +240,7 @@ def test_a_stopped_pool_leaves_nothing_held_its_spares_given_back_uncharged() ->
 
 
 def test_spares_held_past_half_their_reservation_are_given_back_uncharged() -> None:
-    from django_taskclaim.worker import _Budget, _fresh, _give_back
+    from django_taskclaim.worker import _Budget, _fresh, _release_spares
     from django_taskclaim.worker_pool import Spares
 
     queue(3, prefix="sp")
@@ -248,7 +248,7 @@ def test_spares_held_past_half_their_reservation_are_given_back_uncharged() -> N
     spares, budget = Spares(4, lambda: None), _Budget(10)
     spares.put(claims[1:])
     claims[1]._deadline = time.monotonic() + 1  # held long: less than half its reservation left
-    _give_back(spares, budget, keep=_fresh)
+    _release_spares(spares, budget, keep=_fresh)
     assert spares.give(4) == [claims[2]] and budget.left == 11
     row = Task.objects.get(pk=claims[1].task_id)
     assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
