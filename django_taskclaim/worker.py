@@ -384,9 +384,9 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
         while not stop.is_set() and not pool.errors:
             _release_spares(spares, job.budget, keep=_fresh)
             free = pool.free()
-            for claim in spares.give(free):
+            for claim in spares.give(free):  # a slot that freed with no spare to take: one now
                 pool.submit(claim)
-            free = pool.free()
+                free -= 1
             wanted = free + spares.wanted()
             if not wanted:
                 pool.wait(job.wait)  # until a task in flight returns, or a spare is taken
