@@ -41,7 +41,7 @@ from .conf import settings
 from .db_threads import threads_for
 from .exceptions import InvalidArgument, StaleClaim, TimedOut
 from .lifecycle.api import claim_next, default_owner
-from .lifecycle.claim import RESERVATION, Claim
+from .lifecycle.claim import Claim, reservation
 from .lifecycle.deadlines import watch
 from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute, execute
 from .lifecycle.transitions import in_transaction
@@ -428,7 +428,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
 def _fresh(spare: Claim) -> bool:
     """Whether a spare claim has more than half its reservation left: one held longer sits in a pool
     whose slots free too seldom to use it, and is released for other workers."""
-    return spare.remaining() > RESERVATION / 2
+    return spare.remaining() > reservation(spare.lease) / 2
 
 
 def _release_spares(spares: Spares, budget: _Budget, keep: Callable[[Claim], bool] = lambda claim: False) -> None:

@@ -188,13 +188,15 @@ def test_a_slot_given_a_reserved_claim_after_the_stop_releases_it_uncharged() ->
     assert ran == ["r000"] and Task.objects.get(pk=first.task_id).status == Task.Status.SUCCEEDED
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_finishing_slot_starts_its_next_task_in_its_own_completion(kind: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("kind", "lease"), [("sync", None), ("async", None), ("sync", 1.0)])
+def test_a_finishing_slot_starts_its_next_task_in_its_own_completion(kind: str, lease: float | None,  # type: ignore[no-untyped-def]
+                                                                     monkeypatch) -> None:
     """A slot whose task ends takes a spare claim the claimer holds ready and starts it in the
     commit of that ending. Without spares every task costs a statement besides its completion (a
     claim that starts it, or a start of its own: ``k`` tasks claimed together cost one claim and
     ``k - 1`` starts), ``n`` in all; with them, a task started by the completion before it costs
-    none. Each still runs once, one attempt."""
+    none. Each still runs once, one attempt. A lease under the 5 s reservation too (its spares
+    reserved for the lease only)."""
     from django_taskclaim import worker
     from django_taskclaim.lifecycle import transitions
 
@@ -214,7 +216,7 @@ def test_a_finishing_slot_starts_its_next_task_in_its_own_completion(kind: str, 
         return claim.key
 
     stats = work(handler if kind == "sync" else ahandler, owner="chain", concurrency=8, until_drained=True,
-                 poll=0.05)
+                 poll=0.05, lease=lease)
     assert stats.succeeded == n
     assert {t.key: (t.status, t.attempts, t.result) for t in Task.objects.all()} == {
         key: (Task.Status.SUCCEEDED, 1, key) for key in keys}
@@ -252,6 +254,18 @@ def test_spares_held_past_half_their_reservation_are_given_back_uncharged() -> N
     assert spares.give(4) == [claims[2]] and budget.left == 11
     row = Task.objects.get(pk=claims[1].task_id)
     assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+
+
+def test_a_spare_of_a_short_lease_is_fresh_by_its_own_reservation() -> None:
+    """A lease under the 5 s reservation reserves for the lease only: half of that, not of 5 s, is
+    when its spare has waited too long (else every spare of a 1 s lease went back at once)."""
+    from django_taskclaim.worker import _fresh
+
+    queue(2, prefix="sl")
+    _, spare = Task.objects.claim_next(owner="w", lease=1, limit=2, reserve=True)
+    assert spare.reserved and _fresh(spare)
+    spare._deadline = time.monotonic() + 0.4  # less than half of its 1 s reservation left
+    assert not _fresh(spare)
 
 
 def test_spares_are_asked_for_by_demand_only() -> None:
