@@ -5,10 +5,19 @@ dependencies, then runs pytest on SQLite, PostgreSQL and MariaDB. Without ``PGHO
 ``MYSQL_TCP_PORT``) in the environment it starts a throwaway PostgreSQL (MariaDB) server on
 127.0.0.1 for the run.
 
-    python3 -m tests                      # SQLite, PostgreSQL and MariaDB
+    python3 -m tests                      # SQLite, PostgreSQL and MariaDB, side by side
     python3 -m tests --db sqlite -k claim # one database, pytest options after
     python3 -m tests --config pool        # the core concurrency tests in one configuration
     python3 -m tests --config all         # ... in every configuration (tests/configurations.py)
+
+Without ``--db``, the three databases run side by side, as CI's legs do (.ci/run): each a
+``python3 -m tests --db X`` of its own, with its own servers and test databases, its output in
+``artifacts/tests/X.log``, printed whole in order once all have ended, then each one's time; a
+failing database fails the command, and SIGTERM or Ctrl-C stops all of them and their servers.
+The whole suite runs every test at least once across them, as CI's database legs do:
+``tests/repository`` in the PostgreSQL run only (its benchmark runs need PostgreSQL), the admin in
+Chromium (``tests/operators/test_browser.py``) and the Celery tests on RabbitMQ in the MariaDB run
+only (the shortest); test paths named on the command line run on all three.
 
 A configuration other than ``default`` runs the core concurrency tests unless test paths are
 given (and its own tests), on the databases it applies to; ``pgbouncer`` starts a PgBouncer in
@@ -21,10 +30,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +66,107 @@ def run_with_deadline(argv: list[str], env: dict[str, str], what: str) -> int:
             proc.kill()
             proc.wait()
             raise
+
+
+#: Where each database's run writes its output when the databases run side by side
+#: (``TASKCLAIM_TEST_LOGS``: the runner's own tests, inside a run, write theirs elsewhere).
+LOGS = Path(os.environ.get("TASKCLAIM_TEST_LOGS", ROOT / "artifacts" / "tests"))
+DATABASES = ("sqlite", "postgresql", "mariadb")
+#: What the whole suite runs in one database's run only (CI's legs leave out the same): the
+#: repository's own checks need no database under test but PostgreSQL for the benchmarks' smoke
+#: runs; the admin in Chromium depends on Django's version, not on the database; RabbitMQ goes to
+#: the shortest run (the Celery tests run on Redis in all three).
+ONLY_IN = {"tests/repository": "postgresql", "tests/operators/test_browser.py": "mariadb"}
+BROKERS = {"postgresql": "redis", "mariadb": "redis,rabbitmq", "sqlite": "redis"}
+#: Seconds a database's run has, once asked to stop (SIGTERM), to stop its pytest and its servers.
+STOP_GRACE = 60.0
+
+
+def leg_command(db: str, pytest_args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of ``db``'s run among the three side by side: the test command
+    on that database, with the whole suite's leave-outs (``ONLY_IN``) unless tests are named."""
+    env = dict(os.environ)
+    args = list(pytest_args)
+    if not names_tests(pytest_args):
+        args = [f"--ignore={path}" for path, only in ONLY_IN.items() if only != db] + args
+        env.setdefault("TASKCLAIM_TEST_BROKERS", BROKERS[db])
+    # A test database of its own name on a server of the reader's (MYSQL_TCP_PORT), which also
+    # names the files beside it (LangGraph's checkpoints in the temporary folder): two runs of
+    # this command on one machine never share them. PostgreSQL's and SQLite's are per server
+    # and per runner process already.
+    if db == "mariadb":
+        env.setdefault("TASKCLAIM_TEST_MYSQL_NAME", f"test_taskclaim_{os.getpid()}")
+    return [sys.executable, "-m", "tests", "--db", db, *args], env
+
+
+def run_side_by_side(pytest_args: list[str], dbs: tuple[str, ...] = DATABASES) -> int:
+    """Run the suite on ``dbs`` at once, each run a process of its own writing to its log under
+    ``artifacts/tests/``; print the logs whole in order, then each run's time. 0 when every run
+    passed, else 1. Interrupted (SIGTERM, Ctrl-C), every run still going is sent SIGTERM, which
+    stops its pytest and its servers (run_pytest), and is killed with its process group after
+    ``STOP_GRACE`` seconds."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    ended: queue.Queue[tuple[str, int, float]] = queue.Queue()
+    runs: dict[str, subprocess.Popen[bytes]] = {}
+    results: dict[str, tuple[int, float]] = {}
+
+    def wait_for(db: str, proc: subprocess.Popen[bytes], start: float) -> None:
+        ended.put((db, proc.wait(), time.monotonic() - start))
+
+    started = time.monotonic()
+    try:
+        for db in dbs:
+            argv, env = leg_command(db, pytest_args)
+            with open(LOGS / f"{db}.log", "wb") as log:
+                # A session of its own: Ctrl-C in a terminal reaches this runner only, which
+                # stops each run in order (below) rather than all at once mid-start.
+                proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            runs[db] = proc
+            threading.Thread(target=wait_for, args=(db, proc, time.monotonic()), daemon=True).start()
+            print(f"started the tests on {db} (pid {proc.pid}): output in {LOGS / db}.log",
+                  flush=True)
+        while len(results) < len(runs):
+            db, code, took = ended.get()
+            results[db] = (code, took)
+            print(f"   tests on {db} ended after {took:.0f} s: {'ok' if code == 0 else f'FAILED (exit {code})'}",
+                  flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: the runs are stopped below; their logs say how far they got
+        print(f"\ninterrupted: the logs so far are in {LOGS}/", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        stop_runs({db: proc for db, proc in runs.items() if proc.poll() is None})
+    for db in dbs:
+        print(f"\n======== {db}: {describe(*results[db])} ========", flush=True)
+        sys.stdout.buffer.write((LOGS / f"{db}.log").read_bytes())
+        sys.stdout.flush()
+    print("\n" + "  ".join(f"{db}: {describe(*results[db])}" for db in dbs)
+          + f"  (side by side: {time.monotonic() - started:.0f} s)", flush=True)
+    return 0 if all(code == 0 for code, _ in results.values()) else 1
+
+
+def describe(code: int, took: float) -> str:
+    return f"{'ok' if code == 0 else f'FAILED (exit {code})'} in {took:.0f} s"
+
+
+def stop_runs(running: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Stop the runs still going: SIGTERM to each (its runner stops its pytest and servers), then,
+    after ``STOP_GRACE`` seconds, SIGKILL to the process group of any still there."""
+    if not running:
+        return
+    print(f"\nstopping the tests on {', '.join(running)} ...", file=sys.stderr, flush=True)
+    for proc in running.values():
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for db, proc in running.items():
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"the tests on {db} did not stop within {STOP_GRACE:g} s: killed", file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def run_pytest(db: str, pytest_args: list[str], config: str = "default") -> int:
@@ -129,15 +242,18 @@ def main() -> int:
     runs = [(config, db) for config in configs for db in dbs if db in CONFIGS[config][0]]
     if not runs:
         parser.error(f"configuration {args.config!r} does not apply to {args.db}")
+    if args.db == "all" and configs == ["default"]:
+        return run_side_by_side(pytest_args)
     results = {}
     for config, db in runs:
         selected = pytest_args if config == "default" or names_tests(pytest_args) else [
             *pytest_args, *CORE, *OWN.get(config, [])]
         label = db if config == "default" else f"{config}/{db}"
-        results[label] = run_pytest(db, selected, config)
-    print("\n" + "  ".join(f"{label}: {'ok' if code == 0 else f'FAILED (exit {code})'}"
-                           for label, code in results.items()))
-    return 0 if all(code == 0 for code in results.values()) else 1
+        start = time.monotonic()
+        code = run_pytest(db, selected, config)
+        results[label] = (code, time.monotonic() - start)
+    print("\n" + "  ".join(f"{label}: {describe(*result)}" for label, result in results.items()))
+    return 0 if all(code == 0 for code, _ in results.values()) else 1
 
 
 if __name__ == "__main__":

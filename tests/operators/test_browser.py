@@ -2,7 +2,12 @@
 
 An operator logs in, finds the RUNNING task, runs *release* on it and reads the message;
 the database then shows the task PENDING and the worker's old claim is fenced off.
-A screenshot is saved to ``artifacts/`` (the run's test artifact).
+A screenshot is saved to ``artifacts/`` (the run's test artifact); when a test fails, the page the
+browser last saw (its address, HTML and a screenshot) is saved there too.
+
+Every step waits (``WebDriverWait``) for the exact element it uses next on the page it expects:
+a page's content can be in the DOM before the page has loaded, and a navigation started then may
+return while the old page is still the one being read (the Queues link was once not found).
 """
 
 from __future__ import annotations
@@ -25,8 +30,33 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 TIMEOUT = 20
 
 
+def save_page(driver: Any, name: str) -> list[Path]:
+    """Save what ``driver`` shows, to read after a failed run: its address and HTML
+    (``NAME.html``) and a screenshot (``NAME.png``), under ``artifacts/``. Never raises: a browser
+    that cannot answer any more is named in the HTML file instead."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    html, png = ARTIFACTS / f"{name}.html", ARTIFACTS / f"{name}.png"
+    try:
+        html.write_text(f"<!-- {driver.current_url} -->\n{driver.page_source}")
+    except Exception as exc:  # noqa: BLE001 - the run's own failure is the one reported
+        html.write_text(f"<!-- the browser could not be read: {exc!r} -->\n")
+    saved = [html]
+    try:
+        if driver.save_screenshot(str(png)):
+            saved.append(png)
+    except Exception:  # noqa: BLE001, S110 - the HTML above is the artifact that matters
+        pass
+    return saved
+
+
+def failed_page_name(nodeid: str) -> str:
+    """``browser-failed-<test>-<database>``: a file name per test and database (CI keeps artifacts/)."""
+    test = nodeid.rsplit("::", 1)[-1]
+    return f"browser-failed-{test}-{os.environ.get('TASKCLAIM_TEST_DB', 'sqlite')}"
+
+
 @pytest.fixture
-def browser() -> Iterator[Any]:
+def browser(request: pytest.FixtureRequest) -> Iterator[Any]:
     from tests.conftest import requirement_missing
 
     for binary in (CHROMIUM, CHROMEDRIVER):
@@ -46,11 +76,44 @@ def browser() -> Iterator[Any]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(TIMEOUT)
+    failures = request.session.testsfailed
     try:
         yield driver
+        if request.session.testsfailed > failures:  # this test's call failed (counted before teardown)
+            for path in save_page(driver, failed_page_name(request.node.nodeid)):
+                print(f"the page the browser saw is saved in {path}")
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def loaded(by: str, selector: str) -> Any:
+    """A wait's condition: the page has loaded (``document.readyState`` is ``complete``) and the
+    element is there, visible and enabled; the element, for the step that uses it."""
+    from selenium.webdriver.support import expected_conditions as ec
+
+    clickable = ec.element_to_be_clickable((by, selector))
+
+    def condition(driver: Any) -> Any:
+        if driver.execute_script("return document.readyState") != "complete":
+            return False
+        return clickable(driver)
+
+    return condition
+
+
+def log_in(browser: Any, wait: Any, url: str) -> None:
+    """Log in as ``oncall`` through the admin's own login form at ``url``, and wait until the
+    login page has gone (the page after it is the caller's to wait for)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    browser.get(url)
+    wait.until(loaded(By.NAME, "username")).send_keys("oncall")
+    browser.find_element(By.NAME, "password").send_keys("correct horse")
+    submit = browser.find_element(By.CSS_SELECTOR, "input[type=submit]")
+    submit.click()
+    wait.until(ec.staleness_of(submit))
 
 
 @pytest.mark.slow
@@ -75,24 +138,26 @@ def test_operator_releases_a_running_task_in_the_browser(browser, live_server) -
     wait = WebDriverWait(browser, TIMEOUT)
 
     # Log in through the real admin login form.
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_taskclaim/task/")
-    browser.find_element(By.NAME, "username").send_keys("oncall")
-    browser.find_element(By.NAME, "password").send_keys("correct horse")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait.until(ec.presence_of_element_located((By.ID, "result_list")))
+    log_in(browser, wait, f"{live_server.url}/admin/login/?next=/admin/django_taskclaim/task/")
+    wait.until(loaded(By.ID, "result_list"))
 
     # Find the RUNNING task: filter by status, then pick its row.
-    browser.find_element(By.LINK_TEXT, "Running").click()
+    list_page = browser.find_element(By.ID, "result_list")
+    wait.until(ec.element_to_be_clickable((By.LINK_TEXT, "Running"))).click()
+    wait.until(ec.staleness_of(list_page))
     wait.until(ec.url_contains("status__exact=running"))
+    wait.until(loaded(By.ID, "result_list"))
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 1
     row = rows[0]
     assert "nightly-report" in row.text and "worker-7" in row.text and "left" in row.text
     row.find_element(By.CSS_SELECTOR, "input.action-select").click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("release")
-    browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    go = browser.find_element(By.CSS_SELECTOR, "button[name=index]")
+    go.click()
+    wait.until(ec.staleness_of(go))  # the list posted to, not the page that posted
 
-    message = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "ul.messagelist li")))
+    message = wait.until(loaded(By.CSS_SELECTOR, "ul.messagelist li"))
     assert message.text == "Released 1 task; its owner is fenced off."
     ARTIFACTS.mkdir(exist_ok=True)
     vendor = os.environ.get("TASKCLAIM_TEST_DB", "sqlite")
@@ -122,19 +187,23 @@ def test_operator_cancels_a_task_from_its_page_and_reads_the_queues(browser, liv
         content_type__app_label="django_taskclaim", codename__in=["view_task", "cancel_task"]))
     task = Task.objects.ensure("mail-7", queue="emails", task_path="shop.tasks.send_mail")
     wait = WebDriverWait(browser, TIMEOUT)
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_taskclaim/task/{task.pk}/change/")
-    browser.find_element(By.NAME, "username").send_keys("oncall")
-    browser.find_element(By.NAME, "password").send_keys("correct horse")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, wait, f"{live_server.url}/admin/login/?next=/admin/django_taskclaim/task/{task.pk}/change/")
     cancel = "//ul[@class='object-tools']//button[text()='Cancel']"
-    wait.until(ec.element_to_be_clickable((By.XPATH, cancel))).click()
-    message = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "ul.messagelist li")))
+    button = wait.until(loaded(By.XPATH, cancel))
+    button.click()
+    wait.until(ec.staleness_of(button))  # the page after the POST, not the one that posted
+    message = wait.until(loaded(By.CSS_SELECTOR, "ul.messagelist li"))
     assert message.text == f"Cancelled task {task.pk}."
     assert Task.objects.get(pk=task.pk).status == Task.Status.CANCELLED
     assert not browser.find_elements(By.XPATH, cancel)
 
     Task.objects.ensure("mail-8", queue="emails", task_path="shop.tasks.send_mail")
+    task_page = browser.find_element(By.TAG_NAME, "html")
     browser.get(f"{live_server.url}/admin/django_taskclaim/task/")
-    browser.find_element(By.CSS_SELECTOR, "ul.object-tools a[href$='/task/queues/']").click()
-    table = wait.until(ec.presence_of_element_located((By.ID, "queues")))
+    # The list, loaded: not the task's page, which get() may return on while it still loads.
+    wait.until(ec.staleness_of(task_page))
+    queues = wait.until(loaded(By.CSS_SELECTOR, "ul.object-tools a[href$='/task/queues/']"))
+    queues.click()
+    wait.until(ec.staleness_of(queues))
+    table = wait.until(loaded(By.ID, "queues"))
     assert [c.text for c in table.find_elements(By.CSS_SELECTOR, "tbody td")][:4] == ["emails", "1", "0", "0"]

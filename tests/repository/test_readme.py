@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import re
+import shlex
+import sys
+import tomllib
+import types
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -104,7 +109,70 @@ def test_readme_keeps_the_two_commands_and_stays_short() -> None:
     text = README.read_text()
     commands = section("Try it: two commands on a fresh clone")
     assert "python3 -m example_project " in commands and "python3 -m tests " in commands
-    assert len(text.splitlines()) <= 170
+    assert len(text.splitlines()) <= 215  # 170 before the Django Tasks quickstart (issue 40)
+
+
+# ---- The quickstart with Django Tasks: settings, @task with @keyed, the worker, the admin ----------
+TASKS_QUICKSTART = "Quickstart with Django Tasks"
+
+
+class Receipt:
+    """Stand-in for the reader's model: each ``create`` writes a real row (a ``testapp.Effect``)."""
+
+    class objects:  # noqa: N801 - mimics a model manager
+        @staticmethod
+        def create(order_id: int) -> Effect:
+            return Effect.objects.create(task_key=f"receipt-{order_id}", token=0, worker="readme")
+
+
+def test_django_tasks_quickstart_names_extras_that_exist_and_the_backend() -> None:
+    text = section(TASKS_QUICKSTART)
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = {extra for group in re.findall(r"`(?:django-taskclaim)?\[([a-z,]+)\]`", text) for extra in group.split(",")}
+    assert {"postgresql", "mysql", "tasks"} <= named and named <= extras, named - extras
+    settings_block, _ = python_blocks(text)
+    namespace: dict[str, Any] = {}
+    exec(compile(settings_block, str(README), "exec"), namespace)  # noqa: S102 - the README's own code
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    from django_taskclaim.tasks import ClaimBackend
+
+    backend = namespace["TASKS"]["default"]["BACKEND"]
+    assert import_string(backend) is ClaimBackend and settings.TASKS["default"]["BACKEND"] == backend
+
+
+@pytest.mark.django_db(transaction=True)
+def test_django_tasks_quickstart_enqueues_once_runs_under_the_worker_and_shows_in_the_admin() -> None:
+    from django.core.management import call_command
+    from django.urls import resolve
+
+    from django_taskclaim.tasks.compat import TaskResultStatus
+
+    text = section(TASKS_QUICKSTART)
+    _, code = python_blocks(text)
+    # The reader's tasks.py, a module of its own: the worker imports the task by its path.
+    module = types.ModuleType("readme_django_tasks")
+    module.Receipt = Receipt  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, str(README), "exec"), module.__dict__)  # noqa: S102 - the README's own code
+        first = module.send_receipt.enqueue(7)  # type: ignore[attr-defined]  # a third request
+        assert Task.objects.count() == 1
+        worker = re.search(r"^python manage\.py (taskclaim_worker\b[^#\n]*)", text, re.M)
+        assert worker, "the section runs no taskclaim_worker"
+        out = io.StringIO()
+        call_command(*shlex.split(worker.group(1)), "--until-drained", "--json", stdout=out)
+        assert json.loads(out.getvalue().strip().splitlines()[-1])["succeeded"] == 1
+        result = module.send_receipt.get_result(first.id)  # type: ignore[attr-defined]
+    finally:
+        del sys.modules[module.__name__]
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "sent"
+    assert list(Effect.objects.values_list("task_key", flat=True)) == ["receipt-7"]  # once
+    task = Task.objects.get()
+    assert task.tenant == "acme" and task.status == "succeeded"
+    admin = re.search(r"`(/admin/[^`]+)`", text)
+    assert admin and resolve(admin.group(1)).url_name == "django_taskclaim_task_changelist"
 
 
 def test_readme_sample_summary_matches_what_the_demo_prints() -> None:
