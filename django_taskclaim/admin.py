@@ -454,8 +454,15 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
 
+    exclude = ("headers",)
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in self.model._meta.fields]
+        # A message's own headers may hold a secret (an Authorization): their names, never their values.
+        return [f.name if f.name != "headers" else "header_names" for f in self.model._meta.fields]
+
+    @admin.display(description=_("headers (names only)"))
+    def header_names(self, obj: OutboxMessage) -> str:
+        return ", ".join(sorted(obj.headers or {})) or "—"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # A message lives in its task's database (recorded in the same transaction).

@@ -22,6 +22,7 @@ from django.db import connections
 from . import store
 from .checkspec import spec
 from .conf import settings
+from .downstream.checks import register_caller
 from .exceptions import InvalidLease
 from .values import LEASE_CEILING, MAX_INT, json_encoder, lease_seconds
 
@@ -198,4 +199,5 @@ def register() -> None:
     checks.register(check_database_server, checks.Tags.database)
     checks.register(check_settings)
     checks.register(check_routing)
+    register_caller()
     register_framework_checks()

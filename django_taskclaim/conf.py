@@ -47,6 +47,11 @@ Setting                              Type       Default       Meaning
 ``TASKCLAIM_SCHEDULES``              dict       ``{}``        Schedules that fire once per tick, by name
                                                               (docs/django-tasks.md, "Schedules"; checks
                                                               E301-E305).
+``TASKCLAIM_SIGNING_KEY``           str or     ``None``      The secret that signs calls to a downstream
+                                     list                     (``Taskclaim-Signature``); a list on the
+                                                              downstream's side accepts each of its keys
+                                                              (rotation), the first one signs (checks
+                                                              E401, W402).
 ``TASKCLAIM_CELERY_APP``             str        ``None``      Dotted path of the Celery app the bridge's
                                                               checks inspect (default: the project's app, as
                                                               ``celery -A proj`` finds it;
@@ -179,6 +184,35 @@ class TaskClaimSettings:
     @property
     def PREPARED_STATEMENTS(self) -> bool:
         return bool(self._get("PREPARED_STATEMENTS", True))
+
+    @property
+    def SIGNING_KEY(self) -> tuple[bytes, ...]:
+        """``TASKCLAIM_SIGNING_KEY`` as keys, the one that signs first; empty when unset (calls go
+        unsigned). ``ImproperlyConfigured`` names what is wrong (check E401 at start-up)."""
+        value = self._values.get("SIGNING_KEY", _MISSING)
+        if value is _MISSING:
+            value = self._values["SIGNING_KEY"] = signing_keys(getattr(django_settings, "TASKCLAIM_SIGNING_KEY", None))
+        return value  # type: ignore[return-value]
+
+
+def signing_keys(value: object) -> tuple[bytes, ...]:
+    """``TASKCLAIM_SIGNING_KEY`` (``None``, a key, or a non-empty list of keys; a key a non-empty str
+    or bytes) as a tuple of byte strings; ``ImproperlyConfigured`` otherwise. An empty key is refused
+    rather than read as "unsigned": it is more often an environment variable that was not set."""
+    if value is None:
+        return ()
+    given = list(value) if isinstance(value, list | tuple) else [value]
+    if not given:
+        raise ImproperlyConfigured("TASKCLAIM_SIGNING_KEY is an empty list: give at least one key, or remove it")
+    keys = []
+    for key in given:
+        if not isinstance(key, str | bytes):
+            raise ImproperlyConfigured(f"TASKCLAIM_SIGNING_KEY must be a str or bytes key or a list of them, "
+                                       f"not one of type {type(key).__name__}")
+        if not key:
+            raise ImproperlyConfigured("TASKCLAIM_SIGNING_KEY holds an empty key: a key that signs nothing")
+        keys.append(key.encode() if isinstance(key, str) else key)
+    return tuple(keys)
 
 
 #: Settings read together (the router and the databases it may return).

@@ -441,6 +441,9 @@ class OutboxMessage(models.Model):
     method = models.CharField(_("method"), max_length=8)
     url = models.CharField(_("URL"), max_length=2048)
     body = models.JSONField(_("JSON body"), null=True, blank=True)
+    # The message's own headers (authentication: ``outbox.http(headers=...)``), sent with the
+    # contract's; emptied once delivered, never logged nor shown in the admin.
+    headers = models.JSONField(_("headers"), default=dict, blank=True)
     status = models.CharField(_("status"), max_length=16, choices=MessageStatus.choices,
                               default=MessageStatus.PENDING)
     # Deliveries started (counted when a relay claims it, so a message that kills its relays ends).

@@ -11,6 +11,7 @@ once where the downstream recognises the key.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -30,7 +31,8 @@ from django.db.models import F, Q
 
 from . import outages, routing
 from .exceptions import InvalidArgument
-from .idempotency import fencing_headers
+from .idempotency import IN_FLIGHT, STALE_TOKEN, fencing_headers
+from .lifecycle.outbox import shown_url
 from .models import OutboxMessage
 from .status import MessageStatus
 from .store import DbNow, DbNowPlus, get_store
@@ -57,6 +59,7 @@ class Leased(NamedTuple):
     method: str
     url: str
     body: Any
+    headers: dict[str, str]
     attempts: int
     relay_owner: str
     relay_token: int
@@ -109,6 +112,8 @@ def record_answer(using: str, message: Leased, *, delivered: bool, final: bool, 
         values["next_try_at"] = DbNowPlus(backoff)
     else:
         values["delivered_at"] = DbNow()
+    if delivered:
+        values["headers"] = {}  # its own headers may hold a secret: kept no longer than needed
     return bool(_held(using, message).update(**values))
 
 
@@ -124,16 +129,28 @@ def _held(using: str, message: Leased) -> Any:
 
 @dataclass(frozen=True)
 class Answer:
-    """What came back from one delivery: the status code (``None``: no answer) and a body excerpt."""
+    """What came back from one delivery: the status code (``None``: no answer), a body excerpt, the
+    answer's problem type and ``Retry-After`` (seconds) if it had them; ``unsendable`` when the
+    message could not be sent at all (sending it again cannot help)."""
 
     status_code: int | None
     excerpt: str
+    problem: str = ""
+    retry_after: float | None = None
+    unsendable: bool = False
 
     def retryable(self) -> bool:
-        """No answer, a 5xx, or a 409 "in progress" (the downstream still runs the same key)."""
+        """No answer, a 5xx, or a 409 for a call of the same key still in flight downstream (problem
+        type ``in-flight``, or a ``Retry-After``; the body "in progress" of downstreams before them).
+        A 409 for an older token (``stale-token``) is final: a newer owner has called."""
         code = self.status_code
-        return (code is None or code >= 500
-                or (code == 409 and "in progress" in self.excerpt.lower()))
+        if self.unsendable:
+            return False
+        if code is None or code >= 500:
+            return True
+        if code != 409 or self.problem == STALE_TOKEN:
+            return False
+        return self.problem == IN_FLIGHT or self.retry_after is not None or "in progress" in self.excerpt.lower()
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -142,26 +159,128 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class _Deadline:
+    """One delivery's overall deadline. A socket timeout bounds each read, not the request: a
+    downstream answering a byte a second would hold it open for ever. Past the deadline the
+    delivery's sockets are shut down, which ends a read in progress at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def remaining(self) -> float:
+        """Seconds left (a little at least, so that a socket given it times out rather than blocks)."""
+        return max(0.001, self.at - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    # The plain socket's shutdown, also under TLS: SSLSocket.shutdown would drop its TLS state
+    # under the thread reading it.
+    with contextlib.suppress(OSError):  # already closed
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _connection(base: type[http.client.HTTPConnection], deadline: _Deadline) -> type[http.client.HTTPConnection]:
+    class Connection(base):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            self.timeout = deadline.remaining()  # connecting too ends by the deadline
+            super().connect()
+            deadline.watch(self.sock)
+
+    return Connection
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_connection(http.client.HTTPConnection, self.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_connection(http.client.HTTPSConnection, self.deadline), req)
 
 
 def deliver(message: Leased, *, timeout: float) -> Answer:
-    """Send ``message`` once with the contract's headers; its answer (never raises for HTTP)."""
-    headers = fencing_headers(message.tenant, message.task_key, message.token, message.effect)
+    """Send ``message`` once with its headers and the contract's, all of it (connecting, sending,
+    reading the answer) within ``timeout`` seconds; its answer (never raises for HTTP)."""
+    headers = dict(message.headers or {})
+    headers.update(fencing_headers(message.tenant, message.task_key, message.token, message.effect))
     data = None
     if message.body is not None:
         data = json.dumps(message.body, ensure_ascii=False).encode()
         headers["Content-Type"] = "application/json"
-    # http(s) only: claim.outbox.http() validated the URL (validate_url) when it was recorded.
-    request = urllib.request.Request(message.url, data=data, headers=headers, method=message.method)  # noqa: S310
+    deadline = _Deadline(timeout)
+    opener = urllib.request.build_opener(_NoRedirect, _HTTPHandler(deadline), _HTTPSHandler(deadline))
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            return Answer(response.status, _excerpt(response))
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return Answer(exc.code, _excerpt(exc))
-    except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, a broken answer
-        return Answer(None, f"{type(exc).__name__}: {exc}"[:EXCERPT_LENGTH])
+        # http(s) only: claim.outbox.http() validated the URL (validate_url) when it was recorded.
+        request = urllib.request.Request(message.url, data=data, headers=headers, method=message.method)  # noqa: S310
+        with deadline:
+            try:
+                with opener.open(request, timeout=timeout) as response:
+                    return _answer(response.status, response)
+            except urllib.error.HTTPError as exc:
+                with exc:
+                    return _answer(exc.code, exc)
+    except (ValueError, OSError, http.client.HTTPException) as exc:
+        if deadline.expired:  # its sockets were shut down under it
+            return Answer(None, f"TimeoutError: no whole answer within the relay's --timeout of {timeout:g} s "
+                                f"({type(exc).__name__})")
+        if isinstance(exc, ValueError | http.client.InvalidURL):
+            # What http.client cannot put on the wire (a URL or a header it cannot encode, recorded
+            # before the outbox refused them): sending it again cannot help.
+            return Answer(None, f"not sendable: {type(exc).__name__}: {exc}"[:EXCERPT_LENGTH], unsendable=True)
+        return Answer(None, f"{type(exc).__name__}: {exc}"[:EXCERPT_LENGTH])  # refused, reset, a broken answer
+
+
+def _answer(status: int, response: Any) -> Answer:
+    excerpt = _excerpt(response)
+    problem = ""
+    if "problem+json" in (response.headers.get("Content-Type") or ""):
+        try:
+            found = json.loads(excerpt)
+        except ValueError:
+            found = None
+        if isinstance(found, dict) and isinstance(found.get("type"), str):
+            problem = found["type"]
+    retry_after = None
+    value = (response.headers.get("Retry-After") or "").strip()
+    if value.isdigit():  # seconds; an HTTP date is read as "soon"
+        retry_after = min(float(value), MAX_BACKOFF)
+    elif value:
+        retry_after = 0.0
+    return Answer(status, excerpt, problem, retry_after)
 
 
 def _excerpt(response: Any) -> str:
@@ -229,19 +348,35 @@ class Relay:
         return len(messages)
 
     def _deliver(self, alias: str, message: Leased) -> None:
-        answer = deliver(message, timeout=self.timeout)
+        if message.attempts > self.max_attempts:
+            # Claimed that often without an answer recorded: it killed its relays, or they lost their
+            # lease each time. Whatever it does to a relay, it ends failed and the others go on.
+            answer = Answer(None, f"not sent again: {message.attempts - 1} deliveries started and none "
+                                  "recorded an answer (each relay died or lost its lease)", unsendable=True)
+        else:
+            try:
+                answer = deliver(message, timeout=self.timeout)
+            except Exception as exc:  # a bug or a message nobody foresaw: recorded, retried, then failed
+                logger.warning("relay: message %s raised %s while being sent", message.id, type(exc).__name__,
+                               exc_info=True, extra={"key": message.task_key, "tenant": message.tenant})
+                answer = Answer(None, f"{type(exc).__name__}: {exc}"[:EXCERPT_LENGTH])
         code = answer.status_code
         delivered = code is not None and 200 <= code < 300
         retry = not delivered and answer.retryable()
         final = not delivered and (not retry or message.attempts >= self.max_attempts)
+        wait = backoff(message.attempts, self.backoff)
+        if answer.retry_after is not None:
+            wait = min(MAX_BACKOFF, max(wait, answer.retry_after))
         kept = record_answer(alias, message, delivered=delivered, final=final, status_code=code,
-                             excerpt=answer.excerpt, backoff=backoff(message.attempts, self.backoff))
+                             excerpt=answer.excerpt, backoff=wait)
         outcome = "lost" if not kept else "delivered" if delivered else "failed" if final else "retried"
         self.counts[outcome] += 1
-        logger.info("relay: message %s %s (%s %s, answer %s, attempt %s)", message.id, outcome, message.method,
-                    message.url, code, message.attempts,
-                    extra={"key": message.task_key, "tenant": message.tenant, "token": message.token,
-                           "owner": message.relay_owner})
+        # Never the message's headers, nor its URL's password or query string: they may hold secrets.
+        logger.log(logging.WARNING if outcome == "failed" else logging.INFO,
+                   "relay: message %s %s (%s %s, answer %s, attempt %s)", message.id, outcome, message.method,
+                   shown_url(message.url), code, message.attempts,
+                   extra={"key": message.task_key, "tenant": message.tenant, "token": message.token,
+                          "owner": message.relay_owner})
 
     def pending(self) -> int:
         """Messages still to deliver in the relay's databases (due or not, leased or not); a

@@ -31,3 +31,6 @@ INSTALLED_APPS = [
     "example_project.registry",
 ]
 MIDDLEWARE = ["django.middleware.common.CommonMiddleware"]
+# The secret both services share: the relays sign each call (Taskclaim-Signature) and the registry
+# refuses a call not signed with it (401), so no one else can send a fencing token.
+TASKCLAIM_SIGNING_KEY = os.environ.get("TASKCLAIM_SIGNING_KEY", "example-project-not-secret-signing")

@@ -71,6 +71,9 @@ STATIC_URL = "/static/"
 # and the simulated generation below, through the environment of the agents it starts.
 TASKCLAIM_DEFAULT_LEASE = float(os.environ.get("TESTGEN_LEASE", "30"))
 TASKCLAIM_MAX_ATTEMPTS = 5
+# The secret both services share: the relays sign each call (Taskclaim-Signature) and the registry
+# refuses a call not signed with it (401), so no one else can send a fencing token.
+TASKCLAIM_SIGNING_KEY = os.environ.get("TASKCLAIM_SIGNING_KEY", "example-project-not-secret-signing")
 
 # Generating a suite is simulated: TESTGEN_STEPS tests written over TESTGEN_WORK_SECONDS.
 TESTGEN_WORK_SECONDS = float(os.environ.get("TESTGEN_WORK_SECONDS", "1"))

@@ -9,3 +9,8 @@ class DownstreamConfig(AppConfig):
     label = "taskclaim_downstream"
     verbose_name = _("Fenced calls received")
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from .checks import register_downstream
+
+        register_downstream()

@@ -17,7 +17,8 @@ from django.db import router, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.utils import timezone
 
-from .calls import BadHeader, Call, read_call
+from ..idempotency import BAD_REQUEST, BAD_SIGNATURE, IN_FLIGHT, KEY_REUSED, STALE_TOKEN
+from .calls import BadCall, BadSignature, Call, check_signature, read_call
 from .models import FencingMark, StoredResponse
 from .rows import lock_or_insert, take_write_lock
 
@@ -25,6 +26,15 @@ from .rows import lock_or_insert, take_write_lock
 MAX_BODY = 1024 * 1024
 REPLAYED = "Idempotent-Replayed"
 BODY_NOT_STORED = "Taskclaim-Body-Not-Stored"
+TITLES = {
+    BAD_REQUEST: "The call's headers or method cannot be used",
+    BAD_SIGNATURE: "The call is not signed with a key of this service",
+    IN_FLIGHT: "A call with this Idempotency-Key is still running: retry later",
+    STALE_TOKEN: "A newer owner of this task has called: this call must not be retried",
+    KEY_REUSED: "This Idempotency-Key was used by another request",
+}
+#: Seconds an in-flight duplicate is told to wait before it calls again.
+RETRY_AFTER = 1
 
 V = TypeVar("V", bound=Callable[..., HttpResponseBase])
 
@@ -46,8 +56,16 @@ class Options:
             raise TypeError(f"fenced_endpoint(max_body=...) must be a number of bytes ≥ 0, not {self.max_body!r}")
 
 
-def _error(status: int, message: str) -> JsonResponse:
-    return JsonResponse({"error": message}, status=status)
+def _error(status: int, problem: str, message: str) -> JsonResponse:
+    """A refusal as ``application/problem+json``: its ``type`` says which; ``error`` repeats the
+    detail for clients of earlier versions."""
+    body = {"type": problem, "title": TITLES[problem], "status": status, "detail": message, "error": message}
+    response = JsonResponse(body, status=status, content_type="application/problem+json")
+    if problem == IN_FLIGHT:
+        response["Retry-After"] = str(RETRY_AFTER)
+    elif problem == BAD_SIGNATURE:
+        response["WWW-Authenticate"] = "Taskclaim-Signature"
+    return response
 
 
 def _replay(stored: StoredResponse) -> HttpResponse:
@@ -80,8 +98,12 @@ def answer(request: HttpRequest, run: Callable[[], HttpResponseBase], options: O
     """The response to one fenced call: refused, replayed, or ``run()``'s, recorded with its writes."""
     try:
         call = read_call(request, require_fencing=options.require_fencing)
-    except BadHeader as exc:
-        return _error(400, str(exc))
+    except BadCall as exc:
+        return _error(400, BAD_REQUEST, str(exc))
+    try:
+        check_signature(request, call)  # before any lock or row: a forged call changes nothing
+    except BadSignature as exc:
+        return _error(401, BAD_SIGNATURE, str(exc))
     using = options.using or router.db_for_write(StoredResponse)
     with transaction.atomic(using=using):
         take_write_lock(using)
@@ -95,9 +117,10 @@ def answer(request: HttpRequest, run: Callable[[], HttpResponseBase], options: O
         )
         if not new:
             if stored.fingerprint != call.fingerprint:
-                return _error(422, "this Idempotency-Key was used by another request (method, path or body differ)")
+                return _error(422, KEY_REUSED,
+                              "this Idempotency-Key was used by another request (method, path or body differ)")
             if stored.status_code == 0:  # only visible to the transaction that is running it
-                return _error(409, "a call with this Idempotency-Key is in progress")
+                return _error(409, IN_FLIGHT, "a call with this Idempotency-Key is in progress")
             return _replay(stored)
         response = _rendered(run())
         if response.status_code >= 500:
@@ -115,8 +138,8 @@ def _fence(call: Call, using: str) -> JsonResponse | None:
         return None
     mark, _ = lock_or_insert(FencingMark, using, {"fencing_key": call.fencing_key}, {"token": call.token})
     if call.token < mark.token:
-        return _error(409, f"Taskclaim-Fencing-Token {call.token} is older than {mark.token}, "
-                           "the highest seen for this Taskclaim-Fencing-Key: a newer owner has called")
+        return _error(409, STALE_TOKEN, f"Taskclaim-Fencing-Token {call.token} is older than {mark.token}, "
+                                        "the highest seen for this Taskclaim-Fencing-Key: a newer owner has called")
     if call.token > mark.token:
         FencingMark.objects.using(using).filter(pk=mark.pk).update(token=call.token, updated_at=timezone.now())
     return None

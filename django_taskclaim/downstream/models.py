@@ -8,6 +8,8 @@ from django.utils.translation import gettext_lazy as _
 
 #: The longest key a header may carry (the contract's keys have 68 characters).
 MAX_KEY_LENGTH = 255
+#: The longest HTTP method a call may use (a longer one is a 400, not a database error).
+MAX_METHOD_LENGTH = 16
 
 
 class FencingMark(models.Model):
@@ -35,7 +37,7 @@ class StoredResponse(models.Model):
 
     idempotency_key = models.CharField(_("idempotency key"), max_length=MAX_KEY_LENGTH, unique=True)
     fingerprint = models.CharField(_("request fingerprint"), max_length=64)
-    method = models.CharField(_("method"), max_length=16)
+    method = models.CharField(_("method"), max_length=MAX_METHOD_LENGTH)
     path = models.TextField(_("path"))
     status_code = models.PositiveSmallIntegerField(_("status code"))
     content_type = models.CharField(_("content type"), max_length=255, blank=True)

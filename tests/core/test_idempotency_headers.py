@@ -87,3 +87,18 @@ def test_the_key_is_ascii_68_characters_for_any_text(tenant: str, key: str, effe
     from django_taskclaim.idempotency import idempotency_key
 
     assert idempotency_key(tenant, key, effect) == expected_key(tenant, key, effect)
+
+
+def test_with_a_signing_key_the_headers_are_signed_by_its_first_key(settings) -> None:  # type: ignore[no-untyped-def]
+    """``Taskclaim-Signature``: ``sha256=`` and the HMAC-SHA256 of the fencing key, the token and the
+    idempotency key joined by newlines, written out here apart from the code under test."""
+    import hmac
+
+    claim = Task.objects.claim("order-8", tenant="acme", owner="w1").claim
+    assert "Taskclaim-Signature" not in claim.headers("charge")  # unset: unsigned, as before
+    settings.TASKCLAIM_SIGNING_KEY = ["current-key", "previous-key"]
+    headers = claim.headers("charge")
+    text = "\n".join([expected_key("acme", "order-8", ""), str(claim.token), expected_key("acme", "order-8", "charge")])
+    assert headers["Taskclaim-Signature"] == "sha256=" + hmac.new(b"current-key", text.encode(), "sha256").hexdigest()
+    assert set(headers) == {
+        "Idempotency-Key", "Taskclaim-Fencing-Key", "Taskclaim-Fencing-Token", "Taskclaim-Signature"}

@@ -86,6 +86,20 @@ def test_outside_fenced_is_refused() -> None:
     (("POST", "http://h/x"), {"json": "x" * 1_100_000}, "bytes"),
     (("POST", "http://h/x"), {"effect": "e" * 300}, "effect"),
     (("POST", "http://h/" + "p" * 3000), {}, "url"),
+    (("POST", "http://host/caf\u00e9"), {}, "non-ASCII character 'é' at position 15: percent-encode"),
+    (("POST", "http://b\u00fccher.example/x"), {}, "IDNA"),
+    (("POST", "http://h/x"), {"headers": ["Authorization"]}, "mapping"),
+    (("POST", "http://h/x"), {"headers": {"Bad Name": "v"}}, "not a token"),
+    (("POST", "http://h/x"), {"headers": {"X-Evil": "a\r\nX-Injected: 1"}}, "'X-Evil' has a value with a control"),
+    (("POST", "http://h/x"), {"headers": {"X-Caf\u00e9": "v"}}, "not a token"),
+    (("POST", "http://h/x"), {"headers": {"X-Name": "caf\u00e9"}}, "non-ASCII"),
+    (("POST", "http://h/x"), {"headers": {"X-Name": 1}}, "str value"),
+    (("POST", "http://h/x"), {"headers": {"X-Name": "v" * 9000}}, "limit is 8192"),
+    (("POST", "http://h/x"), {"headers": {"idempotency-key": "mine"}}, "the relay's own"),
+    (("POST", "http://h/x"), {"headers": {"Taskclaim-Fencing-Token": "9"}}, "the relay's own"),
+    (("POST", "http://h/x"), {"headers": {"Host": "other"}}, "the relay's own"),
+    (("POST", "http://h/x"), {"headers": {"X-A": "1", "x-a": "2"}}, "twice"),
+    (("POST", "http://h/x"), {"headers": {f"X-{n}": "v" for n in range(51)}}, "limit is 50"),
 ])
 def test_bad_input_is_named(args: tuple[str, str], kwargs: dict[str, object], problem: str) -> None:
     claim = Task.objects.claim("order:5", lease=30).claim
@@ -93,6 +107,36 @@ def test_bad_input_is_named(args: tuple[str, str], kwargs: dict[str, object], pr
     with pytest.raises(InvalidArgument, match=problem), claim.fenced():
         claim.outbox.http(*args, **kwargs)  # type: ignore[arg-type]
     assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.parametrize("url", ["http://alice:pw-s3cr3t@host/x", "https://alice@host/x", "http://:pw-s3cr3t@host/x",
+                                 "http://alice:pw-s3cr3t@host/x y"])
+def test_credentials_in_the_url_are_refused_without_showing_them(url: str) -> None:
+    claim = Task.objects.claim("order:6", lease=30).claim
+    assert claim is not None
+    with pytest.raises(InvalidArgument) as raised, claim.fenced():
+        claim.outbox.http("POST", url)
+    message = str(raised.value)
+    assert "s3cr3t" not in message and "***@host" in message
+    assert "user name or password" in message or "whitespace" in message
+    assert not OutboxMessage.objects.exists()
+
+
+def test_a_messages_own_headers_are_stored_with_it() -> None:
+    claim = Task.objects.claim("order:7", lease=30).claim
+    assert claim is not None
+    with claim.fenced():
+        message_id = claim.outbox.http("POST", "https://h/x", headers={"Authorization": "Bearer t", "X-Trace": "1"})
+        claim.complete(None)
+    assert OutboxMessage.objects.get(pk=message_id).headers == {"Authorization": "Bearer t", "X-Trace": "1"}
+
+
+def test_one_bound_for_an_effect_name_on_both_sides() -> None:
+    """The outbox stores an effect the idempotency key can be made of: one constant, 200."""
+    from django_taskclaim import idempotency
+    from django_taskclaim.lifecycle import outbox
+
+    assert outbox.MAX_EFFECT_LENGTH is idempotency.MAX_EFFECT_LENGTH == 200
 
 
 def recorded(key: str, effect: str = "") -> OutboxMessage:

@@ -1,10 +1,15 @@
 """The relay's decisions, against an HTTP server in this process: a 2xx is delivered, a 5xx, a
-409 "in progress" and no answer at all are retried with backoff (failed once the attempts are
+409 for a call still in flight and no answer at all are retried with backoff (failed once the attempts are
 used up), any other 4xx is final; each answer is recorded with its status and an excerpt."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import logging
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,6 +28,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ANSWERS = {"/ok": (201, b"created"), "/busy": (409, b"key in progress"), "/stale": (409, b"older token"),
            "/bad": (400, b"missing field"), "/down": (503, b"x" * 5000)}
+PROBLEM = "application/problem+json"
+IN_FLIGHT, STALE_TOKEN = "urn:taskclaim:problem:in-flight", "urn:taskclaim:problem:stale-token"  # the contract's
+# fenced_endpoint's two 409s: a problem type each, and Retry-After for the one to retry.
+PROBLEMS = {
+    "/in-flight": (409, {"Retry-After": "7"}, {"type": IN_FLIGHT, "title": "A call with this key is running"}),
+    "/stale-owner": (409, {}, {"type": STALE_TOKEN, "title": "A newer owner has called"}),
+}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -31,9 +43,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         Handler.requests.append((self.command, self.path, dict(self.headers), body))
-        code, text = ANSWERS[self.path]
+        extra: dict[str, str] = {}
+        path = self.path.split("?")[0]
+        if path in PROBLEMS:
+            code, extra, problem = PROBLEMS[path]
+            text = json.dumps(problem).encode()
+            extra = {**extra, "Content-Type": PROBLEM}
+        else:
+            code, text = ANSWERS[path]
         self.send_response(code)
-        self.send_header("Content-Length", str(len(text)))
+        for name, value in {"Content-Length": str(len(text)), **extra}.items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(text)
 
@@ -54,11 +74,18 @@ def server() -> Iterator[str]:
     httpd.server_close()
 
 
-def record(url: str, key: str, method: str = "POST") -> int:
+def record(url: str, key: str, method: str = "POST", *, claims: int = 1, headers: dict[str, str] | None = None) -> int:
+    """Record one message to ``url`` for task ``key``, by its ``claims``-th owner (each claim before
+    gives the task back: the token grows)."""
+    for _ in range(claims - 1):
+        earlier = Task.objects.claim(key, tenant="t1", lease=30).claim
+        assert earlier is not None
+        earlier.release()
     claim = Task.objects.claim(key, tenant="t1", lease=30).claim
     assert claim is not None
     with claim.fenced():
-        message_id = claim.outbox.http(method, url, json={"key": key}, effect="e")
+        own = {"headers": headers} if headers else {}
+        message_id = claim.outbox.http(method, url, json={"key": key}, effect="e", **own)
         claim.complete(None)
     return message_id
 
@@ -84,11 +111,14 @@ def test_answers_decide_delivered_retried_or_failed(server: str) -> None:
 
 
 def test_the_request_carries_the_contracts_headers_and_body(server: str) -> None:
-    record(server + "/ok", "order:9", method="PUT")
+    # The third owner records it: the task's token differs from the relay's own first token.
+    message_id = record(server + "/ok", "order:9", method="PUT", claims=3)
     Relay(routing.databases(), lease=30, timeout=5).run_once()
     [(method, path, headers, body)] = Handler.requests
     assert (method, path, body) == ("PUT", "/ok", b'{"key": "order:9"}')
     token = Task.objects.get(key="order:9").fencing_token
+    relay_token = OutboxMessage.objects.get(pk=message_id).relay_token
+    assert token != relay_token, "the test cannot tell the task's token from the relay's"
     assert headers["Taskclaim-Fencing-Token"] == str(token)
     assert headers["Idempotency-Key"].startswith("tc1-")
     assert headers["Idempotency-Key"] != headers["Taskclaim-Fencing-Key"]  # the effect-free key
@@ -196,3 +226,137 @@ def test_a_relay_whose_session_is_dropped_goes_on_with_a_new_one(server: str) ->
     assert relay.run_once() == 0
     assert relay.run_once() == 1
     assert OutboxMessage.objects.get().status == "delivered"
+
+
+def raw_message(url: str, key: str, **fields: object) -> int:
+    """A message as an older version recorded it, past today's checks at record time."""
+    claim = Task.objects.claim(key, tenant="t1", lease=30).claim
+    assert claim is not None
+    with claim.fenced():
+        message_id = claim.outbox.http("POST", "http://127.0.0.1:9/x", effect="e")
+        claim.complete(None)
+    OutboxMessage.objects.filter(pk=message_id).update(url=url, **fields)
+    return message_id
+
+
+def test_a_message_that_cannot_be_sent_fails_and_the_others_go_on(
+        server: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A non-ASCII URL (recorded before the outbox refused it) cannot be put on the wire: the relay
+    records it failed, once, and delivers the messages behind it in the same round."""
+    bad = raw_message(server + "/caf\u00e9", "unsendable")
+    good = record(server + "/ok", "healthy")
+    relay = Relay(routing.databases(), lease=30, timeout=5, max_attempts=2)
+    with caplog.at_level(logging.INFO, logger="django_taskclaim"):
+        assert relay.run_once() == 2
+    failed, delivered = OutboxMessage.objects.get(pk=bad), OutboxMessage.objects.get(pk=good)
+    assert (failed.status, failed.attempts, failed.answer_status) == ("failed", 1, None)
+    assert "not sendable" in failed.answer_excerpt and "UnicodeEncodeError" in failed.answer_excerpt
+    assert delivered.status == "delivered"
+    assert relay.counts == {"delivered": 1, "failed": 1, "retried": 0, "lost": 0}
+    # A message that ended failed is said at WARNING, the others at INFO.
+    levels = {r.getMessage().split(" (")[0]: r.levelname for r in caplog.records if r.getMessage().startswith("relay:")}
+    assert levels == {f"relay: message {bad} failed": "WARNING", f"relay: message {good} delivered": "INFO"}
+
+
+def test_a_message_claimed_more_than_its_attempts_fails_without_being_sent(server: str) -> None:
+    """Relays that died (or lost their lease) on a message left it claimed ``max_attempts`` times and
+    never answered: the next relay records it failed instead of sending it once more."""
+    message_id = raw_message(server + "/ok", "killer", attempts=2)
+    relay = Relay(routing.databases(), lease=30, timeout=5, max_attempts=2)
+    assert relay.run_once() == 1
+    message = OutboxMessage.objects.get(pk=message_id)
+    assert (message.status, message.attempts) == ("failed", 3)
+    assert "2 deliveries started and none recorded an answer" in message.answer_excerpt
+    assert Handler.requests == []
+
+
+def test_the_two_409s_are_told_apart_by_their_problem_type(server: str) -> None:
+    """A stale owner's 409 is final; a 409 for the same key still in flight is retried, after its
+    Retry-After when that is longer than the backoff."""
+    in_flight = record(server + "/in-flight", "in-flight")
+    stale = record(server + "/stale-owner", "stale-owner")
+    relay = Relay(routing.databases(), lease=30, timeout=5, backoff=0.001, max_attempts=5)
+    relay.run_once()
+    retried, failed = OutboxMessage.objects.get(pk=in_flight), OutboxMessage.objects.get(pk=stale)
+    assert (failed.status, failed.answer_status) == ("failed", 409)
+    assert (retried.status, retried.answer_status) == ("pending", 409)
+    # Not before the Retry-After of 7 s (the backoff alone was a millisecond), by the database clock.
+    assert OutboxMessage.objects.filter(pk=in_flight, next_try_at__gt=DbNow() + dt.timedelta(seconds=5)).exists()
+
+
+class Dribbler:
+    """A downstream that answers one byte every ``pause`` seconds, for ``length`` bytes: each read
+    of the relay's gets a byte within its socket timeout, so only an overall deadline ends it."""
+
+    def __init__(self, pause: float, length: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.pause, self.length = pause, length
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/slow"
+
+    def serve(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + b"X-Pad: " + b"p" * self.length + b"\r\n\r\nok"
+        with conn:
+            for byte in answer:
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return  # the relay hung up
+                time.sleep(self.pause)  # the downstream's own pace, not a synchronisation
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_delivery_ends_by_its_deadline_however_slowly_the_answer_comes() -> None:
+    """``--timeout`` bounds the whole request: a downstream answering a byte every 0.2 s (each read
+    well within a socket timeout) is cut off after the timeout, before the relay's lease runs out."""
+    dribbler = Dribbler(pause=0.2, length=100)  # about 25 s to answer in full
+    try:
+        message_id = record(dribbler.url, "dribbled")
+        relay = Relay(routing.databases(), lease=4, timeout=1.5, backoff=60)
+        started = time.monotonic()
+        relay.run_once()
+        elapsed = time.monotonic() - started
+    finally:
+        dribbler.close()
+    message = OutboxMessage.objects.get(pk=message_id)
+    assert (message.status, message.answer_status) == ("pending", None), message.answer_excerpt
+    assert "no whole answer within the relay's --timeout of 1.5 s" in message.answer_excerpt
+    assert elapsed < relay.lease, f"the delivery took {elapsed:.1f} s, past the relay's lease of {relay.lease:g} s"
+
+
+def test_a_messages_own_headers_are_sent_never_logged_and_dropped_once_delivered(
+        server: str, caplog: pytest.LogCaptureFixture) -> None:
+    message_id = record(server + "/ok?api_key=s3cr3t-query", "authed", headers={"Authorization": "Bearer s3cr3t-token"})
+    with caplog.at_level(logging.DEBUG, logger="django_taskclaim"):
+        Relay(routing.databases(), lease=30, timeout=5).run_once()
+    [(_, _, headers, _)] = Handler.requests
+    assert headers["Authorization"] == "Bearer s3cr3t-token"
+    assert "Idempotency-Key" in headers
+    logged = "\n".join(r.getMessage() + repr(r.__dict__) for r in caplog.records)
+    assert "relay: message" in logged and "s3cr3t" not in logged
+    message = OutboxMessage.objects.get(pk=message_id)
+    assert (message.status, message.headers) == ("delivered", {})
+
+
+def test_a_message_is_signed_when_the_relay_sends_it(server: str, settings) -> None:  # type: ignore[no-untyped-def]
+    """A message recorded in ``fenced()`` is delivered later: the relay signs it with its own
+    ``TASKCLAIM_SIGNING_KEY``, over the recorded task's fencing key and token."""
+    from django_taskclaim.idempotency import idempotency_key, signature
+
+    record(server + "/ok", "signed", claims=2)
+    settings.TASKCLAIM_SIGNING_KEY = "relay-secret"
+    Relay(routing.databases(), lease=30, timeout=5).run_once()
+    [(_, _, headers, _)] = Handler.requests
+    token = Task.objects.get(key="signed").fencing_token
+    assert headers["Taskclaim-Signature"] == signature(
+        b"relay-secret", idempotency_key("t1", "signed"), str(token), idempotency_key("t1", "signed", "e"))

@@ -406,22 +406,28 @@ def test_the_registry_takes_a_repeated_message_once_and_refuses_an_older_token(t
         "os.makedirs(os.environ['EXAMPLE_VAR_DIR'], exist_ok=True)\n"
         "call_command('migrate', verbosity=0)\n"
         "body = {'tenant': 'acme', 'job_key': 'k', 'run': 'run-1', 'token': 2, 'artifact': 'a.py', 'tests': 3}\n"
-        "def send(token, key='tc1-x', data=body):\n"
+        "from django.conf import settings\n"
+        "from django_taskclaim.idempotency import signature\n"
+        "secret = settings.TASKCLAIM_SIGNING_KEY.encode()\n"
+        "def send(token, key='tc1-x', data=body, signed=True):\n"
         "    headers = {'Idempotency-Key': key, 'Taskclaim-Fencing-Key': 'tc1-f',\n"
         "               'Taskclaim-Fencing-Token': str(token)}\n"
+        "    if signed:\n"
+        "        headers['Taskclaim-Signature'] = signature(secret, 'tc1-f', str(token), key)\n"
         "    r = Client().post('/artifacts/', json.dumps(data), content_type='application/json', headers=headers)\n"
         "    return r.status_code, r.get('Idempotent-Replayed', '')\n"
         "print(json.dumps([send(2), send(2), send(1, 'tc1-y'), send(3, 'tc1-z', {**body, 'tests': 'x'}),\n"
         "                  Client().post('/artifacts/', '{}', content_type='application/json').status_code,\n"
-        "                  PublishedArtifact.objects.count()]))\n"
+        "                  send(9, 'tc1-u', signed=False), PublishedArtifact.objects.count()]))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=demo_env(tmp_path), capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
-    first, again, older, bad, unfenced, rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    first, again, older, bad, unfenced, unsigned, rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert first == [201, ""] and again == [201, "true"]  # delivered twice, stored once
     assert older[0] == 409 and bad[0] == 400 and unfenced == 400
+    assert unsigned[0] == 401  # the two services share TASKCLAIM_SIGNING_KEY: an unsigned call is forged
     assert rows == 1
 
 

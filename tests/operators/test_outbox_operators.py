@@ -71,3 +71,14 @@ def test_admin_lists_messages_read_only_with_a_status_filter(client, messages: d
     assert page.status_code == 200 and b"Save" not in page.content  # read-only
     delete = reverse("admin:django_taskclaim_outboxmessage_delete", args=[messages["failed"]])
     assert client.post(delete).status_code == 403
+
+
+def test_admin_shows_a_messages_header_names_never_their_values(client, messages: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    OutboxMessage.objects.filter(pk=messages["failed"]).update(headers={"Authorization": "Bearer s3cr3t-token"})
+    user = User.objects.create(username="viewer", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_taskclaim",
+                                                        codename="view_outboxmessage"))
+    client.force_login(user)
+    page = client.get(reverse("admin:django_taskclaim_outboxmessage_change", args=[messages["failed"]]))
+    assert page.status_code == 200
+    assert b"Authorization" in page.content and b"s3cr3t" not in page.content

@@ -21,8 +21,8 @@ from django_taskclaim.relay import Relay
 class Command(TaskClaimCommand):
     help = (
         "Deliver the outbox's messages (recorded by claim.outbox.http() inside fenced()) with their "
-        "Idempotency-Key and fencing headers; retry network errors, 5xx and 409 'in progress' with "
-        "backoff; record each answer. Stops on SIGTERM/SIGINT after the message in hand."
+        "Idempotency-Key and fencing headers; retry network errors, 5xx and a 409 for a call still in "
+        "flight with backoff; record each answer. Stops on SIGTERM/SIGINT after the message in hand."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -34,7 +34,8 @@ class Command(TaskClaimCommand):
         parser.add_argument("--batch", type=positive_int, default=10,
                             help="Messages claimed at a time, at most (default: %(default)r).")
         parser.add_argument("--timeout", type=positive_seconds, default=10.0,
-                            help="Seconds an HTTP request may take (default: %(default)r).")
+                            help="Seconds an HTTP request may take in all, connecting, sending and reading the "
+                                 "whole answer (default: %(default)r).")
         parser.add_argument("--max-attempts", type=positive_int, default=10,
                             help="Deliveries of a message before a retryable answer fails it "
                                  "(default: %(default)r).")

@@ -7,15 +7,17 @@ decorator's transaction: counting rows counts the runs that committed.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.http import JsonResponse
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_taskclaim.downstream.models import FencingMark, StoredResponse
-from django_taskclaim.idempotency import idempotency_key
+from django_taskclaim.idempotency import fencing_headers, idempotency_key
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db
@@ -30,6 +32,12 @@ def headers(token: int | str, effect: str = "charge", fence: str = FENCE) -> dic
 
 def post(path: str, hdrs: dict[str, str], body: object = None) -> object:
     return Client().post(path, json.dumps(body or {"amount": 10}), content_type="application/json", headers=hdrs)
+
+
+def problem(response: Any) -> dict[str, Any]:
+    """A refusal's body: ``application/problem+json``, its ``type`` telling refusals apart."""
+    assert response["Content-Type"] == "application/problem+json", response
+    return json.loads(response.content)  # type: ignore[no-any-return]
 
 
 def runs(key: str = "k") -> int:
@@ -50,7 +58,7 @@ def test_an_older_token_is_refused_with_409_and_the_view_never_runs() -> None:
     assert post("/downstream/pay/k/", headers(5, effect="a")).status_code == 201
     refused = post("/downstream/pay/k/", headers(4, effect="b"))
     assert refused.status_code == 409
-    assert "older than 5" in refused.json()["error"]
+    assert "older than 5" in problem(refused)["detail"]
     assert runs() == 1 and FencingMark.objects.get().token == 5
     assert StoredResponse.objects.count() == 1  # nothing recorded for the refused call's key
     # An older token is refused even for a key it had answered before (fencing comes first).
@@ -86,7 +94,7 @@ def test_the_same_key_with_another_request_is_refused_with_422(change: str) -> N
         other = Client().put("/downstream/pay/k/", json.dumps({"amount": 10}), content_type="application/json",
                              headers=headers(1))
     assert other.status_code == 422
-    assert "Idempotency-Key" in other.json()["error"]
+    assert "Idempotency-Key" in problem(other)["detail"]
     assert runs() == 1
 
 
@@ -95,7 +103,7 @@ def test_a_missing_header_is_a_400_naming_it(missing: str) -> None:
     hdrs = headers(1)
     del hdrs[missing]
     response = post("/downstream/pay/k/", hdrs)
-    assert response.status_code == 400 and missing in response.json()["error"]
+    assert response.status_code == 400 and missing in problem(response)["detail"]
     assert runs() == 0 and not FencingMark.objects.exists() and not StoredResponse.objects.exists()
 
 
@@ -195,4 +203,83 @@ def test_garbage_in_a_header_is_a_400_naming_it_never_a_500(name: str, value: st
         return
     assert response.status_code in (201, 400, 409, 422), response.content
     if response.status_code == 400:
-        assert name in response.json()["error"]
+        assert name in problem(response)["detail"]
+
+
+def test_the_two_409s_have_their_own_problem_type_and_only_in_flight_has_retry_after() -> None:
+    """A stale owner's 409 (never retry) and a 409 for the same key still running (retry later) are told
+    apart by the problem ``type``, not by their text; only the second carries ``Retry-After``."""
+    from django.test import RequestFactory
+
+    from django_taskclaim.downstream import fenced_endpoint
+
+    assert post("/downstream/pay/k/", headers(5, effect="a")).status_code == 201
+    stale = post("/downstream/pay/k/", headers(4, effect="b"))
+    assert (stale.status_code, problem(stale)["type"]) == (409, "urn:taskclaim:problem:stale-token")
+    assert not stale.has_header("Retry-After")
+
+    inner: list[Any] = []
+
+    @fenced_endpoint
+    def reentrant(request: Any) -> Any:
+        if not inner:  # the same call again while the first still runs (inside its transaction)
+            inner.append(reentrant(request))
+        return JsonResponse({"ok": True}, status=201)
+
+    request = RequestFactory().post("/r/", b"{}", content_type="application/json", headers=headers(6, effect="c"))
+    assert reentrant(request).status_code == 201
+    [in_flight] = inner
+    assert (in_flight.status_code, problem(in_flight)["type"]) == (409, "urn:taskclaim:problem:in-flight")
+    assert in_flight["Retry-After"] == "1"
+
+
+def test_a_method_too_long_to_record_is_a_400_never_a_500() -> None:
+    response = Client().generic("P" * 17, "/downstream/pay/k/", b"{}", content_type="application/json",
+                                headers=headers(1))
+    assert response.status_code == 400
+    assert problem(response)["detail"] == "the method is 17 characters long; the limit is 16"
+    assert runs() == 0 and not FencingMark.objects.exists() and not StoredResponse.objects.exists()
+    sixteen = Client().generic("P" * 16, "/downstream/pay/k/", b"{}", content_type="application/json",
+                               headers=headers(1))
+    assert sixteen.status_code == 201  # the longest the record holds
+
+
+def test_a_call_signed_with_any_of_the_services_keys_is_accepted(settings: Any) -> None:
+    """Keys rotate: the caller signs with its first key, the service accepts each key it lists."""
+    from django_taskclaim.idempotency import signature
+
+    settings.TASKCLAIM_SIGNING_KEY = "old-secret"
+    signed = fencing_headers("acme", "order-1", 3, "charge")
+    assert signed["Taskclaim-Signature"] == signature(
+        b"old-secret", FENCE, "3", idempotency_key("acme", "order-1", "charge"))
+    settings.TASKCLAIM_SIGNING_KEY = ["new-secret", "old-secret"]
+    assert post("/downstream/pay/k/", signed).status_code == 201
+    assert post("/downstream/pay/k/", fencing_headers("acme", "order-1", 4, "other")).status_code == 201
+    assert runs() == 2
+
+
+def test_a_forged_token_is_refused_with_401_and_locks_no_one_out(settings: Any) -> None:
+    """Without the key nobody can sign a token: a forged call (the highest token there is, unsigned
+    or signed with another key) is a 401 that writes nothing, and the real owner's call goes through."""
+    from django_taskclaim.idempotency import signature
+
+    settings.TASKCLAIM_SIGNING_KEY = "the-shared-secret"
+    forged = headers(9223372036854775807)
+    unsigned = post("/downstream/pay/k/", forged, {"amount": 1_000_000})
+    assert (unsigned.status_code, problem(unsigned)["type"]) == (401, "urn:taskclaim:problem:bad-signature")
+    assert "missing" in str(problem(unsigned)["detail"]) and unsigned["WWW-Authenticate"] == "Taskclaim-Signature"
+    wrong = {**forged, "Taskclaim-Signature": signature(b"a-guess", FENCE, str(2**63 - 1), forged["Idempotency-Key"])}
+    assert post("/downstream/pay/k/", wrong, {"amount": 1_000_000}).status_code == 401
+    # A real signature moved to another token (or key) does not match either.
+    real = fencing_headers("acme", "order-1", 2, "charge")
+    moved = {**real, "Taskclaim-Fencing-Token": "9223372036854775807"}
+    assert post("/downstream/pay/k/", moved).status_code == 401
+    assert runs() == 0 and not FencingMark.objects.exists() and not StoredResponse.objects.exists()
+    assert post("/downstream/pay/k/", real).status_code == 201  # the real owner, never locked out
+    assert FencingMark.objects.get().token == 2
+
+
+def test_without_the_setting_calls_are_accepted_unsigned_or_signed() -> None:
+    assert post("/downstream/pay/k/", headers(1)).status_code == 201
+    junk = {**headers(1, effect="x"), "Taskclaim-Signature": "sha256=junk"}
+    assert post("/downstream/pay/k/", junk).status_code == 201
