@@ -20,7 +20,8 @@ class Command(TaskClaimCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true",
-                            help="Fire what is due now (by each schedule's catch-up policy) and exit: for cron.")
+                            help="Fire what is due now (by each schedule's catch-up policy; a schedule that "
+                                 "never fired: its newest tick) and exit: for cron.")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, once: bool, as_json: bool = False, **options: Any) -> None:
@@ -31,7 +32,9 @@ class Command(TaskClaimCommand):
         if not scheduler.schedules:
             raise CommandError("TASKCLAIM_SCHEDULES names no schedule: nothing to fire", returncode=USAGE_ERROR)
         if once:
-            scheduler.run_pending()
+            # No memory between two runs from cron: a schedule that never fired fires its newest
+            # tick, else each run would start afresh and fire nothing.
+            scheduler.run_pending(first=True)
         else:
             stop = threading.Event()
             previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
