@@ -4,14 +4,13 @@ identity, enqueued once whoever fires it."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.schedules import ScheduleError, Scheduler
+from django_taskclaim.stopping import Stop, stop_on_signals
 
 
 class Command(TaskClaimCommand):
@@ -36,13 +35,8 @@ class Command(TaskClaimCommand):
             # tick, else each run would start afresh and fire nothing.
             scheduler.run_pending(first=True)
         else:
-            stop = threading.Event()
-            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-            try:
+            with stop_on_signals(Stop()) as stop:
                 scheduler.run(stop)
-            finally:
-                for sig, old in previous.items():
-                    signal.signal(sig, old)
         if as_json:
             self.write_json({"fired": scheduler.fired}, indent=None)
         else:
