@@ -124,6 +124,29 @@ def test_a_task_taken_back_from_a_lost_worker_never_takes_a_later_enqueue() -> N
     assert [(r.attempts, r.payload["kwargs"]) for r in rows("reindex")] == [(1, {"version": 1}), (0, {"version": 2})]
 
 
+def test_a_concurrency_limit_runs_a_group_one_at_a_time() -> None:
+    # Issue 40, item 14: @coalesced with @claim_options(concurrency_limit=1), as the docs advise,
+    # was ignored (the follow-up had no limit): the runs overlapped. Each task of the group now
+    # carries the key and limit of its arguments, new or collapsed into.
+    first = ct.serial_reindex.enqueue(1, version="a")
+    claim = claim_one()
+    follow_up = ct.serial_reindex.enqueue(1, version="b")
+    assert ct.serial_reindex.enqueue(1, version="c").id == follow_up.id != first.id
+    other = ct.serial_reindex.enqueue(2, version="x")  # another document: its own key
+    assert [(r.concurrency_key, r.concurrency_limit) for r in rows("serial_reindex")] == [
+        ("serial:1", 1), ("serial:1", 1), ("serial:2", 1)]
+    # While the first runs, a claim of five takes the other document's task, not the follow-up.
+    [running_beside] = Task.objects.for_tenant("").claim_next(owner="w2", queue="default", path="*", limit=5)
+    assert running_beside.key == rows("serial_reindex")[2].key
+    assert ct.serial_reindex.get_result(other.id).status == "RUNNING"
+    assert [r.status for r in rows("serial_reindex")] == [Task.Status.RUNNING, Task.Status.PENDING,
+                                                          Task.Status.RUNNING]
+    claim.complete("a")
+    running_beside.complete("x")
+    work(TaskRunner("default"), owner="tester", queue="default", until_drained=True, poll=0.02)
+    assert ct.serial_reindex.get_result(follow_up.id).return_value == "c"
+
+
 def test_delay_moves_the_not_before_time_with_each_enqueue_up_to_max_delay() -> None:
     thirty = dt.timedelta(seconds=30)
     ct.debounced.enqueue(1, version=1)
