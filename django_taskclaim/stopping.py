@@ -15,10 +15,13 @@ import os
 import select
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
+#: The longest single poll() (seconds): its timeout is an int of milliseconds.
+_LONGEST_POLL = 86400.0
 #: The signals that stop a loop gracefully.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -56,11 +59,20 @@ class Stop(threading.Event):
             return True
         poller = select.poll()
         poller.register(self._read, select.POLLIN)
-        poller.poll(None if timeout is None else max(0.0, timeout) * 1000.0)
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while not self._stopped:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            # poll() takes at most about 24 days (an int of milliseconds): a longer wait is several.
+            poller.poll(None if left is None else min(left, _LONGEST_POLL) * 1000.0)
         return self._stopped
 
     def clear(self) -> None:
         raise TypeError("a Stop is set once: make a new one")
+
+    def __repr__(self) -> str:
+        return f"<Stop {'set' if self._stopped else 'unset'}>"
 
 
 def _close(*fds: int) -> None:
