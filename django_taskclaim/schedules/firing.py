@@ -24,6 +24,8 @@ from .spec import ALL, LATEST, Schedule, schedules, task_problem
 
 logger = logging.getLogger("django_taskclaim")
 
+#: The most ticks still to come by the database clock that one round fires (a scheduler ahead).
+MAX_AHEAD = 10_000
 #: The longest a scheduler sleeps between two looks at the clock: a changed wall clock (or a
 #: SIGSTOP) is noticed within this, and SIGTERM too.
 MAX_SLEEP = 1.0
@@ -130,10 +132,12 @@ def plan(schedule: Schedule, last: datetime | None, now: datetime, database_now:
 
 
 def _between(schedule: Schedule, since: datetime, until: datetime) -> list[datetime]:
-    """Every tick of ``schedule`` after ``since`` up to ``until`` (included)."""
+    """The ticks of ``schedule`` after ``since`` up to ``until`` (included), the first
+    :data:`MAX_AHEAD` of them: a round stays bounded however far a clock runs ahead, and the next
+    round goes on from the last one fired."""
     found: list[datetime] = []
     for tick in schedule.after(since):
-        if tick > until:
+        if tick > until or len(found) >= MAX_AHEAD:
             break
         found.append(tick)
     return found
@@ -174,6 +178,10 @@ class Scheduler:
                 # and its clock, which alone says which ticks were missed (plan()).
                 last = newest_fired(schedule, now)
                 database_now = store_now(_database())
+                if (now - database_now).total_seconds() > MAX_SLEEP:
+                    logger.warning("scheduler's clock is %.1f s ahead of the database's: ticks are enqueued early "
+                                   "(each still starts at its time)", (now - database_now).total_seconds(),
+                                   extra={"schedule": schedule.name})
             decided = plan(schedule, last, now, database_now, first=first)
             for tick in decided.ticks:
                 made = fire(schedule, tick)
