@@ -10,6 +10,7 @@ them all.
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from importlib import import_module
 from importlib.util import find_spec
 from typing import Any
@@ -21,9 +22,10 @@ from django.db import connections
 
 from . import store
 from .checkspec import spec
-from .conf import settings
+from .conf import KNOWN_SETTINGS, settings
 from .downstream.checks import register_caller
-from .exceptions import InvalidLease
+from .exceptions import InvalidArgument, InvalidLease
+from .retries import Backoff
 from .values import LEASE_CEILING, MAX_INT, json_encoder, lease_seconds
 
 E004 = spec("django_taskclaim.E004", "TASKCLAIM_DATABASE = {alias!r} is not in DATABASES.",
@@ -41,6 +43,9 @@ E009 = spec("django_taskclaim.E009", "TASKCLAIM_ROUTER sends {what} to {alias!r}
             "TASKCLAIM_DATABASES ({listed}).",
             "Add {alias!r} to TASKCLAIM_DATABASES (and migrate it), or fix the router: a claim, "
             "claim_next() and the commands only reach the databases listed.")
+W005 = spec("django_taskclaim.W005", "{name} is not a setting of django-taskclaim{closest}: it is ignored.",
+            "Fix its name (a typo leaves the setting it meant at its default) or remove it; the settings "
+            "are listed in the docs' settings reference.")
 E006 = spec("django_taskclaim.E006", "{problem}",
             "Set TASKCLAIM_JSON_ENCODER to the dotted path of a json.JSONEncoder subclass, e.g. "
             "'django.core.serializers.json.DjangoJSONEncoder' (the default).")
@@ -144,12 +149,15 @@ _NUMERIC = {
     "TASKCLAIM_MAX_PAYLOAD_BYTES": (int,),
     "TASKCLAIM_MAX_LEASE": (int, float),
 }
+#: Settings that must be a bool (a string such as "no" would read as true).
+_BOOLEAN = ("TASKCLAIM_AUDIT", "TASKCLAIM_PREPARED_STATEMENTS")
 # Upper bounds: what an integer column holds, and expiry dates the ORM can still load.
 _MAXIMUM = {"TASKCLAIM_MAX_ATTEMPTS": MAX_INT, "TASKCLAIM_MAX_LEASE": LEASE_CEILING}
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Each numeric ``TASKCLAIM_*`` setting must be a positive number of the right type."""
+    """Each numeric ``TASKCLAIM_*`` setting must be a positive number of the right type, each boolean
+    one a bool, and ``TASKCLAIM_RETRY_BACKOFF`` a backoff (E005)."""
     errors: list[checks.CheckMessage] = []
     for name, types in _NUMERIC.items():
         if not hasattr(django_settings, name):
@@ -162,6 +170,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             errors.append(E005.error(name=name, value=value, problem="must be greater than zero"))
         elif name in _MAXIMUM and value > _MAXIMUM[name]:
             errors.append(E005.error(name=name, value=value, problem=f"must be at most {_MAXIMUM[name]:g}"))
+    for name in _BOOLEAN:
+        value = getattr(django_settings, name, True)
+        if not isinstance(value, bool):  # "no" and 0 would be read as a yes and a no without a word
+            errors.append(E005.error(name=name, value=value, problem="expected True or False"))
+    if hasattr(django_settings, "TASKCLAIM_RETRY_BACKOFF"):
+        # Read by a worker only when a task fails: a bad one would fail every worker after its claim.
+        value = getattr(django_settings, "TASKCLAIM_RETRY_BACKOFF")  # noqa: B009 (not in the stubs)
+        try:
+            Backoff.of(Backoff() if value is None else value, "it")
+        except (InvalidArgument, TypeError) as exc:
+            errors.append(E005.error(name="TASKCLAIM_RETRY_BACKOFF", value=value, problem=str(exc)))
     if not errors and hasattr(django_settings, "TASKCLAIM_DEFAULT_LEASE"):
         try:
             lease_seconds(None)  # between the minimum lease and TASKCLAIM_MAX_LEASE
@@ -173,6 +192,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ImproperlyConfigured as exc:
         errors.append(E006.error(problem=str(exc)))
     return errors
+
+
+def check_setting_names(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A ``TASKCLAIM_*`` name the app does not read is a typo, most likely (W005, with the closest
+    known name): the setting it meant stays at its default without a word."""
+    found: list[checks.CheckMessage] = []
+    for name in sorted(dir(django_settings)):
+        if name.startswith("TASKCLAIM_") and name not in KNOWN_SETTINGS:
+            # Compared without the prefix every name shares, which would make any two look alike.
+            close = get_close_matches(name.removeprefix("TASKCLAIM_"),
+                                      [known.removeprefix("TASKCLAIM_") for known in KNOWN_SETTINGS], n=1)
+            found.append(W005.warning(name=name, closest=f" (did you mean TASKCLAIM_{close[0]}?)" if close else ""))
+    return found
 
 
 #: Where Django's Tasks framework registers its check of every task backend (``check_tasks``, which
@@ -198,6 +230,7 @@ def register() -> None:
     checks.register(check_database)
     checks.register(check_database_server, checks.Tags.database)
     checks.register(check_settings)
+    checks.register(check_setting_names)
     checks.register(check_routing)
     register_caller()
     register_framework_checks()

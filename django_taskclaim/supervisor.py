@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
+from .stopping import STOP_SIGNALS, Stop, stop_on_signals
+
 logger = logging.getLogger("django_taskclaim")
 
 #: Exit code of a worker process (or a supervisor) that had to leave tasks in hand after its grace.
 OVERTIME = 75
-#: The signals that stop a worker gracefully.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: A supervisor kills a child this long after the grace, if the child did not exit by itself then.
 KILL_MARGIN = 1.0
 #: Usage errors (exit code 2) are not a death to restart after: the child refused its options.
@@ -53,30 +53,30 @@ USAGE_ERROR = 2
 
 
 @contextlib.contextmanager
-def graceful_stop(stop: threading.Event, grace: float) -> Iterator[None]:
+def graceful_stop(stop: Stop, grace: float) -> Iterator[None]:
     """While the block runs, SIGTERM and SIGINT set ``stop`` (the worker stops claiming, finishes
     what it holds, releases what it did not start); ``grace`` seconds after the first one, a
-    process still busy exits with :data:`OVERTIME` at once, its tasks left to their leases."""
-    timer: list[threading.Timer] = []
+    process still busy exits with :data:`OVERTIME` at once, its tasks left to their leases.
 
-    def handler(signum: int, frame: Any) -> None:
-        stop.set()
-        if not timer:
-            timer.append(threading.Timer(grace, _overtime, args=(signal.Signals(signum).name, grace)))
-            timer[0].daemon = True
-            timer[0].start()
+    The handler only sets stops (:mod:`django_taskclaim.stopping`: a handler that takes a lock can
+    wait for ever); the grace is counted by a thread that waits for the signal."""
+    signalled, ended = Stop(), Stop()
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    # A supervisor's child blocks them while it sets up (run_child): one that came meanwhile is
-    # handled now, and the worker stops before it claims anything.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    def count_the_grace() -> None:
+        signalled.wait()
+        if not ended.is_set() and not ended.wait(grace):
+            _overtime(signalled.signal.name if signalled.signal else "a stop signal", grace)
+
+    threading.Thread(target=count_the_grace, name="taskclaim-grace", daemon=True).start()
     try:
-        yield
+        with stop_on_signals(stop, signalled):
+            # A supervisor's child blocks them while it sets up (run_child): one that came meanwhile
+            # is handled now, and the worker stops before it claims anything.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-        for armed in timer:
-            armed.cancel()
+        ended.set()
+        signalled.set()  # the grace thread ends
 
 
 def _overtime(signame: str, grace: float) -> None:

@@ -199,3 +199,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Schedules for the processes that tests start (taskclaim_scheduler): JSON in an environment variable.
 TASKCLAIM_SCHEDULES = json.loads(os.environ.get("TASKCLAIM_TEST_SCHEDULES") or "{}")
+
+# Any other settings of a process that a test starts: a JSON object of setting names and values
+# (a bad TASKCLAIM_* value, to see a worker refuse it).
+globals().update(json.loads(os.environ.get("TASKCLAIM_TEST_SETTINGS") or "{}"))

@@ -201,12 +201,15 @@ MAX_COALESCE_DELAY = 30 * 86400.0
 def coalesce_task(
     group: str, tenant: str = "", payload: Any = None, max_attempts: int | None = None, *, queue: str,
     task_path: str, priority: int = 0, delay: float | timedelta = 0, max_delay: float | timedelta | None = None,
-    dispatch: dict[str, Any] | None = None, using: str | None = None,
+    dispatch: dict[str, Any] | None = None, using: str | None = None, concurrency_key: str = "",
+    concurrency_limit: int | None = None,
 ) -> tuple[Any, bool]:
     """Enqueue into a coalescing ``group``: its waiting task (enqueued, never started) now with
     ``payload`` and "not before" now + ``delay`` (but never past its first enqueue + ``max_delay``),
     else a new queued task, not before now + ``delay``, that becomes the group's waiting task.
     ``(task, created)``. Its key is ``coalesce:<group>:<32 random hex digits>``.
+    ``concurrency_key``/``concurrency_limit``: as :func:`ensure_task`'s, written on the task either
+    way (a group run one at a time: the follow-up waits while its predecessor runs).
 
     Atomic across processes (``transitions.coalesce``): of racing calls of one group, each either
     joins the one waiting task or, once it started, the one follow-up that the first of them made.
@@ -218,6 +221,7 @@ def coalesce_task(
     cap = None if max_delay is None else coalesce_seconds(max_delay, "max_delay", MAX_COALESCE_DELAY)
     if cap is not None and cap < wait:
         raise InvalidArgument(f"max_delay ({cap:g} s) is shorter than delay ({wait:g} s)")
+    concurrency = concurrency_of(concurrency_key, concurrency_limit)
     using = routing.route(tenant, using)
     stored = payload_json(payload)
     try:
@@ -225,7 +229,7 @@ def coalesce_task(
             using, tenant=tenant, group=group, key=key, payload=stored, fingerprint=fingerprint_of(stored),
             max_attempts=_max_attempts(max_attempts), queue=queue_name(queue), priority=valid_priority(priority),
             task_path=validate_text(task_path, "task_path", MAX_PATH_LENGTH), delay=wait, max_delay=cap,
-            dispatch=None if dispatch is None else canonical_json(dispatch, "dispatch"))
+            dispatch=None if dispatch is None else canonical_json(dispatch, "dispatch"), concurrency=concurrency)
     except routing.UNREACHABLE as exc:
         routing.unreachable(exc, using, tenant)
     return to_task(row, using), created

@@ -420,17 +420,28 @@ def ensure_many(using: str, tasks: Sequence[NewTask]) -> list[tuple[TaskRow, boo
 def coalesce(
     using: str, *, tenant: str, group: str, key: str, payload: str | None, fingerprint: str, max_attempts: int,
     dispatch: str | None, queue: str, priority: int, task_path: str, delay: float, max_delay: float | None,
+    concurrency: tuple[str, int] | None = None,
 ) -> tuple[TaskRow, bool]:
     """The group's waiting task with these arguments, or a new one: ``(row, created)``.
 
     One transaction (a savepoint inside the caller's, whose commit it then waits for) whose first
     statement takes the write lock on SQLite and the group's row lock elsewhere (``Store.coalesce``).
+    ``concurrency``: the task's ``(concurrency key, limit)`` from these arguments, written in the
+    same transaction, on a new task as on the waiting one that took them (a claim never sees it
+    without them: the collapse holds the task's row until the commit).
     """
     store = get_store(using)
-    return _write(using, lambda cursor: store.coalesce(
-        cursor, tenant=tenant, group=group, key=key, payload=payload, fingerprint=fingerprint,
-        max_attempts=max_attempts, dispatch=dispatch, queue=queue, priority=priority, task_path=task_path,
-        delay=delay, max_delay=max_delay), operator=True)
+
+    def write(cursor: Any) -> tuple[TaskRow, bool]:
+        row, created = store.coalesce(
+            cursor, tenant=tenant, group=group, key=key, payload=payload, fingerprint=fingerprint,
+            max_attempts=max_attempts, dispatch=dispatch, queue=queue, priority=priority, task_path=task_path,
+            delay=delay, max_delay=max_delay)
+        if concurrency is not None:
+            store.set_limit(cursor, row.id, *concurrency)
+        return row, created
+
+    return _write(using, write, operator=True)
 
 
 # -- an owner's writes -----------------------------------------------------------------------

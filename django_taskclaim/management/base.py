@@ -14,7 +14,7 @@ from django.db import connections
 
 from django_taskclaim import outages, routing
 from django_taskclaim.conf import settings
-from django_taskclaim.store import get_store
+from django_taskclaim.store import store_now
 
 USAGE_ERROR = 2
 #: Exit code when a task database could not be reached (the others were done).
@@ -24,14 +24,7 @@ T = TypeVar("T")
 
 def database_now(using: str | None = None) -> datetime:
     """The database's clock (as the leases use it), never this process's clock."""
-    alias = using or settings.DATABASE
-    store = get_store(alias)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(f"SELECT {store.now}", [])
-        value = store.to_datetime(cursor.fetchone()[0])
-    if value is None:  # pragma: no cover - a database without a clock
-        raise RuntimeError(f"database {alias!r} returned no current time")
-    return value
+    return store_now(using or settings.DATABASE)
 
 
 def dumps(document: Any, *, indent: int | None = None) -> str:

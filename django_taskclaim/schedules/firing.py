@@ -19,10 +19,13 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import settings
+from ..store import store_now
 from .spec import ALL, LATEST, Schedule, schedules, task_problem
 
 logger = logging.getLogger("django_taskclaim")
 
+#: The most ticks still to come by the database clock that one round fires (a scheduler ahead).
+MAX_AHEAD = 10_000
 #: The longest a scheduler sleeps between two looks at the clock: a changed wall clock (or a
 #: SIGSTOP) is noticed within this, and SIGTERM too.
 MAX_SLEEP = 1.0
@@ -92,26 +95,52 @@ class Due:
     last: datetime
 
 
-def plan(schedule: Schedule, last: datetime | None, now: datetime) -> Due:
+def plan(schedule: Schedule, last: datetime | None, now: datetime, database_now: datetime | None = None, *,
+         first: bool = False) -> Due:
     """The ticks of ``schedule`` to fire at ``now`` after ``last`` (the newest tick known fired),
     by its catch-up policy.
 
-    One tick due is on time (or late by less than a period): it fires. More than one means ticks
-    were missed: ``latest`` fires the newest, ``all`` the newest ``catch_up_limit``, ``skip`` none
-    (the next tick fires). ``last=None`` (a schedule never fired) fires nothing before the first
-    tick after ``now``.
+    Missed is judged by the database clock (``database_now``, where the scheduler read it; else
+    ``now``): a tick still in the database's future was missed by nobody, whatever this
+    scheduler's clock says. Such a tick fires, every one of them (it waits for its time as
+    ``run_after``), so a scheduler whose clock runs ahead loses none of the ticks an on-time one
+    would have fired. Of the ticks in the database's past, one is on time (or late by less than a
+    period): it fires. More than one means ticks were missed: ``latest`` fires the newest, ``all``
+    the newest ``catch_up_limit``, ``skip`` none (the next tick fires). ``last=None`` (a schedule
+    never fired) fires nothing in the database's past, unless ``first`` (``--once``, which keeps no
+    memory between runs): then its newest tick there, once.
     """
+    cut = now if database_now is None else min(now, database_now)
+    ticks: list[datetime] = []
     if last is None:
-        recent = schedule.latest(now, 1)
-        return Due([], recent[-1] if recent else now)
-    due = schedule.due(last, now, schedule.catch_up_limit)
-    if not due:
-        return Due([], last)
-    if len(due) == 1 or schedule.catch_up == ALL:
-        return Due(due, due[-1])
-    if schedule.catch_up == LATEST:
-        return Due(due[-1:], due[-1])
-    return Due([], due[-1])  # SKIP
+        recent = schedule.latest(cut, 1)
+        if not recent:  # a cron expression with no tick in the last 400 days
+            return Due([], cut)
+        last = recent[-1]
+        if first:
+            ticks.append(last)
+    else:
+        missed = schedule.due(last, cut, schedule.catch_up_limit)
+        if len(missed) == 1 or schedule.catch_up == ALL:
+            ticks += missed
+        elif schedule.catch_up == LATEST:
+            ticks += missed[-1:]
+        if missed:  # SKIP fires none of them
+            last = missed[-1]
+    ahead = _between(schedule, last, now)
+    return Due(ticks + ahead, ahead[-1] if ahead else last)
+
+
+def _between(schedule: Schedule, since: datetime, until: datetime) -> list[datetime]:
+    """The ticks of ``schedule`` after ``since`` up to ``until`` (included), the first
+    :data:`MAX_AHEAD` of them: a round stays bounded however far a clock runs ahead, and the next
+    round goes on from the last one fired."""
+    found: list[datetime] = []
+    for tick in schedule.after(since):
+        if tick > until or len(found) >= MAX_AHEAD:
+            break
+        found.append(tick)
+    return found
 
 
 class Scheduler:
@@ -134,18 +163,26 @@ class Scheduler:
         self.last: dict[str, datetime | None] = {}
         self.fired = 0
 
-    def run_pending(self) -> int:
-        """Fire what is due now; how many ticks this scheduler created (others' count as done)."""
+    def run_pending(self, *, first: bool = False) -> int:
+        """Fire what is due now; how many ticks this scheduler created (others' count as done).
+        ``first``: a schedule that never fired fires its newest tick (``--once``: see :func:`plan`)."""
         created = 0
         now = self.clock()
         for schedule in self.schedules:
             last = self.last.get(schedule.name)
             due = schedule.due(last, now, 2) if last is not None else []
+            database_now = None
             if last is None or len(due) > 1:
                 # A first round, or more than one tick due since this scheduler's last: ask the
-                # database what was fired (by other schedulers meanwhile, or before a restart).
+                # database what was fired (by other schedulers meanwhile, or before a restart),
+                # and its clock, which alone says which ticks were missed (plan()).
                 last = newest_fired(schedule, now)
-            decided = plan(schedule, last, now)
+                database_now = store_now(_database())
+                if (now - database_now).total_seconds() > MAX_SLEEP:
+                    logger.warning("scheduler's clock is %.1f s ahead of the database's: ticks are enqueued early "
+                                   "(each still starts at its time)", (now - database_now).total_seconds(),
+                                   extra={"schedule": schedule.name})
+            decided = plan(schedule, last, now, database_now, first=first)
             for tick in decided.ticks:
                 made = fire(schedule, tick)
                 created += made

@@ -9,6 +9,7 @@ clock into ORM queries. Adding a database is one store module and one line here.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from django.core.checks import CheckMessage
@@ -51,6 +52,17 @@ def server_check(alias: str, db: Any) -> list[CheckMessage]:
 def get_store(alias: str) -> Store:
     """The store for database ``alias``; ``ImproperlyConfigured`` for an unsupported vendor."""
     return store_of(connections[alias])
+
+
+def store_now(alias: str) -> datetime:
+    """The clock of database ``alias`` (as the leases use it), never this process's clock."""
+    store = get_store(alias)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT {store.now}", [])
+        value = store.to_datetime(cursor.fetchone()[0])
+    if value is None:  # pragma: no cover - a database without a clock
+        raise RuntimeError(f"database {alias!r} returned no current time")
+    return value
 
 
 def store_of(db: Any) -> Store:
@@ -103,4 +115,4 @@ class DbNowPlus(Func):
 
 
 __all__ = ["VENDORS", "DbNow", "DbNowPlus", "Store", "get_store", "read_only", "refused_write", "server_check",
-           "store_of", "system_check"]
+           "store_now", "store_of", "system_check"]

@@ -141,7 +141,8 @@ class Store(Protocol):
         max_attempts: int, dispatch: str | None, queue: str, priority: int, task_path: str, delay: float,
         max_delay: float | None,
     ) -> tuple[TaskRow, bool]:
-        """Inside a transaction the caller opened: the group's waiting task (pending, never claimed)
+        """Inside a transaction the caller opened: the group's waiting task (pending, never started:
+        ``attempts = 0``)
         given ``payload`` and "not before" now + ``delay`` capped at its creation + ``max_delay``,
         or a new queued task (``key``, not before now + ``delay``) that becomes the group's latest.
         ``(row, created)``. Atomic across processes: the group's row is locked to the commit, and

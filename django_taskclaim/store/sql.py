@@ -460,7 +460,8 @@ class SQLStore:
 
     def refresh_waiting(self, cursor: Any, task_id: int, *, task_path: str, payload: str | None, fingerprint: str,
                         delay: float, max_delay: float | None) -> TaskRow | None:
-        """The task ``task_id`` with these arguments if it still waits (pending, never claimed); else ``None``."""
+        """The task ``task_id`` with these arguments if it still waits (pending, never started:
+        ``attempts = 0``, though a released claim raised its token); else ``None``."""
         self.execute(cursor, *self.refresh_waiting_call(task_id, task_path, payload, fingerprint, delay, max_delay))
         found = cursor.fetchone()
         return None if found is None else self.decode(found)

@@ -185,10 +185,13 @@ class ClaimBackend(BaseTaskBackend):
                                   "its not-before time comes from coalesced(delay=..., max_delay=...)")
         args, kwargs = normalize_json(args), normalize_json(kwargs)
         group = group_for(task, coalescing, args, kwargs)
+        # With claim_options(concurrency_key=..., concurrency_limit=...): a group run one at a time.
+        concurrency_key, concurrency_limit = options_of(task.func).concurrency(args, kwargs) or ("", None)
         row, created = coalesce_task(
             group, "", {"args": args, "kwargs": kwargs}, self.max_attempts_for(task.func), queue=task.queue_name,
             priority=task.priority, task_path=task.module_path, delay=coalescing.delay, max_delay=coalescing.max_delay,
-            dispatch=self._dispatch(task), using=self.database_for(""))
+            dispatch=self._dispatch(task), using=self.database_for(""), concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit)
         # Either way the task never started (a collapse takes only a task no claim took): no attempts to read.
         result = result_of(row, [], self.alias, task)
         if created:

@@ -100,6 +100,24 @@ def test_a_dead_holders_slot_frees_when_its_lease_runs_out() -> None:
     assert [c.key for c in Task.objects.claim_next()] == ["t1"]
 
 
+@pytest.mark.parametrize("reserve", [False, True])
+def test_a_takeover_and_a_pending_task_of_a_full_key_claimed_together_stay_within_the_limit(reserve: bool) -> None:
+    """Issue 40, item 21: an expired holder counts toward its key's limit until it is taken over,
+    in the claim that takes it over too. One claim of two finds the dead holder's task (a takeover,
+    its place) and a pending task of the key: it takes the first only; were an expired holder not
+    counted, both would run at once (the mutant this pins)."""
+    limited("t0", limit=1)
+    limited("t1", limit=1)
+    (dead,) = Task.objects.claim_next(owner="dead")
+    expire(dead)
+    taken = Task.objects.claim_next(owner="next", limit=2, reserve=reserve)
+    assert [(c.key, c.token) for c in taken] == [("t0", 2)]
+    assert Task.objects.get(key="t1").status == Task.Status.PENDING
+    assert Task.objects.claim_next(limit=2) == []
+    taken[0].complete()
+    assert [c.key for c in Task.objects.claim_next(limit=2)] == ["t1"]
+
+
 def test_a_released_or_failed_holder_frees_its_slot() -> None:
     for i in range(3):
         limited(f"t{i}", limit=1, max_attempts=1)

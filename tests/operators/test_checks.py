@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
 
 import pytest
 from django.core.management import call_command
@@ -95,12 +96,54 @@ def test_e004_unknown_alias() -> None:
     [("TASKCLAIM_DEFAULT_LEASE", "30", "expected int or float"), ("TASKCLAIM_DEFAULT_LEASE", 0, "greater than zero"),
      ("TASKCLAIM_MAX_ATTEMPTS", 2.5, "expected int"), ("TASKCLAIM_MAX_RESULT_BYTES", -1, "greater than zero"),
      ("TASKCLAIM_POLL_INTERVAL", True, "expected"), ("TASKCLAIM_DATABASE_TIMEOUT", 0, "greater than zero"),
-     ("TASKCLAIM_DATABASE_TIMEOUT", "5", "expected int or float")],
+     ("TASKCLAIM_DATABASE_TIMEOUT", "5", "expected int or float"),
+     # Issue 40, item 13: a typo in the backoff crashed every worker after its claim; "no" was a yes.
+     ("TASKCLAIM_RETRY_BACKOFF", {"bse": 2}, "unknown key(s) ['bse']"),
+     ("TASKCLAIM_RETRY_BACKOFF", {"base": -1}, "must not be negative"),
+     ("TASKCLAIM_RETRY_BACKOFF", [1, 2], "must be a Backoff or a dict"),
+     ("TASKCLAIM_RETRY_BACKOFF", {"base": "soon"}, "finite number"),
+     ("TASKCLAIM_AUDIT", "no", "expected True or False"),
+     ("TASKCLAIM_PREPARED_STATEMENTS", 0, "expected True or False")],
 )
 def test_e005_bad_setting(name: str, value: object, problem: str) -> None:
     with override_settings(**{name: value}):
         (error,) = checks.check_settings()
     assert error.id == "django_taskclaim.E005" and name in error.msg and problem in error.msg
+
+
+def test_a_good_backoff_and_booleans_pass() -> None:
+    with override_settings(TASKCLAIM_RETRY_BACKOFF={"base": 2, "factor": 3}, TASKCLAIM_AUDIT=False,
+                           TASKCLAIM_PREPARED_STATEMENTS=True):
+        assert checks.check_settings() == []
+    with override_settings(TASKCLAIM_RETRY_BACKOFF=None):
+        assert checks.check_settings() == []
+
+
+def test_w005_an_unknown_setting_is_named_with_the_closest_known_one() -> None:
+    with override_settings(TASKCLAIM_DEFAULT_LEASES=60, TASKCLAIM_MAX_ATTEMPT=3, TASKCLAIM_FROBNICATE=1,
+                           TASKCLAIM_SIGNING_KEY="secret", TASKCLAIM_AUDIT=True):
+        found = checks.check_setting_names()
+    assert ids(found) == ["django_taskclaim.W005"] * 3
+    assert [m.msg for m in found] == [
+        "TASKCLAIM_DEFAULT_LEASES is not a setting of django-taskclaim (did you mean TASKCLAIM_DEFAULT_LEASE?): "
+        "it is ignored.",
+        "TASKCLAIM_FROBNICATE is not a setting of django-taskclaim: it is ignored.",
+        "TASKCLAIM_MAX_ATTEMPT is not a setting of django-taskclaim (did you mean TASKCLAIM_MAX_ATTEMPTS?): "
+        "it is ignored."]
+    assert all(m.hint for m in found)
+
+
+def test_every_setting_the_package_reads_is_a_known_one() -> None:
+    """W005's list is the package's: a setting added without it would be reported as a typo."""
+    import re
+    from pathlib import Path
+
+    from django_taskclaim.conf import KNOWN_SETTINGS
+
+    package = Path(checks.__file__).parent
+    named = {name for path in package.rglob("*.py")
+             for name in re.findall(r"\bTASKCLAIM_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text())}
+    assert named <= KNOWN_SETTINGS, sorted(named - KNOWN_SETTINGS)
 
 
 # Django 6.1+ runs every check against every database alias by default: the model checks
@@ -130,3 +173,24 @@ def test_every_id_is_declared_once_and_tested() -> None:
     tests = "".join(path.read_text() for path in rooms.rglob("test_*.py")).replace(this, "")
     untested = [check_id for check_id in SPECS if check_id.rsplit(".", 1)[1] not in tests]
     assert not untested, untested
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("processes_option", [[], ["--processes", "2"]])
+@pytest.mark.parametrize(("setting", "value"), [("TASKCLAIM_RETRY_BACKOFF", {"bse": 2}), ("TASKCLAIM_AUDIT", "no")])
+def test_a_worker_refuses_to_start_with_a_setting_it_cannot_use_and_claims_nothing(  # type: ignore[no-untyped-def]
+        processes, processes_option: list[str], setting: str, value: object) -> None:
+    """Issue 40, item 13: with a typo in TASKCLAIM_RETRY_BACKOFF every worker crashed on its first
+    task after claiming it (under --processes the task ended FAILED, its body never run). A worker
+    never claims a task it cannot run because of its own configuration: exit 2, the task untouched."""
+    from django_taskclaim.models import Task
+    from tests.testapp import tasks
+
+    result = tasks.add.enqueue(1, 2)
+    worker = processes.start("django", "taskclaim_worker", "--until-drained", "--json", *processes_option,
+                             env={"TASKCLAIM_TEST_SETTINGS": json.dumps({setting: value})})
+    assert worker.wait(60) == 2, worker.stderr()
+    assert "django_taskclaim.E005" in worker.stderr() and setting in worker.stderr()
+    rows = Task.objects.filter(task_path="tests.testapp.tasks.add")
+    assert [(r.status, r.attempts, r.fencing_token) for r in rows] == [(Task.Status.PENDING, 0, 0)]
+    assert tasks.add.get_result(result.id).status == "READY"

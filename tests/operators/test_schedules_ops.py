@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from django_taskclaim.management.base import database_now
 from django_taskclaim.models import Task
 from django_taskclaim.schedules import checks as schedule_checks
 from django_taskclaim.schedules.firing import fire
@@ -114,6 +115,22 @@ def test_scheduler_once_fires_what_is_due_and_a_second_run_nothing() -> None:
         call_command("taskclaim_scheduler", "--once", "--json", stdout=out)
         assert json.loads(out.getvalue()) == {"fired": 0}
     assert Task.objects.filter(key__endswith="schedule%3Abeat").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_scheduler_once_fires_a_schedule_that_never_fired() -> None:
+    # Issue 40, item 7: run from cron, --once keeps no memory; a schedule with no tick in the
+    # database fired nothing, run after run, for ever. It fires its newest tick, once.
+    schedule = parse("beat", {"task": TICK, "every": 3600})
+    with override_settings(TASKCLAIM_SCHEDULES={"beat": {"task": TICK, "every": 3600}}):
+        runs = []
+        for _ in range(2):
+            out = io.StringIO()
+            call_command("taskclaim_scheduler", "--once", "--json", stdout=out)
+            runs.append(json.loads(out.getvalue()))
+    assert runs == [{"fired": 1}, {"fired": 0}]
+    [key] = Task.objects.filter(key__endswith="schedule%3Abeat").values_list("key", flat=True)
+    assert schedule.tick_of(key) == schedule.latest(database_now(), 1)[0]  # this hour's tick
 
 
 @pytest.mark.django_db(transaction=True)

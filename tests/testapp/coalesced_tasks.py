@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_taskclaim.tasks import coalesced, current_claim
+from django_taskclaim.tasks import claim_options, coalesced, current_claim
 
 try:
     from django.tasks import task  # type: ignore[attr-defined,unused-ignore]
@@ -39,3 +39,11 @@ def capped(doc_id: int) -> int:
 def grouped_by_value(value: Any) -> Any:
     """The group is the argument itself: any value reaches the group's checks."""
     return value
+
+
+@task()
+@coalesced(lambda doc_id, version=None: f"serial:{doc_id}")
+@claim_options(concurrency_key=lambda doc_id, version=None: f"serial:{doc_id}", concurrency_limit=1)
+def serial_reindex(doc_id: int, version: Any = None) -> Any:
+    """Coalesced, and one run of a document at a time: the follow-up waits while its predecessor runs."""
+    return version

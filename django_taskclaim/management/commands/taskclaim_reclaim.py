@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -15,6 +13,7 @@ from django_taskclaim.management.arguments import positive_int, positive_seconds
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.models import HELD_REASON, Task, held_ids
 from django_taskclaim.status import Status
+from django_taskclaim.stopping import Stop, stop_on_signals
 from django_taskclaim.store.rows import Moved
 
 
@@ -23,21 +22,14 @@ class ReclaimLoop:
 
     def __init__(self, round_: Any, every: float) -> None:
         self.round, self.every = round_, every
-        self.stopping = threading.Event()
-
-    def _stop(self, signum: int, frame: Any) -> None:
-        self.stopping.set()
+        self.stopping = Stop()
 
     def run(self) -> None:
-        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with stop_on_signals(self.stopping):
             while not self.stopping.is_set():
                 close_old_connections()
                 self.round()
                 self.stopping.wait(self.every)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 class Command(TaskClaimCommand):

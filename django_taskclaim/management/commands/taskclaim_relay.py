@@ -5,8 +5,6 @@ Run any number of relays: each message is claimed by one at a time, with a lease
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -16,6 +14,7 @@ from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.management.arguments import lease, positive_int, positive_seconds, task_database
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.relay import Relay
+from django_taskclaim.stopping import Stop, stop_on_signals
 
 
 class Command(TaskClaimCommand):
@@ -49,18 +48,14 @@ class Command(TaskClaimCommand):
     def handle(self, *args: Any, database: str | None, lease: float, batch: int, timeout: float,
                max_attempts: int, backoff: float, until_drained: bool, as_json: bool = False,
                **options: Any) -> None:
-        stop = threading.Event()
+        stop = Stop()
         try:
             relay = Relay(routing.databases(database), lease=lease, batch=batch, timeout=timeout,
                           max_attempts=max_attempts, backoff=backoff, stop=stop)
         except InvalidArgument as exc:  # --timeout not shorter than --lease
             raise CommandError(f"--timeout/--lease: {exc}", returncode=USAGE_ERROR) from exc
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with stop_on_signals(stop):
             relay.run(until_drained=until_drained)
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
         counts = relay.counts
         if as_json:
             self.write_json(counts, indent=None)

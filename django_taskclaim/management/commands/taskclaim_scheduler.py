@@ -4,14 +4,13 @@ identity, enqueued once whoever fires it."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand
 from django_taskclaim.schedules import ScheduleError, Scheduler
+from django_taskclaim.stopping import Stop, stop_on_signals
 
 
 class Command(TaskClaimCommand):
@@ -20,7 +19,8 @@ class Command(TaskClaimCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true",
-                            help="Fire what is due now (by each schedule's catch-up policy) and exit: for cron.")
+                            help="Fire what is due now (by each schedule's catch-up policy; a schedule that "
+                                 "never fired: its newest tick) and exit: for cron.")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, once: bool, as_json: bool = False, **options: Any) -> None:
@@ -31,15 +31,12 @@ class Command(TaskClaimCommand):
         if not scheduler.schedules:
             raise CommandError("TASKCLAIM_SCHEDULES names no schedule: nothing to fire", returncode=USAGE_ERROR)
         if once:
-            scheduler.run_pending()
+            # No memory between two runs from cron: a schedule that never fired fires its newest
+            # tick, else each run would start afresh and fire nothing.
+            scheduler.run_pending(first=True)
         else:
-            stop = threading.Event()
-            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-            try:
+            with stop_on_signals(Stop()) as stop:
                 scheduler.run(stop)
-            finally:
-                for sig, old in previous.items():
-                    signal.signal(sig, old)
         if as_json:
             self.write_json({"fired": scheduler.fired}, indent=None)
         else:

@@ -24,6 +24,7 @@ from django_taskclaim.management.arguments import (
     tenant_name,
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
+from django_taskclaim.stopping import Stop
 from django_taskclaim.supervisor import OVERTIME, graceful_stop, supervise
 from django_taskclaim.values import MIN_LEASE, lease_seconds
 from django_taskclaim.worker import HandlerRunner, work
@@ -121,7 +122,7 @@ class Command(TaskClaimCommand):
                 max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, owner=owner, as_json=as_json,
                 database=database, grace=grace, concurrency=concurrency, timeout=timeout, schedule=schedule))
             return
-        stop = threading.Event()
+        stop = Stop()  # set by a signal handler: an Event's set() there can wait for ever
         scheduler = None
         with graceful_stop(stop, grace):
             try:

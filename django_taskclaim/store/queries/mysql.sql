@@ -94,7 +94,7 @@ t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_af
 UPDATE django_taskclaim_task
 SET payload = %s, payload_fingerprint = %s, run_after = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)),
     updated_at = UTC_TIMESTAMP(6)
-WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+WHERE id = %s AND status = 'pending' AND attempts = 0 AND task_path = %s
 
 -- name: refresh_waiting_capped
 -- refresh_waiting with a max_delay (microseconds, after the delay): capped at created_at + max_delay.
@@ -102,7 +102,7 @@ UPDATE django_taskclaim_task
 SET payload = %s, payload_fingerprint = %s,
     run_after = LEAST(TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), TIMESTAMPADD(MICROSECOND, %s, created_at)),
     updated_at = UTC_TIMESTAMP(6)
-WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+WHERE id = %s AND status = 'pending' AND attempts = 0 AND task_path = %s
 
 -- name: insert_waiting
 -- A coalesced task, pending (the parameters of postgresql.sql's, the delay in microseconds).

@@ -77,13 +77,15 @@ INSERT INTO django_taskclaim_attempt (task_id, token, owner, delivery_id, starte
 
 -- name: refresh_waiting
 -- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay in
--- seconds, task id, task path) if it still waits: pending and never claimed (a claim raises its
--- token; a retried or released task is pending again with its token up). "Not before": now +
--- delay. The row, or none when a claim took the task first (re-checked on the row it locks).
+-- seconds, task id, task path) if it still waits: pending and never started. attempts counts the
+-- starts: a claim that runs the task counts one and keeps it (a retry, an expired lease), a release
+-- of a claim that never ran gives it back (a reservation, a spare, an import grace, SIGTERM), so a
+-- released task still waits although its token went up. "Not before": now + delay. The row, or
+-- none when a claim took the task first (re-checked on the row it locks).
 UPDATE django_taskclaim_task
 SET payload = %s::jsonb, payload_fingerprint = %s::text,
     run_after = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp()
-WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+WHERE id = %s AND status = 'pending' AND attempts = 0 AND task_path = %s
 RETURNING {{task_columns}},
     clock_timestamp() AS claimed_at
 
@@ -94,7 +96,7 @@ UPDATE django_taskclaim_task
 SET payload = %s::jsonb, payload_fingerprint = %s::text,
     run_after = LEAST(statement_timestamp() + make_interval(secs => %s), created_at + make_interval(secs => %s)),
     updated_at = statement_timestamp()
-WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+WHERE id = %s AND status = 'pending' AND attempts = 0 AND task_path = %s
 RETURNING {{task_columns}},
     clock_timestamp() AS claimed_at
 

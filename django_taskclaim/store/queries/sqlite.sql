@@ -46,7 +46,7 @@ UPDATE django_taskclaim_task
 SET payload = %s, payload_fingerprint = %s,
     run_after = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
     updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
-WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+WHERE id = %s AND status = 'pending' AND attempts = 0 AND task_path = %s
 RETURNING {{task_columns}}
 
 -- name: refresh_waiting_capped
@@ -57,7 +57,7 @@ SET payload = %s, payload_fingerprint = %s,
     run_after = min((strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
                     (strftime('%%Y-%%m-%%d %%H:%%M:%%f', created_at, %s) || '000')),
     updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
-WHERE id = %s AND status = 'pending' AND fencing_token = 0 AND task_path = %s
+WHERE id = %s AND status = 'pending' AND attempts = 0 AND task_path = %s
 RETURNING {{task_columns}}
 
 -- name: insert_waiting

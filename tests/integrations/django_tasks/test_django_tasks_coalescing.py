@@ -14,6 +14,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools.polling import wait_until
 from django_taskclaim import TaskKey
 from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.models import CoalesceGroup, Task
@@ -81,6 +82,69 @@ def test_a_failed_attempt_retried_is_its_own_task_and_the_follow_up_stays_one() 
     claim.fail("boom", retry=True)  # back to PENDING: a started task, not the group's waiting one
     assert ct.reindex.enqueue(2, version=3).id == follow_up.id
     assert [r.status for r in rows("reindex")] == [Task.Status.PENDING, Task.Status.PENDING]
+
+
+def test_a_task_given_back_before_it_started_still_collapses() -> None:
+    # Issue 40, item 3: a claim released untouched (by its owner, or a batch worker's reservation
+    # given back on SIGTERM, a spare, an import grace) raised the token but never started the task:
+    # it still waits, and the next enqueue is it, with the newest arguments.
+    ahead = ct.reindex.enqueue(30)  # a batch starts its first claim and reserves the others
+    first = ct.reindex.enqueue(3, version=1)
+    [started, reserved] = Task.objects.for_tenant("").claim_next(owner="batch", queue="default", path="*",
+                                                                 limit=2, reserve=True)
+    assert started.key != reserved.key and reserved.reserved
+    reserved.release()
+    started.complete(None)
+    assert ct.reindex.enqueue(3, version=2).id == first.id
+    claim_one().release()
+    [_, row] = rows("reindex")
+    assert (row.status, row.attempts, row.fencing_token > 1) == (Task.Status.PENDING, 0, True)
+    assert ct.reindex.enqueue(3, version=3).id == first.id
+    work(TaskRunner("default"), owner="tester", queue="default", until_drained=True, poll=0.02)
+    [_, done] = rows("reindex")
+    assert (done.status, done.payload["kwargs"]) == (Task.Status.SUCCEEDED, {"version": 3})
+    assert ct.reindex.get_result(ahead.id).status == "SUCCESSFUL"
+
+
+def test_a_task_retried_after_it_started_never_takes_a_later_enqueue() -> None:
+    # The other side of the rule (it fails if the collapse's guard is dropped): a task whose attempt
+    # counted is pending again after a failure with its own arguments; the next enqueue is new work.
+    retried = ct.reindex.enqueue(4, version=1)
+    claim_one().fail("boom", retry=True)
+    assert ct.reindex.enqueue(4, version=2).id != retried.id
+    assert [r.payload["kwargs"] for r in rows("reindex")] == [{"version": 1}, {"version": 2}]
+
+
+def test_a_task_taken_back_from_a_lost_worker_never_takes_a_later_enqueue() -> None:
+    # Its body may have run (the worker's lease expired): pending again, its attempt counted.
+    expired = ct.reindex.enqueue(5, version=1)
+    Task.objects.for_tenant("").claim_next(owner="lost", queue="default", path="*", lease=0.2)
+    wait_until(lambda: Task.objects.reclaim_expired(), timeout=30, what="the lost worker's lease to expire")
+    assert ct.reindex.enqueue(5, version=2).id != expired.id
+    assert [(r.attempts, r.payload["kwargs"]) for r in rows("reindex")] == [(1, {"version": 1}), (0, {"version": 2})]
+
+
+def test_a_concurrency_limit_runs_a_group_one_at_a_time() -> None:
+    # Issue 40, item 14: @coalesced with @claim_options(concurrency_limit=1), as the docs advise,
+    # was ignored (the follow-up had no limit): the runs overlapped. Each task of the group now
+    # carries the key and limit of its arguments, new or collapsed into.
+    first = ct.serial_reindex.enqueue(1, version="a")
+    claim = claim_one()
+    follow_up = ct.serial_reindex.enqueue(1, version="b")
+    assert ct.serial_reindex.enqueue(1, version="c").id == follow_up.id != first.id
+    other = ct.serial_reindex.enqueue(2, version="x")  # another document: its own key
+    assert [(r.concurrency_key, r.concurrency_limit) for r in rows("serial_reindex")] == [
+        ("serial:1", 1), ("serial:1", 1), ("serial:2", 1)]
+    # While the first runs, a claim of five takes the other document's task, not the follow-up.
+    [running_beside] = Task.objects.for_tenant("").claim_next(owner="w2", queue="default", path="*", limit=5)
+    assert running_beside.key == rows("serial_reindex")[2].key
+    assert ct.serial_reindex.get_result(other.id).status == "RUNNING"
+    assert [r.status for r in rows("serial_reindex")] == [Task.Status.RUNNING, Task.Status.PENDING,
+                                                          Task.Status.RUNNING]
+    claim.complete("a")
+    running_beside.complete("x")
+    work(TaskRunner("default"), owner="tester", queue="default", until_drained=True, poll=0.02)
+    assert ct.serial_reindex.get_result(follow_up.id).return_value == "c"
 
 
 def test_delay_moves_the_not_before_time_with_each_enqueue_up_to_max_delay() -> None:

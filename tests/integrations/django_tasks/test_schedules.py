@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django_taskclaim.claims import claim_next
 from django_taskclaim.conf import settings as conf
 from django_taskclaim.identity import TaskKey
+from django_taskclaim.management.base import database_now
 from django_taskclaim.models import Attempt, Task
 from django_taskclaim.schedules import Schedule, ScheduleError, Scheduler
 from django_taskclaim.schedules.firing import fire, newest_fired
@@ -136,6 +137,19 @@ def test_a_scheduler_that_was_paused_asks_the_database_and_fires_no_tick_twice()
     clock_b.now = T0 + timedelta(seconds=40, milliseconds=2)
     assert b.run_pending() == 0
     assert newest_fired(every(10), clock_b.now) == T0 + timedelta(seconds=40)
+
+
+@pytest.mark.parametrize("policy", ["latest", "skip", "all"])
+def test_a_scheduler_whose_clock_runs_ahead_misses_no_tick_of_the_databases_future(policy: str) -> None:
+    # Issue 40, item 6: an on-time scheduler fired the tick of now; one 30 s ahead starts and
+    # asks the database. The 15 ticks between are in the database's future: nobody missed them,
+    # and if the on-time one dies they are this one's to fire (each waits for its time).
+    schedule = every(2, catch_up=policy)
+    on_time = schedule.latest(database_now(), 1)[0]
+    fire(schedule, on_time)
+    ahead = Clock(on_time + timedelta(seconds=30, milliseconds=500))
+    assert Scheduler([schedule], clock=ahead).run_pending() == 15
+    assert ticks_in_db() == sorted(key(on_time + timedelta(seconds=s)) for s in range(0, 31, 2))
 
 
 def test_a_tick_costs_a_scheduler_one_statement() -> None:
