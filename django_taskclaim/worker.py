@@ -247,27 +247,55 @@ def default_batch(concurrency: int) -> int:
 
 @dataclass
 class _Budget:
-    """What is left of ``max_tasks`` (``None``: no limit), shared by the lanes: each claim is paid
-    for before it is asked for, and what was not claimed is refunded."""
+    """What is left of ``max_tasks`` (``None``: no limit), shared by the lanes. A claim takes its room
+    before it is sent and holds it while it is in flight (:meth:`take`); :meth:`settle` then keeps
+    what it claimed and gives the rest back. Only claims made spend the budget: a lane that finds
+    nothing left while another lane holds some waits for that claim's answer rather than stop, since
+    the other may claim nothing (its database empty) and give it all back."""
 
     left: int | None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Room taken by claims in flight, not yet settled.
+    held: int = 0
+    #: Lanes waiting in :meth:`take` for a claim in flight to settle.
+    waiting: int = 0
+    changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def take(self, wanted: int) -> int:
-        with self.lock:
+    def take(self, wanted: int, wait: float = 0.0) -> int:
+        """Room for up to ``wanted`` claims, held until :meth:`settle`. With none left but some held by
+        a claim in flight, wait up to ``wait`` seconds for it to settle first."""
+        with self.changed:
             if self.left is None:
                 return wanted
+            if wait > 0 and not self.left and self.held:
+                self.waiting += 1
+                try:
+                    self.changed.wait_for(lambda: self.left or not self.held, wait)
+                finally:
+                    self.waiting -= 1
             granted = min(wanted, self.left)
             self.left -= granted
+            self.held += granted
             return granted
 
+    def settle(self, taken: int, used: int) -> None:
+        """A claim that held ``taken`` made ``used`` claims: those are spent, the rest is given back."""
+        with self.changed:
+            if self.left is not None:
+                self.held -= taken
+                self.left += taken - used
+                self.changed.notify_all()
+
     def refund(self, unused: int) -> None:
-        with self.lock:
+        """Give back tasks claimed and then released unrun (spares)."""
+        with self.changed:
             if self.left is not None:
                 self.left += unused
+                self.changed.notify_all()
 
     def spent(self) -> bool:
-        return self.left == 0
+        """Whether ``max_tasks`` tasks were claimed: nothing left, and no claim in flight may give any back."""
+        with self.changed:
+            return self.left == 0 and not self.held
 
 
 @dataclass
@@ -333,9 +361,11 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
         while not stop.is_set():
             if not claims:
                 close_old_connections()
-                room = job.budget.take(job.batch)
+                room = job.budget.take(job.batch, wait=job.wait)
                 if not room:
-                    break  # max_tasks claimed, by this lane or others
+                    if job.budget.spent():
+                        break  # max_tasks claimed, by this lane or others
+                    continue  # the rest is held by another lane's claim in flight, which may give it back
                 try:
                     # Reserving: only the first task of a batch starts (counts an attempt) now, each
                     # next one in the commit that ends the task before it. A task that kills this
@@ -348,7 +378,7 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 except _UNREACHABLE as exc:
                     outages.down(alias, exc)  # said once per change, not on every poll
                     drained = False
-                job.budget.refund(room - len(claims))
+                job.budget.settle(room, len(claims))
                 if drained:
                     break
                 if not claims:
@@ -360,7 +390,7 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 claim.then_start(claims[0] if claims and not stop.is_set() else None)
                 previous = claim
                 done = _run(runner, claim, stats, _finisher(more, job.tenant, job.queues, runner.path), job.timeout)
-                job.budget.refund(more - len(done))
+                job.budget.settle(more, len(done))
                 claims += done
             if job.budget.spent() and not claims:
                 break
@@ -392,12 +422,13 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
                 pool.wait(job.wait)  # until a task in flight returns, or a spare is taken
                 continue
             close_old_connections()
-            room = job.budget.take(min(wanted, job.batch))
+            room = job.budget.take(min(wanted, job.batch), wait=job.wait if free else 0.0)
             if not room:
+                if free and job.budget.spent():
+                    break  # max_tasks claimed, by this lane or others
                 if not free:
                     pool.wait(job.wait)
-                    continue
-                break  # max_tasks claimed, by this lane or others
+                continue  # or the rest is held by another lane's claim in flight, which may give it back
             claims, drained = [], False
             try:
                 claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues, path=runner.path,
@@ -407,7 +438,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
                            and not _unfinished(job.tenant, job.queues, runner.path, using))
             except _UNREACHABLE as exc:
                 outages.down(alias, exc)
-            job.budget.refund(room - len(claims))
+            job.budget.settle(room, len(claims))
             for claim in claims[:free]:
                 pool.submit(claim)
             spares.put(claims[free:])

@@ -303,3 +303,65 @@ def test_the_next_task_of_a_batch_starts_in_the_completion_before_it(django_asse
         first.complete("done")
     assert second.started_by(first) is True
     assert Task.objects.get(key="s001").attempts == 1
+
+
+def lane_job(budget, concurrency: int, wait: float):  # type: ignore[no-untyped-def]
+    """What one lane of a worker over several task databases shares with the others: the budget."""
+    import threading
+
+    from django_taskclaim.worker import HandlerRunner, _Job
+
+    return _Job(runner=HandlerRunner(lambda claim: claim.key), owner="w", lease=30, tenant=None, queues=["default"],
+                batch=3, wait=wait, until_drained=False, stop=threading.Event(), budget=budget,
+                concurrency=concurrency)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_max_tasks_held_for_a_moment_by_another_lane_is_waited_for_not_taken_as_spent(concurrency: int) -> None:
+    """Two lanes share ``max_tasks``; the other lane's claim (on a database with nothing to claim)
+    holds all that is left at the instant this lane asks. This lane waits for that claim's answer:
+    given back, it is this lane's to claim. It used to take the held budget for spent and stop for
+    good, its tasks unclaimed, while the empty lane polled for ever (the CI hang of
+    test_max_tasks_counts_the_tasks_of_every_lane)."""
+    import threading
+
+    from django_taskclaim.worker import _Budget, _serve
+
+    queue(5)
+    budget = _Budget(3)
+    held = budget.take(3)  # the other lane's claim, in flight
+    job = lane_job(budget, concurrency, wait=30.0)
+    lane = threading.Thread(target=_serve, args=(job, None, "default"), daemon=True)
+    lane.start()
+    wait_until(lambda: not lane.is_alive() or getattr(budget, "waiting", 0), timeout=30,
+               what="the lane to ask for its share of max_tasks")
+    assert lane.is_alive(), "the lane took budget held by another lane's claim for spent, and stopped"
+    budget.settle(held, 0)  # that claim found nothing: all of it back
+    lane.join(30)
+    assert not lane.is_alive(), "the lane did not end once it had claimed max_tasks"
+    assert job.stats.succeeded == 3 and Task.objects.filter(status=Task.Status.SUCCEEDED).count() == 3
+    assert Task.objects.filter(status=Task.Status.PENDING).count() == 2 and budget.spent()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_lane_with_nothing_to_claim_ends_once_the_other_lanes_claimed_max_tasks(concurrency: int) -> None:
+    """The empty lane: while another lane's claims hold the budget it waits; once they spent it
+    (claimed ``max_tasks``) it ends, within its poll, rather than poll for ever."""
+    import threading
+
+    from django_taskclaim.worker import _Budget, _serve
+
+    budget = _Budget(2)
+    held = budget.take(2)
+    job = lane_job(budget, concurrency, wait=0.05)
+    lane = threading.Thread(target=_serve, args=(job, None, "default"), daemon=True)
+    lane.start()
+    budget.settle(held, 1)  # one claimed, one given back: the empty lane takes it, claims nothing, gives it back
+    held = budget.take(1, wait=30)
+    assert held == 1
+    budget.settle(held, 1)  # the other lane claimed it: max_tasks claimed
+    lane.join(30)
+    assert not lane.is_alive(), "the empty lane polled on after the other lanes had claimed max_tasks"
+    assert job.stats.handled == 0 and budget.spent()
