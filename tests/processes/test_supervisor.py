@@ -90,6 +90,29 @@ def test_a_task_that_kills_its_worker_cannot_make_the_supervisor_spin(processes:
     assert boss.wait(60) == 0, boss.stderr()
 
 
+def test_a_task_that_exits_2_is_a_death_restarted_not_a_refusal_that_stops_the_fleet(processes: Supervisor) -> None:
+    """A task body ends its worker with exit code 2 mid-run (``os._exit(2)``). The child had become
+    ready: that is a death, not a refusal of its options. It is started again, the others go on, the
+    40 other tasks run once each (one attempt), and the killer's task comes back after its lease, the
+    one task charged for the death (its batch-mate, reserved, is not). It used to stop every worker
+    and exit 2, the 40 tasks left pending and the killer RUNNING."""
+    for i in range(20):
+        Task.objects.ensure(f"t{i:02d}", queue="default", max_attempts=3)
+    Task.objects.ensure("killer", queue="default", max_attempts=3)
+    for i in range(20, 40):
+        Task.objects.ensure(f"t{i:02d}", queue="default", max_attempts=3)
+    boss = supervisor(processes, "tests.programs.worker_handlers.exits_2_once", "--processes", "2", "--batch", "2",
+                      "--lease", "2", "--until-drained")
+    died = boss.event("worker_died", timeout=120)
+    assert (died["exitcode"], died["how"]) == (2, "exit code 2")
+    assert boss.wait(120) == 0, boss.stderr()
+    assert not [e for e in boss.events if e.get("event") == "worker_refused"]
+    tasks = {t.key: (t.status, t.attempts) for t in Task.objects.all()}
+    assert tasks.pop("killer") == (Task.Status.SUCCEEDED, 2)  # charged once for the death, then ran
+    assert tasks == {f"t{i:02d}": (Task.Status.SUCCEEDED, 1) for i in range(40)}
+    assert Effect.objects.count() == 41 and Effect.objects.filter(task_key="killer").count() == 1
+
+
 def test_sigterm_finishes_the_tasks_in_hand_and_gives_back_the_ones_not_started(
         processes: Supervisor, tmp_path: Path) -> None:
     """Two children, each holding one task started (in the handler, waiting for the test's gate) and

@@ -47,6 +47,15 @@ def kills_itself_or_counts(claim: Claim) -> Any:
     return claim.key
 
 
+def exits_2_once(claim: Claim) -> Any:
+    """A key named ``killer…`` ends its worker with exit code 2 on its first attempt (``os._exit(2)``:
+    what a usage error exits with, in the middle of a run); every run records one effect row."""
+    if claim.key.startswith("killer") and claim.attempt == 1:
+        os._exit(2)
+    Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+    return claim.key
+
+
 def paced_effect(claim: Claim) -> None:
     """For the pool's drain under faults (tests/processes/test_worker_pool_faults.py): I/O-bound work
     (a short wait), then the effect and the completion in one ``fenced()`` block. A key named

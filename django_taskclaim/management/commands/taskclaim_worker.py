@@ -24,7 +24,7 @@ from django_taskclaim.management.arguments import (
     tenant_name,
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
-from django_taskclaim.supervisor import OVERTIME, graceful_stop, supervise
+from django_taskclaim.supervisor import OVERTIME, graceful_stop, mark_ready, supervise
 from django_taskclaim.values import MIN_LEASE, lease_seconds
 from django_taskclaim.worker import HandlerRunner, work
 from django_taskclaim.worker_runners import runner_without_handler
@@ -127,6 +127,7 @@ class Command(TaskClaimCommand):
             try:
                 if schedule:  # a scheduler loop in a thread, stopped with the worker (the same event)
                     scheduler = self._schedule(stop)
+                mark_ready()  # its options taken: from here an exit 2 is a death (a task's), not a refusal
                 stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
                              max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop,
                              using=database, concurrency=concurrency, timeout=timeout)
