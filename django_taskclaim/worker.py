@@ -58,6 +58,8 @@ Handler = Callable[[Claim], Any]
 #: The database cannot be reached (a restart, a failover): the worker waits and tries again.
 _UNREACHABLE = (OperationalError, InterfaceError)
 _counting = threading.Lock()
+#: ``work(until_drained=DUE)``: drained once no task is due now or running; deferred ones do not count.
+DUE = "due"
 #: :func:`default_batch`'s cap: the batch the no-op drain was measured at (docs/benchmarks.md).
 MOST_BATCH = 16
 
@@ -75,10 +77,14 @@ class WorkerStats:
     released: int = 0
     #: Attempts that ran past their timeout: fenced off then, recorded as failed with ``TimedOut``.
     timed_out: int = 0
+    #: Attempts that failed with attempts left: their task went back to PENDING to run again (and is
+    #: counted once, ``succeeded`` or ``failed``, by the attempt that ends it). Not tasks: attempts.
+    retried: int = 0
 
     @property
     def handled(self) -> int:
-        return self.succeeded + self.failed + self.fenced_off + self.unrecorded + self.timed_out
+        """Attempts run to an end, each counted once (a task retried counts once per attempt)."""
+        return self.succeeded + self.failed + self.fenced_off + self.unrecorded + self.timed_out + self.retried
 
     def count(self, executed: Executed) -> None:
         """Count a task by what committed: its end as written, by the handler or the worker."""
@@ -90,6 +96,8 @@ class WorkerStats:
             self.add("timed_out")  # whatever the body's own ending met after the fencing
         elif executed.ending == FENCED_OFF:
             self.add("fenced_off")
+        elif executed.ending == Status.PENDING:
+            self.add("retried")  # an attempt failed, not the task: it runs again
         else:
             self.add("failed")
 
@@ -184,7 +192,7 @@ class HandlerRunner(Runner):
 def work(
     handler: Handler | Runner, *, owner: str | None = None, lease: float | timedelta | None = None,
     tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int | None = None,
-    poll: float | None = None, max_tasks: int | None = None, until_drained: bool = False, atomic: bool = False,
+    poll: float | None = None, max_tasks: int | None = None, until_drained: bool | str = False, atomic: bool = False,
     stop: threading.Event | None = None, using: str | None = None, concurrency: int = 1,
     timeout: float | timedelta | None = None,
 ) -> WorkerStats:
@@ -197,7 +205,10 @@ def work(
     A claim that waited its turn until less than two thirds of its lease may be left (counted
     from before the claim was sent, not from when the call returned) is renewed before its
     handler runs, and skipped, counted as fenced off, if another worker took it over meanwhile.
-    ``until_drained`` stops once no task is unfinished (one held by another worker may come back).
+    ``until_drained`` stops once no task is unfinished (one held by another worker may come back),
+    deferred ones too (a task whose "not before" time is an hour ahead is waited for);
+    ``until_drained="due"`` stops once none is due: pending and due now, or running (held elsewhere,
+    it may come back), leaving the deferred ones for a later run.
     With no task to claim the worker waits ``poll`` seconds (``TASKCLAIM_POLL_INTERVAL``).
     ``atomic=True`` runs each handler inside ``claim.fenced()`` and completes it there: its
     database writes commit with the completion, once, or not at all.
@@ -223,6 +234,8 @@ def work(
     seconds_max = None if timeout is None else timeout_seconds(timeout, "timeout")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
+    if until_drained not in (False, True, DUE):
+        raise InvalidArgument(f"until_drained must be True, False or {DUE!r}, not {until_drained!r}")
     job = _Job(runner=runner, owner=owner or default_owner(), lease=seconds, tenant=tenant, queues=queue_names(queue),
                batch=batch, wait=settings.POLL_INTERVAL if poll is None else poll, until_drained=until_drained,
                stop=stop or threading.Event(), budget=_Budget(max_tasks), concurrency=concurrency,
@@ -309,7 +322,8 @@ class _Job:
     queues: list[str]
     batch: int
     wait: float
-    until_drained: bool
+    #: ``False``, ``True`` (no task unfinished) or :data:`DUE` (none due or running).
+    until_drained: bool | str
     stop: threading.Event
     budget: _Budget
     concurrency: int = 1
@@ -373,8 +387,7 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                     claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues,
                                         path=runner.path, using=using, reserve=True)
                     outages.up(alias)
-                    drained = (not claims and job.until_drained
-                               and not _unfinished(job.tenant, job.queues, runner.path, using))
+                    drained = not claims and bool(job.until_drained) and _drained(job, using)
                 except _UNREACHABLE as exc:
                     outages.down(alias, exc)  # said once per change, not on every poll
                     drained = False
@@ -434,8 +447,8 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
                 claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues, path=runner.path,
                                     using=using, reserve=True)
                 outages.up(alias)
-                drained = (not claims and job.until_drained and pool.free() == job.concurrency
-                           and not _unfinished(job.tenant, job.queues, runner.path, using))
+                drained = (not claims and bool(job.until_drained) and pool.free() == job.concurrency
+                           and _drained(job, using))
             except _UNREACHABLE as exc:
                 outages.down(alias, exc)
             job.budget.settle(room, len(claims))
@@ -699,13 +712,20 @@ def _still_ours(claim: Claim, stats: WorkerStats) -> bool:
     return True
 
 
-def _unfinished(tenant: str | None, queues: list[str], path: str, using: str | None) -> bool:
+def _drained(job: _Job, using: str | None) -> bool:
+    """Whether ``until_drained`` is met: no task left unfinished (with :data:`DUE`: none due or running)."""
+    return not _unfinished(job.tenant, job.queues, job.runner.path, using, due=job.until_drained == DUE)
+
+
+def _unfinished(tenant: str | None, queues: list[str], path: str, using: str | None, due: bool = False) -> bool:
     """Whether any task of these queues (of ``tenant``) is still pending or running, in any task
     database the worker covers: held elsewhere, it may come back. Tasks claimed by key and other
-    kinds of work do not count."""
+    kinds of work do not count; with ``due``, nor do pending tasks deferred to a later time."""
     aliases = (routing.route(tenant, using),) if tenant is not None else routing.databases(using)
     for alias in aliases:
         tasks = Task.objects.db_manager(alias).unfinished().queued(queues, path)
+        if due:
+            tasks = tasks.filter(status=Status.RUNNING) | tasks.due()
         if (tasks.filter(tenant=tenant) if tenant is not None else tasks).exists():
             return True
     return False

@@ -56,6 +56,13 @@ def exits_2_once(claim: Claim) -> Any:
     return claim.key
 
 
+def fails_its_first_attempt(claim: Claim) -> Any:
+    """Raise on a task's first attempt; then succeed, except a key named ``broken…``, which always raises."""
+    if claim.attempt == 1 or claim.key.startswith("broken"):
+        raise RuntimeError(f"attempt {claim.attempt} of {claim.key} failed")
+    return claim.attempt
+
+
 def paced_effect(claim: Claim) -> None:
     """For the pool's drain under faults (tests/processes/test_worker_pool_faults.py): I/O-bound work
     (a short wait), then the effect and the completion in one ``fenced()`` block. A key named

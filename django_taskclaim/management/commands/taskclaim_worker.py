@@ -26,7 +26,7 @@ from django_taskclaim.management.arguments import (
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
 from django_taskclaim.supervisor import OVERTIME, graceful_stop, mark_ready, supervise
 from django_taskclaim.values import MIN_LEASE, lease_seconds
-from django_taskclaim.worker import HandlerRunner, work
+from django_taskclaim.worker import DUE, HandlerRunner, work
 from django_taskclaim.worker_runners import runner_without_handler
 
 
@@ -76,7 +76,13 @@ class Command(TaskClaimCommand):
         parser.add_argument("--max-tasks", type=positive_int, default=None, help="Stop after this many tasks.")
         parser.add_argument("--until-drained", action="store_true",
                             help="Stop once no task of these queues is left unfinished (pending, or running "
-                                 "elsewhere).")
+                                 "elsewhere), deferred ones too: a task not before an hour from now is waited "
+                                 "for (see --until-drained=due).")
+        # An option string of its own (argparse matches it whole before it splits at "="), so that
+        # "--until-drained HANDLER" still reads HANDLER as the handler.
+        parser.add_argument("--until-drained=due", dest="until_drained", action="store_const", const=DUE,
+                            help="Stop once no task of these queues is due now or running elsewhere; tasks "
+                                 "deferred to a later time are left for a later run.")
         parser.add_argument("--atomic", action="store_true",
                             help="Run the handler inside claim.fenced(): its writes commit with the completion.")
         parser.add_argument("--owner", type=owner_name, default=None,
@@ -93,7 +99,7 @@ class Command(TaskClaimCommand):
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
-               lease: float | None, batch: int | None, max_tasks: int | None, until_drained: bool, atomic: bool,
+               lease: float | None, batch: int | None, max_tasks: int | None, until_drained: bool | str, atomic: bool,
                owner: str | None, as_json: bool = False, database: str | None = None, concurrency: int = 1,
                timeout: float | None = None, schedule: bool = False, processes: int | None = None,
                grace: float | None = None, **options: Any) -> None:
@@ -135,16 +141,21 @@ class Command(TaskClaimCommand):
                 stop.set()
                 if scheduler is not None:
                     scheduler.join(5)  # its round in hand (a statement a tick) ends; it closes its connection
+        # Tasks by how they ended; then, only where there were any (the report of a worker without
+        # them is unchanged), attempts: timed out, and failed with attempts left (their task ran again).
         summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
                    "unrecorded": stats.unrecorded}
-        if stats.timed_out:  # only where timeouts struck: the report of a worker without any is unchanged
+        if stats.timed_out:
             summary["timed_out"] = stats.timed_out
+        if stats.retried:
+            summary["retried"] = stats.retried
         if as_json:
             self.write_json(summary, indent=None)
         else:
             self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
                               f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded"
-                              + (f", {stats.timed_out} timed out" if stats.timed_out else ""))
+                              + (f", {stats.timed_out} timed out" if stats.timed_out else "")
+                              + (f", {stats.retried} failed attempts retried" if stats.retried else ""))
 
     def _supervise(self, processes: int, grace: float, as_json: bool, options: dict[str, Any]) -> None:
         """Run the worker in ``processes`` child processes (``django_taskclaim.supervisor``)."""
