@@ -16,6 +16,11 @@ done; the supervisor ends when every child is. A child that exits 2 before it be
 its options (a usage error): the others are stopped, and the supervisor exits 2; one that exits 2
 later (a task's ``sys.exit(2)`` or ``os._exit(2)``) died, and is started again like any other.
 
+A sync task cannot be stopped: past its timeout it is fenced off (its attempt recorded ``TimedOut``)
+but keeps its thread. A child whose sync task is still running ``--hard-timeout-grace`` seconds past
+its timeout stops claiming, releases its spare claims uncharged, gives its other tasks that many
+seconds more to finish, and exits with :data:`STUCK`; it is replaced like any child that died.
+
 SIGTERM or SIGINT is forwarded to the children, which stop claiming, finish the tasks in hand
 within the grace (``--grace``, default the lease), release what they reserved and did not start
 (its attempt uncounted) and exit 0 (at once, exit hooks run then ``os._exit``, rather than after seconds of
@@ -50,11 +55,26 @@ OVERTIME = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: A supervisor kills a child this long after the grace, if the child did not exit by itself then.
 KILL_MARGIN = 1.0
+#: Exit code of a child that gave up a sync task stuck past its timeout plus ``--hard-timeout-grace``
+#: (:func:`give_up_stuck`): a death like any other, the child replaced.
+STUCK = 76
 #: Usage errors (exit code 2) of a child that never became ready are not a death to restart after: the
 #: child refused its options. Once ready (:func:`mark_ready`), an exit 2 is a death like any other (a task's).
 USAGE_ERROR = 2
 #: In a supervisor's child: the event it sets once it took its options and starts working.
 _READY: Any = None
+
+
+def supervised() -> bool:
+    """Whether this process is a supervisor's child (a worker of ``--processes``)."""
+    return _READY is not None
+
+
+def give_up_stuck() -> None:
+    """End this child with :data:`STUCK`: a sync task of its is stuck past its timeout plus the hard
+    grace (its attempt was fenced off and recorded ``TimedOut`` at the timeout), and its thread can
+    only end with the process. The supervisor starts another child in its place."""
+    _leave(STUCK, lambda: None)  # the stuck thread's connection closes with the process
 
 
 def mark_ready() -> None:
@@ -135,6 +155,8 @@ def describe(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             return f"signal {signal.Signals(-code).name}"
+    if code == STUCK:
+        return f"exit code {code}: a sync task stuck past its timeout and --hard-timeout-grace"
     return f"exit code {code}"
 
 

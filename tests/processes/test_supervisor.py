@@ -14,7 +14,7 @@ import pytest
 from devtools.polling import wait_until
 from devtools.processes import Child, Supervisor
 from django_taskclaim.models import Task
-from django_taskclaim.supervisor import OVERTIME, Backoff
+from django_taskclaim.supervisor import OVERTIME, STUCK, Backoff
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,6 +113,35 @@ def test_a_task_that_exits_2_is_a_death_restarted_not_a_refusal_that_stops_the_f
     assert Effect.objects.count() == 41 and Effect.objects.filter(task_key="killer").count() == 1
 
 
+def test_a_worker_whose_sync_task_is_stuck_past_its_timeout_is_replaced_and_the_rest_run_once(
+        processes: Supervisor, tmp_path: Path) -> None:
+    """A sync task that loops for ever, heedless of its 1 s timeout, under ``--processes 1
+    --concurrency 2`` with 20 tasks queued behind it. At the timeout its attempt is fenced off and
+    recorded ``TimedOut`` (its task FAILED: one attempt allowed); 1 s later (``--hard-timeout-grace``)
+    its worker stops claiming, lets its other task in flight finish, gives back its spare claims
+    uncharged and exits; the supervisor starts another, which runs the rest. Every task ran once
+    (one start, one attempt), the stuck one never again. It used to hold its slot for ever."""
+    Task.objects.ensure("stuck", queue="default", max_attempts=1)
+    for i in range(20):
+        Task.objects.ensure(f"t{i:02d}", queue="default", max_attempts=1)
+    boss = supervisor(processes, "tests.programs.worker_handlers.stuck_or_paced", "--processes", "1",
+                      "--concurrency", "2", "--timeout", "1", "--hard-timeout-grace", "1", "--lease", "30",
+                      "--until-drained", env={"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)})
+    first = boss.event("worker_started", timeout=60)["pid"]
+    died = boss.event("worker_died", timeout=60)
+    assert (died["pid"], died["exitcode"]) == (first, STUCK), died
+    assert boss.event("worker_started", timeout=60)["pid"] != first
+    assert boss.wait(120) == 0, boss.stderr()
+    starts = sorted(p.name.rsplit(".", 1)[0] for p in tmp_path.glob("*.*.*"))
+    assert starts == sorted([f"t{i:02d}.1" for i in range(20)] + ["stuck.1"])  # each began once, first attempt
+    assert started_tasks(tmp_path)["stuck"] == first
+    stuck = Task.objects.get(key="stuck")
+    assert (stuck.status, stuck.attempts) == (Task.Status.FAILED, 1) and "TimedOut" in stuck.error
+    tasks = {t.key: (t.status, t.attempts) for t in Task.objects.exclude(key="stuck")}
+    assert tasks == {f"t{i:02d}": (Task.Status.SUCCEEDED, 1) for i in range(20)}
+    assert sorted(Effect.objects.values_list("task_key", flat=True)) == [f"t{i:02d}" for i in range(20)]
+
+
 def test_sigterm_finishes_the_tasks_in_hand_and_gives_back_the_ones_not_started(
         processes: Supervisor, tmp_path: Path) -> None:
     """Two children, each holding one task started (in the handler, waiting for the test's gate) and
@@ -203,3 +232,17 @@ def test_a_child_that_is_done_exits_within_the_grace_however_long_its_interprete
     stopped = [(e["pid"], e["how"]) for e in boss.events if e.get("event") == "worker_stopped"]
     assert [how for _, how in stopped] == ["exit code 0"]
     assert (tmp_path / f"atexit.{stopped[0][0]}").exists()
+
+
+def test_hard_timeout_grace_without_processes_is_refused() -> None:
+    """Nothing would start another worker: a usage error, before anything is claimed."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    Task.objects.ensure("t", queue="default")
+    with pytest.raises(CommandError, match="--hard-timeout-grace is for --processes") as refused:
+        call_command("taskclaim_worker", "tests.programs.worker_handlers.effect", "--hard-timeout-grace", "1",
+                     stdout=io.StringIO())
+    assert refused.value.returncode == 2 and Task.objects.get(key="t").status == Task.Status.PENDING

@@ -63,6 +63,19 @@ def fails_its_first_attempt(claim: Claim) -> Any:
     return claim.attempt
 
 
+def stuck_or_paced(claim: Claim) -> Any:
+    """Tell the test this attempt began (``_started``). A key named ``stuck…`` then loops for ever,
+    heedless of its timeout (a sync call that never returns); any other records one effect row
+    after a short wait (I/O-bound work)."""
+    _started(claim)
+    if claim.key.startswith("stuck"):
+        while True:
+            time.sleep(0.05)  # the body's own pace: it never ends
+    time.sleep(0.2)  # the work: a model or an API call
+    Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+    return claim.key
+
+
 def paced_effect(claim: Claim) -> None:
     """For the pool's drain under faults (tests/processes/test_worker_pool_faults.py): I/O-bound work
     (a short wait), then the effect and the completion in one ``fenced()`` block. A key named

@@ -24,7 +24,7 @@ from django_taskclaim.management.arguments import (
     tenant_name,
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
-from django_taskclaim.supervisor import OVERTIME, graceful_stop, mark_ready, supervise
+from django_taskclaim.supervisor import OVERTIME, give_up_stuck, graceful_stop, mark_ready, supervise, supervised
 from django_taskclaim.values import MIN_LEASE, lease_seconds
 from django_taskclaim.worker import DUE, HandlerRunner, work
 from django_taskclaim.worker_runners import runner_without_handler
@@ -96,13 +96,19 @@ class Command(TaskClaimCommand):
                             help="Seconds the tasks in hand have to finish after SIGTERM/SIGINT; then the "
                                  "process exits (a supervisor kills its children) and they come back after "
                                  "their lease (default: the lease).")
+        parser.add_argument("--hard-timeout-grace", type=positive_seconds, default=None, metavar="S",
+                            help="With --processes: a worker process whose sync task is still running S seconds "
+                                 "past its timeout (fenced off then, recorded TimedOut, but its thread cannot be "
+                                 "stopped) stops claiming, gives its other tasks S seconds more to finish, releases "
+                                 "the claims it did not start, and exits; the supervisor starts another "
+                                 "(default: the --grace).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
                lease: float | None, batch: int | None, max_tasks: int | None, until_drained: bool | str, atomic: bool,
                owner: str | None, as_json: bool = False, database: str | None = None, concurrency: int = 1,
                timeout: float | None = None, schedule: bool = False, processes: int | None = None,
-               grace: float | None = None, **options: Any) -> None:
+               grace: float | None = None, hard_timeout_grace: float | None = None, **options: Any) -> None:
         runner: Any
         if tenant is not None:
             try:
@@ -121,11 +127,15 @@ class Command(TaskClaimCommand):
         else:
             runner, queue = self._handler(handler, atomic), queues or ["default"]
         grace = lease_seconds(getattr(runner, "lease", None) if lease is None else lease) if grace is None else grace
+        if hard_timeout_grace is not None and processes is None and not supervised():
+            raise CommandError("--hard-timeout-grace is for --processes: a worker whose sync task is stuck exits, "
+                               "and only a supervisor starts another", returncode=USAGE_ERROR)
         if processes is not None:
             self._supervise(processes, grace, as_json, dict(
                 options, handler=handler, queues=queues, backend=backend, tenant=tenant, lease=lease, batch=batch,
                 max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, owner=owner, as_json=as_json,
-                database=database, grace=grace, concurrency=concurrency, timeout=timeout, schedule=schedule))
+                database=database, grace=grace, concurrency=concurrency, timeout=timeout, schedule=schedule,
+                hard_timeout_grace=grace if hard_timeout_grace is None else hard_timeout_grace))
             return
         stop = threading.Event()
         scheduler = None
@@ -136,7 +146,9 @@ class Command(TaskClaimCommand):
                 mark_ready()  # its options taken: from here an exit 2 is a death (a task's), not a refusal
                 stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
                              max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop,
-                             using=database, concurrency=concurrency, timeout=timeout)
+                             using=database, concurrency=concurrency, timeout=timeout,
+                             hard_timeout_grace=hard_timeout_grace,
+                             on_stuck=None if hard_timeout_grace is None else give_up_stuck)
             finally:
                 stop.set()
                 if scheduler is not None:
