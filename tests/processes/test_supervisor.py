@@ -246,3 +246,20 @@ def test_hard_timeout_grace_without_processes_is_refused() -> None:
         call_command("taskclaim_worker", "tests.programs.worker_handlers.effect", "--hard-timeout-grace", "1",
                      stdout=io.StringIO())
     assert refused.value.returncode == 2 and Task.objects.get(key="t").status == Task.Status.PENDING
+
+
+def test_a_child_that_refuses_its_options_before_it_is_ready_still_stops_the_fleet_with_exit_2(
+        processes: Supervisor) -> None:
+    """The other side of an exit 2: a child that refuses its options while it starts (here a schedule
+    it cannot fire, which only a child reads when the supervisor was started with ``--skip-checks``)
+    never became ready: that is a usage error, not a death to restart after; the supervisor stops the
+    others and exits 2, and nothing was claimed."""
+    Task.objects.ensure("t", queue="default")
+    unfireable = '{"bad": {"task": "no.such.task", "every": 60}}'
+    boss = supervisor(processes, "tests.programs.worker_handlers.effect", "--processes", "2", "--schedule",
+                      "--skip-checks", env={"TASKCLAIM_TEST_SCHEDULES": unfireable})
+    assert boss.wait(120) == 2, boss.stderr()
+    assert [e for e in boss.events if e.get("event") == "worker_refused"], boss.events
+    assert not [e for e in boss.events if e.get("event") == "worker_died"]
+    assert Task.objects.get(key="t").status == Task.Status.PENDING
+    assert "TASKCLAIM_SCHEDULES['bad']['task']: 'no.such.task' does not import" in boss.stderr()
