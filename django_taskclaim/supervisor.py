@@ -55,6 +55,9 @@ OVERTIME = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: A supervisor kills a child this long after the grace, if the child did not exit by itself then.
 KILL_MARGIN = 1.0
+#: ``--hard-timeout-grace``'s default (seconds): a sync body that returns late but returns (a slow call)
+#: costs no restart; one that never returns holds its slot a minute past its timeout, not for ever.
+HARD_TIMEOUT_GRACE = 60.0
 #: Exit code of a child that gave up a sync task stuck past its timeout plus ``--hard-timeout-grace``
 #: (:func:`give_up_stuck`): a death like any other, the child replaced.
 STUCK = 76

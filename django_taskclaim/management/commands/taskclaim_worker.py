@@ -24,7 +24,15 @@ from django_taskclaim.management.arguments import (
     tenant_name,
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
-from django_taskclaim.supervisor import OVERTIME, give_up_stuck, graceful_stop, mark_ready, supervise, supervised
+from django_taskclaim.supervisor import (
+    HARD_TIMEOUT_GRACE,
+    OVERTIME,
+    give_up_stuck,
+    graceful_stop,
+    mark_ready,
+    supervise,
+    supervised,
+)
 from django_taskclaim.values import MIN_LEASE, lease_seconds
 from django_taskclaim.worker import DUE, HandlerRunner, work
 from django_taskclaim.worker_runners import runner_without_handler
@@ -101,7 +109,8 @@ class Command(TaskClaimCommand):
                                  "past its timeout (fenced off then, recorded TimedOut, but its thread cannot be "
                                  "stopped) stops claiming, gives its other tasks S seconds more to finish, releases "
                                  "the claims it did not start, and exits; the supervisor starts another "
-                                 "(default: the --grace).")
+                                 f"(default: {HARD_TIMEOUT_GRACE:g}; an attempt past its timeout is already fenced "
+                                 "off, so this only bounds how long its thread may hold a slot).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
@@ -135,7 +144,7 @@ class Command(TaskClaimCommand):
                 options, handler=handler, queues=queues, backend=backend, tenant=tenant, lease=lease, batch=batch,
                 max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, owner=owner, as_json=as_json,
                 database=database, grace=grace, concurrency=concurrency, timeout=timeout, schedule=schedule,
-                hard_timeout_grace=grace if hard_timeout_grace is None else hard_timeout_grace))
+                hard_timeout_grace=HARD_TIMEOUT_GRACE if hard_timeout_grace is None else hard_timeout_grace))
             return
         stop = threading.Event()
         scheduler = None
