@@ -12,7 +12,14 @@ A child that dies is started again, after a delay that doubles while children di
 succession (0.5 s, 1 s, 2 s… up to 30 s; back to 0.5 s once one lived 30 s), so that a task
 that kills its worker cannot make the supervisor spin. Each death and restart is logged with its
 exit code or signal. A child that exits 0 by itself (``--until-drained``, ``--max-tasks``) is
-done; the supervisor ends when every child is.
+done; the supervisor ends when every child is. A child that exits 2 before it became ready refused
+its options (a usage error): the others are stopped, and the supervisor exits 2; one that exits 2
+later (a task's ``sys.exit(2)`` or ``os._exit(2)``) died, and is started again like any other.
+
+A sync task cannot be stopped: past its timeout it is fenced off (its attempt recorded ``TimedOut``)
+but keeps its thread. A child whose sync task is still running ``--hard-timeout-grace`` seconds past
+its timeout stops claiming, releases its spare claims uncharged, gives its other tasks that many
+seconds more to finish, and exits with :data:`STUCK`; it is replaced like any child that died.
 
 SIGTERM or SIGINT is forwarded to the children, which stop claiming, finish the tasks in hand
 within the grace (``--grace``, default the lease), release what they reserved and did not start
@@ -48,8 +55,37 @@ logger = logging.getLogger("django_taskclaim")
 OVERTIME = 75
 #: A supervisor kills a child this long after the grace, if the child did not exit by itself then.
 KILL_MARGIN = 1.0
-#: Usage errors (exit code 2) are not a death to restart after: the child refused its options.
+#: ``--hard-timeout-grace``'s default (seconds): a sync body that returns late but returns (a slow call)
+#: costs no restart; one that never returns holds its slot a minute past its timeout, not for ever.
+HARD_TIMEOUT_GRACE = 60.0
+#: Exit code of a child that gave up a sync task stuck past its timeout plus ``--hard-timeout-grace``
+#: (:func:`give_up_stuck`): a death like any other, the child replaced.
+STUCK = 76
+#: Usage errors (exit code 2) of a child that never became ready are not a death to restart after: the
+#: child refused its options. Once ready (:func:`mark_ready`), an exit 2 is a death like any other (a task's).
 USAGE_ERROR = 2
+#: In a supervisor's child: the event it sets once it took its options and starts working.
+_READY: Any = None
+
+
+def supervised() -> bool:
+    """Whether this process is a supervisor's child (a worker of ``--processes``)."""
+    return _READY is not None
+
+
+def give_up_stuck() -> None:
+    """End this child with :data:`STUCK`: a sync task of its is stuck past its timeout plus the hard
+    grace (its attempt was fenced off and recorded ``TimedOut`` at the timeout), and its thread can
+    only end with the process. The supervisor starts another child in its place."""
+    _leave(STUCK, lambda: None)  # the stuck thread's connection closes with the process
+
+
+def mark_ready() -> None:
+    """Tell the supervisor, if this process is one of its children, that the worker took its options
+    and starts working: from here on an exit 2 is a death to restart after (a task's
+    ``sys.exit(2)``, ``os._exit(2)``), not a refusal of its options."""
+    if _READY is not None:
+        _READY.set()
 
 
 @contextlib.contextmanager
@@ -114,6 +150,7 @@ class _Slot:
     started: float = 0.0
     restart_at: float | None = 0.0  # monotonic time to start the next child; None: done
     exits: list[int] = field(default_factory=list)
+    ready: Any = None  # the event the child sets once it is ready to work (mark_ready)
 
 
 def describe(code: int | None) -> str:
@@ -121,6 +158,8 @@ def describe(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             return f"signal {signal.Signals(-code).name}"
+    if code == STUCK:
+        return f"exit code {code}: a sync task stuck past its timeout and --hard-timeout-grace"
     return f"exit code {code}"
 
 
@@ -206,10 +245,11 @@ def supervise(options: dict[str, Any], processes: int, grace: float,
 
 
 def _start(context: Any, slot: _Slot, options: dict[str, Any], report: Callable[..., None]) -> None:
-    process = context.Process(target=run_child, args=(options, os.getpid()), name=f"taskclaim-worker-{slot.number}",
-                              daemon=False)
+    ready = context.Event()
+    process = context.Process(target=run_child, args=(options, os.getpid(), ready),
+                              name=f"taskclaim-worker-{slot.number}", daemon=False)
     process.start()
-    slot.process, slot.started = process, time.monotonic()
+    slot.process, slot.started, slot.ready = process, time.monotonic(), ready
     logger.info("worker process %d started (slot %d)", process.pid, slot.number,
                 extra={"pid": process.pid, "slot": slot.number})
     report(event="worker_started", slot=slot.number, pid=process.pid)
@@ -234,7 +274,7 @@ def _ended(slot: _Slot, stopping: list[str], backoff: Backoff, report: Callable[
         report(event="worker_finished", slot=slot.number, pid=process.pid)
         slot.restart_at = None
         return 0
-    if exitcode == USAGE_ERROR:
+    if exitcode == USAGE_ERROR and not slot.ready.is_set():  # before it was ready: its options, not a task
         logger.error("worker process %d refused its options (%s): not restarted", process.pid, how,
                      extra={"pid": process.pid, "exitcode": exitcode})
         report(event="worker_refused", slot=slot.number, pid=process.pid, exitcode=exitcode, how=how)
@@ -249,14 +289,17 @@ def _ended(slot: _Slot, stopping: list[str], backoff: Backoff, report: Callable[
     return 0
 
 
-def run_child(options: dict[str, Any], parent: int) -> None:
-    """A child's life: die with the supervisor, set Django up, run the worker command. From here
+def run_child(options: dict[str, Any], parent: int, ready: Any = None) -> None:
+    """A child's life: die with the supervisor, set Django up, run the worker command (which sets
+    ``ready`` once it took its options: :func:`mark_ready`). From here
     the stop signals wait (blocked) until the worker can handle them (:func:`graceful_stop`),
     rather than kill a child half set up; one that comes earlier, while the interpreter starts
     (spawn's exec resets the signal mask), kills it before it claimed anything: the supervisor
     counts that as a clean stop."""
+    global _READY
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     _die_with(parent)
+    _READY = ready
     import django
 
     django.setup()

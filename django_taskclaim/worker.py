@@ -27,8 +27,9 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import suppress
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -58,6 +59,8 @@ Handler = Callable[[Claim], Any]
 #: The database cannot be reached (a restart, a failover): the worker waits and tries again.
 _UNREACHABLE = (OperationalError, InterfaceError)
 _counting = threading.Lock()
+#: ``work(until_drained=DUE)``: drained once no task is due now or running; deferred ones do not count.
+DUE = "due"
 #: :func:`default_batch`'s cap: the batch the no-op drain was measured at (docs/benchmarks.md).
 MOST_BATCH = 16
 
@@ -75,10 +78,14 @@ class WorkerStats:
     released: int = 0
     #: Attempts that ran past their timeout: fenced off then, recorded as failed with ``TimedOut``.
     timed_out: int = 0
+    #: Attempts that failed with attempts left: their task went back to PENDING to run again (and is
+    #: counted once, ``succeeded`` or ``failed``, by the attempt that ends it). Not tasks: attempts.
+    retried: int = 0
 
     @property
     def handled(self) -> int:
-        return self.succeeded + self.failed + self.fenced_off + self.unrecorded + self.timed_out
+        """Attempts run to an end, each counted once (a task retried counts once per attempt)."""
+        return self.succeeded + self.failed + self.fenced_off + self.unrecorded + self.timed_out + self.retried
 
     def count(self, executed: Executed) -> None:
         """Count a task by what committed: its end as written, by the handler or the worker."""
@@ -90,6 +97,8 @@ class WorkerStats:
             self.add("timed_out")  # whatever the body's own ending met after the fencing
         elif executed.ending == FENCED_OFF:
             self.add("fenced_off")
+        elif executed.ending == Status.PENDING:
+            self.add("retried")  # an attempt failed, not the task: it runs again
         else:
             self.add("failed")
 
@@ -184,9 +193,10 @@ class HandlerRunner(Runner):
 def work(
     handler: Handler | Runner, *, owner: str | None = None, lease: float | timedelta | None = None,
     tenant: str | None = None, queue: str | Sequence[str] = DEFAULT_QUEUE, batch: int | None = None,
-    poll: float | None = None, max_tasks: int | None = None, until_drained: bool = False, atomic: bool = False,
+    poll: float | None = None, max_tasks: int | None = None, until_drained: bool | str = False, atomic: bool = False,
     stop: threading.Event | None = None, using: str | None = None, concurrency: int = 1,
-    timeout: float | timedelta | None = None,
+    timeout: float | timedelta | None = None, hard_timeout_grace: float | None = None,
+    on_stuck: Callable[[], object] | None = None,
 ) -> WorkerStats:
     """Run ``handler(claim)`` on the tasks queued in ``queue`` (one name or several) until
     ``stop`` is set (or idle, or ``max_tasks``).
@@ -197,7 +207,10 @@ def work(
     A claim that waited its turn until less than two thirds of its lease may be left (counted
     from before the claim was sent, not from when the call returned) is renewed before its
     handler runs, and skipped, counted as fenced off, if another worker took it over meanwhile.
-    ``until_drained`` stops once no task is unfinished (one held by another worker may come back).
+    ``until_drained`` stops once no task is unfinished (one held by another worker may come back),
+    deferred ones too (a task whose "not before" time is an hour ahead is waited for);
+    ``until_drained="due"`` stops once none is due: pending and due now, or running (held elsewhere,
+    it may come back), leaving the deferred ones for a later run.
     With no task to claim the worker waits ``poll`` seconds (``TASKCLAIM_POLL_INTERVAL``).
     ``atomic=True`` runs each handler inside ``claim.fenced()`` and completes it there: its
     database writes commit with the completion, once, or not at all.
@@ -209,6 +222,11 @@ def work(
     ``timeout``: seconds an attempt may run (unless its task says otherwise) before its claim is
     fenced off and the attempt recorded as failed with ``TimedOut`` (:mod:`~django_taskclaim.lifecycle.deadlines`):
     an async body is cancelled, a sync one runs on harmlessly, holding its slot until it returns.
+    ``hard_timeout_grace`` (with ``on_stuck``; ``taskclaim_worker --processes`` passes them): a sync
+    body still running that many seconds past its timeout is stuck: the worker stops claiming, its
+    spare claims are released uncharged, its other tasks in flight have ``hard_timeout_grace`` more
+    seconds to finish, then ``on_stuck()`` is called, which ends the process (a supervisor starts
+    another; :class:`_HardLimit`).
 
     Over several task databases (no ``tenant``, no ``using``) each database is served by a thread
     of its own (a *lane*: its own connection, its claims, handlers and completions, one task at a
@@ -223,16 +241,28 @@ def work(
     seconds_max = None if timeout is None else timeout_seconds(timeout, "timeout")
     if max_tasks is not None:
         positive_int(max_tasks, "max_tasks")
+    if (hard_timeout_grace is None) != (on_stuck is None):
+        raise InvalidArgument("hard_timeout_grace and on_stuck go together: what to do with a stuck worker")
+    if hard_timeout_grace is not None:
+        timeout_seconds(hard_timeout_grace, "hard_timeout_grace")
+    if until_drained not in (False, True, DUE):
+        raise InvalidArgument(f"until_drained must be True, False or {DUE!r}, not {until_drained!r}")
     job = _Job(runner=runner, owner=owner or default_owner(), lease=seconds, tenant=tenant, queues=queue_names(queue),
                batch=batch, wait=settings.POLL_INTERVAL if poll is None else poll, until_drained=until_drained,
                stop=stop or threading.Event(), budget=_Budget(max_tasks), concurrency=concurrency,
                timeout=seconds_max)
+    if on_stuck is not None and hard_timeout_grace is not None:
+        job.hard = _HardLimit(hard_timeout_grace, on_stuck, job.stop)
     _log_start(runner, job.owner, job.queues, tenant, using, seconds, batch, concurrency)
     lanes = routing.databases(using) if tenant is None else ()
-    if len(lanes) < 2:
-        _serve(job, using, routing.route(tenant, using) if tenant is not None else routing.databases(using)[0])
-    else:
-        _serve_lanes(job, lanes)
+    try:
+        if len(lanes) < 2:
+            _serve(job, using, routing.route(tenant, using) if tenant is not None else routing.databases(using)[0])
+        else:
+            _serve_lanes(job, lanes)
+    finally:
+        if job.hard is not None:
+            job.hard.close()
     return job.stats
 
 
@@ -247,27 +277,55 @@ def default_batch(concurrency: int) -> int:
 
 @dataclass
 class _Budget:
-    """What is left of ``max_tasks`` (``None``: no limit), shared by the lanes: each claim is paid
-    for before it is asked for, and what was not claimed is refunded."""
+    """What is left of ``max_tasks`` (``None``: no limit), shared by the lanes. A claim takes its room
+    before it is sent and holds it while it is in flight (:meth:`take`); :meth:`settle` then keeps
+    what it claimed and gives the rest back. Only claims made spend the budget: a lane that finds
+    nothing left while another lane holds some waits for that claim's answer rather than stop, since
+    the other may claim nothing (its database empty) and give it all back."""
 
     left: int | None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Room taken by claims in flight, not yet settled.
+    held: int = 0
+    #: Lanes waiting in :meth:`take` for a claim in flight to settle.
+    waiting: int = 0
+    changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def take(self, wanted: int) -> int:
-        with self.lock:
+    def take(self, wanted: int, wait: float = 0.0) -> int:
+        """Room for up to ``wanted`` claims, held until :meth:`settle`. With none left but some held by
+        a claim in flight, wait up to ``wait`` seconds for it to settle first."""
+        with self.changed:
             if self.left is None:
                 return wanted
+            if wait > 0 and not self.left and self.held:
+                self.waiting += 1
+                try:
+                    self.changed.wait_for(lambda: self.left or not self.held, wait)
+                finally:
+                    self.waiting -= 1
             granted = min(wanted, self.left)
             self.left -= granted
+            self.held += granted
             return granted
 
+    def settle(self, taken: int, used: int) -> None:
+        """A claim that held ``taken`` made ``used`` claims: those are spent, the rest is given back."""
+        with self.changed:
+            if self.left is not None:
+                self.held -= taken
+                self.left += taken - used
+                self.changed.notify_all()
+
     def refund(self, unused: int) -> None:
-        with self.lock:
+        """Give back tasks claimed and then released unrun (spares)."""
+        with self.changed:
             if self.left is not None:
                 self.left += unused
+                self.changed.notify_all()
 
     def spent(self) -> bool:
-        return self.left == 0
+        """Whether ``max_tasks`` tasks were claimed: nothing left, and no claim in flight may give any back."""
+        with self.changed:
+            return self.left == 0 and not self.held
 
 
 @dataclass
@@ -281,13 +339,115 @@ class _Job:
     queues: list[str]
     batch: int
     wait: float
-    until_drained: bool
+    #: ``False``, ``True`` (no task unfinished) or :data:`DUE` (none due or running).
+    until_drained: bool | str
     stop: threading.Event
     budget: _Budget
     concurrency: int = 1
     #: The worker's ``timeout`` (seconds), for tasks that set none of their own.
     timeout: float | None = None
     stats: WorkerStats = field(default_factory=lambda: WorkerStats())
+    #: ``work(hard_timeout_grace=...)``: what gives up a worker whose sync task is stuck.
+    hard: _HardLimit | None = None
+
+
+class _HardLimit:
+    """A sync body cannot be stopped: past its timeout it is fenced off (its attempt recorded as
+    failed with ``TimedOut``) but keeps its thread and its slot. This gives such a worker up: once
+    a sync body has run ``grace`` seconds past its timeout, the worker stops claiming (its spare
+    claims released uncharged), what else it has in flight gets ``grace`` more seconds to end, and
+    then ``on_stuck()`` ends the process, the stuck thread with it (a supervisor starts another).
+
+    What is in flight is counted in *units*: each loop that claims (a lane's), and each pool slot
+    from the moment its claim is handed over until the slot ends (a task started by the claim or by
+    the completion before it is in a unit before its body runs, so it is never left behind)."""
+
+    def __init__(self, grace: float, on_stuck: Callable[[], object], stop: threading.Event) -> None:
+        self.grace, self.on_stuck, self.stop = grace, on_stuck, stop
+        self.changed = threading.Condition(threading.Lock())
+        self.units: set[_Unit] = set()
+        self.watcher: threading.Thread | None = None
+        self.closed = False
+
+    def enter(self) -> _Unit:
+        """One more thing in flight (a claiming loop, a slot), until :meth:`_Unit.leave`."""
+        unit = _Unit(self)
+        with self.changed:
+            self.units.add(unit)
+        return unit
+
+    def close(self) -> None:
+        """The worker returned: its watcher thread ends (it gives nothing up any more)."""
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+
+    def _stuck(self) -> int:
+        now = time.monotonic()
+        return sum(1 for unit in self.units if unit.stuck_at is not None and unit.stuck_at <= now)
+
+    def _watch(self) -> None:
+        with self.changed:
+            while not self._stuck():
+                if self.closed:
+                    return
+                due = [unit.stuck_at for unit in self.units if unit.stuck_at is not None]
+                self.changed.wait(max(0.0, min(due) - time.monotonic()) if due else None)
+            stuck = self._stuck()
+        logger.warning("a sync task ran %g s past its timeout (fenced off then): this worker stops claiming, "
+                       "gives its other tasks %g s to finish, then exits to be replaced", self.grace, self.grace,
+                       extra={"grace": self.grace, "stuck": stuck})
+        self.stop.set()  # nothing more is claimed or started; spares are released
+        with self.changed:  # what can end, ends (the claiming loops too); the stuck ones never will
+            self.changed.wait_for(lambda: len(self.units) <= self._stuck(), self.grace)
+            left = len(self.units) - self._stuck()
+        if left:
+            logger.warning("%d task(s) or loop(s) still running after %g s: their tasks are left to their leases",
+                           left, self.grace, extra={"grace": self.grace})
+        self.on_stuck()
+
+
+class _Unit:
+    """One thing in flight under a :class:`_HardLimit`; ``stuck_at`` (monotonic) while a sync
+    attempt with a timeout runs in it: when it counts as stuck."""
+
+    __slots__ = ("limit", "stuck_at")
+
+    def __init__(self, limit: _HardLimit) -> None:
+        self.limit = limit
+        self.stuck_at: float | None = None
+
+    def leave(self) -> None:
+        limit = self.limit
+        with limit.changed:
+            limit.units.discard(self)
+            limit.changed.notify_all()
+
+    @contextmanager
+    def attempt(self, timeout: float) -> Iterator[None]:
+        """While a sync body with ``timeout`` runs here."""
+        limit = self.limit
+        with limit.changed:
+            self.stuck_at = time.monotonic() + timeout + limit.grace
+            if limit.watcher is None:
+                limit.watcher = threading.Thread(target=limit._watch, name="taskclaim-hard-timeout", daemon=True)
+                limit.watcher.start()
+            limit.changed.notify_all()
+        try:
+            yield
+        finally:
+            with limit.changed:
+                self.stuck_at = None
+                limit.changed.notify_all()
+
+
+def _enter(job: _Job) -> _Unit | None:
+    return None if job.hard is None else job.hard.enter()
+
+
+def _leave(unit: _Unit | None) -> None:
+    if unit is not None:
+        unit.leave()
 
 
 def _serve_lanes(job: _Job, aliases: Sequence[str]) -> None:
@@ -329,13 +489,16 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
     runner, stats, stop = job.runner, job.stats, job.stop
     claims: list[Claim] = []
     previous: Claim | None = None  # the task run last, whose ending may have started the next
+    unit = _enter(job)
     try:
         while not stop.is_set():
             if not claims:
                 close_old_connections()
-                room = job.budget.take(job.batch)
+                room = job.budget.take(job.batch, wait=job.wait)
                 if not room:
-                    break  # max_tasks claimed, by this lane or others
+                    if job.budget.spent():
+                        break  # max_tasks claimed, by this lane or others
+                    continue  # the rest is held by another lane's claim in flight, which may give it back
                 try:
                     # Reserving: only the first task of a batch starts (counts an attempt) now, each
                     # next one in the commit that ends the task before it. A task that kills this
@@ -343,12 +506,11 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                     claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues,
                                         path=runner.path, using=using, reserve=True)
                     outages.up(alias)
-                    drained = (not claims and job.until_drained
-                               and not _unfinished(job.tenant, job.queues, runner.path, using))
+                    drained = not claims and bool(job.until_drained) and _drained(job, using)
                 except _UNREACHABLE as exc:
                     outages.down(alias, exc)  # said once per change, not on every poll
                     drained = False
-                job.budget.refund(room - len(claims))
+                job.budget.settle(room, len(claims))
                 if drained:
                     break
                 if not claims:
@@ -359,13 +521,17 @@ def _serve(job: _Job, using: str | None, alias: str) -> None:
                 more = 0 if claims or stop.is_set() else job.budget.take(job.batch)
                 claim.then_start(claims[0] if claims and not stop.is_set() else None)
                 previous = claim
-                done = _run(runner, claim, stats, _finisher(more, job.tenant, job.queues, runner.path), job.timeout)
-                job.budget.refund(more - len(done))
+                done = _run(runner, claim, stats, _finisher(more, job.tenant, job.queues, runner.path), job.timeout,
+                            unit)
+                job.budget.settle(more, len(done))
                 claims += done
             if job.budget.spent() and not claims:
                 break
     finally:  # stopped (or interrupted) with claims in hand: release them untouched
-        _release_all(claims, previous)
+        try:
+            _release_all(claims, previous)
+        finally:
+            _leave(unit)
 
 
 def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
@@ -375,9 +541,13 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     longer than that. It also keeps a few reserved claims ready (:class:`Spares`) for the slots
     whose task is ending: such a slot's completion starts its next task in the same commit, and
     the slot runs it. Stopped: nothing more is claimed, and the tasks in flight finish."""
-    pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim, spares),
-                arun=lambda claim: _aslot(job, claim, spares),
-                is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, get_store(alias).row_locks))
+    # Each claim goes to its slot with its unit of the hard limit (if any), entered here, before the
+    # hand-over, and left when the slot ends.
+    pool = Pool(job.concurrency, run=lambda item: _slot(job, item[0], spares, item[1]),
+                arun=lambda item: _aslot(job, item[0], spares, item[1]),
+                is_async=lambda item: job.runner.is_async(item[0]),
+                db_threads=threads_for(job.concurrency, get_store(alias).row_locks))
+    claimer = _enter(job)
     spares = Spares(job.batch, pool.nudge)
     stop, runner = job.stop, job.runner
     try:
@@ -385,31 +555,32 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
             _release_spares(spares, job.budget, keep=_fresh)
             free = pool.free()
             for claim in spares.give(free):  # a slot that freed with no spare to take: one now
-                pool.submit(claim)
+                pool.submit((claim, _enter(job)))
                 free -= 1
             wanted = free + spares.wanted()
             if not wanted:
                 pool.wait(job.wait)  # until a task in flight returns, or a spare is taken
                 continue
             close_old_connections()
-            room = job.budget.take(min(wanted, job.batch))
+            room = job.budget.take(min(wanted, job.batch), wait=job.wait if free else 0.0)
             if not room:
+                if free and job.budget.spent():
+                    break  # max_tasks claimed, by this lane or others
                 if not free:
                     pool.wait(job.wait)
-                    continue
-                break  # max_tasks claimed, by this lane or others
+                continue  # or the rest is held by another lane's claim in flight, which may give it back
             claims, drained = [], False
             try:
                 claims = claim_next(job.owner, job.lease, job.tenant, room, queue=job.queues, path=runner.path,
                                     using=using, reserve=True)
                 outages.up(alias)
-                drained = (not claims and job.until_drained and pool.free() == job.concurrency
-                           and not _unfinished(job.tenant, job.queues, runner.path, using))
+                drained = (not claims and bool(job.until_drained) and pool.free() == job.concurrency
+                           and _drained(job, using))
             except _UNREACHABLE as exc:
                 outages.down(alias, exc)
-            job.budget.refund(room - len(claims))
+            job.budget.settle(room, len(claims))
             for claim in claims[:free]:
-                pool.submit(claim)
+                pool.submit((claim, _enter(job)))
             spares.put(claims[free:])
             if drained:
                 break
@@ -419,6 +590,9 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
         stop.set()
         raise
     finally:
+        if stop.is_set():  # stopped, no slot takes a spare: give them back now, not after the tasks in flight
+            _release_spares(spares, job.budget)
+        _leave(claimer)
         try:
             pool.close()
         finally:
@@ -469,11 +643,18 @@ class _Successor:
                 self.begun = (None, exc)
 
 
-def _slot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
+def _slot(job: _Job, claim: Claim, spares: Spares | None = None, unit: _Unit | None = None) -> None:
     """Sync tasks in one slot: ``claim``'s started now (a reserved one released instead when the
     worker is stopping), then run, counted; then the spare its completion started, if any. Each
     lease is renewed with the other tasks in flight, one statement a round for all
     (:mod:`~django_taskclaim.lifecycle.renewal`)."""
+    try:
+        _slot_tasks(job, claim, spares, unit)
+    finally:
+        _leave(unit)
+
+
+def _slot_tasks(job: _Job, claim: Claim, spares: Spares | None, unit: _Unit | None) -> None:
     previous: Claim | None = None
     current: Claim | None = claim
     while current is not None:
@@ -485,7 +666,7 @@ def _slot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
             return
         successor = _Successor(job, spares)
         try:
-            _run(job.runner, current, job.stats, successor.finish, job.timeout)
+            _run(job.runner, current, job.stats, successor.finish, job.timeout, unit)
         except BaseException:  # a shutdown: the spare its completion took is released, uncharged
             if successor.claim is not None:
                 _release_all([successor.claim], current)
@@ -493,9 +674,16 @@ def _slot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
         previous, current = current, successor.claim
 
 
-async def _aslot(job: _Job, claim: Claim, spares: Spares | None = None) -> None:
+async def _aslot(job: _Job, claim: Claim, spares: Spares | None = None, unit: _Unit | None = None) -> None:
     """:func:`_slot` for a coroutine body, on the pool's event loop (its ORM calls on one of the pool's
     database threads)."""
+    try:
+        await _aslot_tasks(job, claim, spares)
+    finally:
+        _leave(unit)
+
+
+async def _aslot_tasks(job: _Job, claim: Claim, spares: Spares | None) -> None:
     previous: Claim | None = None
     current: Claim | None = claim
     successor = _Successor(job, spares, eager=True)
@@ -588,9 +776,11 @@ def _log_start(runner: Runner, owner: str, queues: list[str], tenant: str | None
                        "tenant": tenant, "lease": lease, "batch": batch, "concurrency": concurrency})
 
 
-def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish, timeout: float | None = None) -> list[Claim]:
+def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish, timeout: float | None = None,
+         unit: _Unit | None = None) -> list[Claim]:
     """Run one task by the execution protocol (an async one on an event loop of its own, here; each
-    under its timeout); the claims its completion made."""
+    under its timeout, a sync one also under the hard limit of ``unit``, if any); the claims its
+    completion made."""
     try:
         seconds = _timeout(runner, claim, timeout)
         if runner.is_async(claim):
@@ -598,7 +788,8 @@ def _run(runner: Runner, claim: Claim, stats: WorkerStats, finish: Finish, timeo
         elif seconds is None:
             executed = runner.execute(claim, finish)
         else:
-            with watch(claim, seconds, runner.policy_for(claim)):
+            with unit.attempt(seconds) if unit is not None else nullcontext(), \
+                    watch(claim, seconds, runner.policy_for(claim)):
                 executed = runner.execute(claim, finish)
     except _UNREACHABLE as exc:
         return _unrecorded(claim, stats, exc)
@@ -668,13 +859,20 @@ def _still_ours(claim: Claim, stats: WorkerStats) -> bool:
     return True
 
 
-def _unfinished(tenant: str | None, queues: list[str], path: str, using: str | None) -> bool:
+def _drained(job: _Job, using: str | None) -> bool:
+    """Whether ``until_drained`` is met: no task left unfinished (with :data:`DUE`: none due or running)."""
+    return not _unfinished(job.tenant, job.queues, job.runner.path, using, due=job.until_drained == DUE)
+
+
+def _unfinished(tenant: str | None, queues: list[str], path: str, using: str | None, due: bool = False) -> bool:
     """Whether any task of these queues (of ``tenant``) is still pending or running, in any task
     database the worker covers: held elsewhere, it may come back. Tasks claimed by key and other
-    kinds of work do not count."""
+    kinds of work do not count; with ``due``, nor do pending tasks deferred to a later time."""
     aliases = (routing.route(tenant, using),) if tenant is not None else routing.databases(using)
     for alias in aliases:
         tasks = Task.objects.db_manager(alias).unfinished().queued(queues, path)
+        if due:
+            tasks = tasks.filter(status=Status.RUNNING) | tasks.due()
         if (tasks.filter(tenant=tenant) if tenant is not None else tasks).exists():
             return True
     return False

@@ -54,7 +54,7 @@ def test_a_completion_rolled_back_by_the_handler_is_counted_by_what_committed() 
         return fenced_effect_then_rollback(claim, roll_back=claim.attempt == 1)
 
     stats = work(handler, owner="w", until_drained=True)
-    assert (stats.succeeded, stats.failed, stats.fenced_off) == (1, 1, 0)
+    assert (stats.succeeded, stats.failed, stats.fenced_off, stats.retried) == (1, 0, 0, 1)
     assert ran == Counter({1: 1, 2: 1})
     task = Task.objects.get(key="job")
     assert (task.status, task.result, task.attempts) == ("succeeded", {"published": "job"}, 2)
@@ -188,7 +188,7 @@ def test_a_worker_survives_its_session_killed_during_a_handler(after: str) -> No
     task = Task.objects.get(key="job")
     assert task.status == "succeeded"
     if after == "queries":
-        assert (stats.succeeded, stats.failed) == (1, 1) and ran == Counter({1: 1, 2: 1})
+        assert (stats.succeeded, stats.failed, stats.retried) == (1, 0, 1) and ran == Counter({1: 1, 2: 1})
         assert task.result == {"attempt": 2}
     else:
         assert (stats.succeeded, stats.failed) == (1, 0) and ran == Counter({1: 1})

@@ -24,6 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry
 
+from devtools.threads import call_in_thread
 from django_taskclaim import metrics, routing
 from django_taskclaim.exceptions import StaleClaim, TaskClaimError
 from django_taskclaim.models import Attempt, Task
@@ -139,6 +140,22 @@ def test_max_tasks_counts_the_tasks_of_every_lane() -> None:
     done = sum(Task.objects.db_manager(alias).filter(status="succeeded").count() for alias in (A, B))
     left = sum(Task.objects.db_manager(alias).filter(status="pending").count() for alias in (A, B))
     assert (done, left) == (5, 3)  # nothing claimed beyond the limit and left running
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_max_tasks_ends_with_every_task_on_one_database_and_none_on_the_other(concurrency: int) -> None:
+    """The lane of the empty database keeps taking what is left of ``max_tasks``, claiming nothing and
+    giving it back; the other lane, asking at that instant, waits rather than stop, and both end once
+    ``max_tasks`` were claimed (it used to hang: the deterministic interleavings are in
+    tests/processes/test_worker.py)."""
+    for i in range(10):
+        Task.objects.ensure(f"a-{i}", tenant=ON_A[0], queue="default")
+    stats = call_in_thread(lambda: work(lambda claim: None, batch=3, poll=0.01, max_tasks=4,
+                                        concurrency=concurrency),
+                           timeout=120, what="a worker over two databases to claim max_tasks=4 and end")
+    assert stats.succeeded == 4
+    assert Task.objects.db_manager(A).filter(status="succeeded").count() == 4
+    assert Task.objects.db_manager(A).filter(status="pending").count() == 6
 
 
 def test_reclaim_covers_every_database_unless_the_manager_is_bound_to_one() -> None:

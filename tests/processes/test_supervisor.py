@@ -14,7 +14,7 @@ import pytest
 from devtools.polling import wait_until
 from devtools.processes import Child, Supervisor
 from django_taskclaim.models import Task
-from django_taskclaim.supervisor import OVERTIME, Backoff
+from django_taskclaim.supervisor import OVERTIME, STUCK, Backoff
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,6 +88,58 @@ def test_a_task_that_kills_its_worker_cannot_make_the_supervisor_spin(processes:
     assert all(gap >= delay - 0.05 for gap, delay in zip(gaps, delays, strict=True)), gaps
     boss.signal(signal.SIGTERM)
     assert boss.wait(60) == 0, boss.stderr()
+
+
+def test_a_task_that_exits_2_is_a_death_restarted_not_a_refusal_that_stops_the_fleet(processes: Supervisor) -> None:
+    """A task body ends its worker with exit code 2 mid-run (``os._exit(2)``). The child had become
+    ready: that is a death, not a refusal of its options. It is started again, the others go on, the
+    40 other tasks run once each (one attempt), and the killer's task comes back after its lease, the
+    one task charged for the death (its batch-mate, reserved, is not). It used to stop every worker
+    and exit 2, the 40 tasks left pending and the killer RUNNING."""
+    for i in range(20):
+        Task.objects.ensure(f"t{i:02d}", queue="default", max_attempts=3)
+    Task.objects.ensure("killer", queue="default", max_attempts=3)
+    for i in range(20, 40):
+        Task.objects.ensure(f"t{i:02d}", queue="default", max_attempts=3)
+    boss = supervisor(processes, "tests.programs.worker_handlers.exits_2_once", "--processes", "2", "--batch", "2",
+                      "--lease", "2", "--until-drained")
+    died = boss.event("worker_died", timeout=120)
+    assert (died["exitcode"], died["how"]) == (2, "exit code 2")
+    assert boss.wait(120) == 0, boss.stderr()
+    assert not [e for e in boss.events if e.get("event") == "worker_refused"]
+    tasks = {t.key: (t.status, t.attempts) for t in Task.objects.all()}
+    assert tasks.pop("killer") == (Task.Status.SUCCEEDED, 2)  # charged once for the death, then ran
+    assert tasks == {f"t{i:02d}": (Task.Status.SUCCEEDED, 1) for i in range(40)}
+    assert Effect.objects.count() == 41 and Effect.objects.filter(task_key="killer").count() == 1
+
+
+def test_a_worker_whose_sync_task_is_stuck_past_its_timeout_is_replaced_and_the_rest_run_once(
+        processes: Supervisor, tmp_path: Path) -> None:
+    """A sync task that loops for ever, heedless of its 1 s timeout, under ``--processes 1
+    --concurrency 2`` with 20 tasks queued behind it. At the timeout its attempt is fenced off and
+    recorded ``TimedOut`` (its task FAILED: one attempt allowed); 1 s later (``--hard-timeout-grace``)
+    its worker stops claiming, lets its other task in flight finish, gives back its spare claims
+    uncharged and exits; the supervisor starts another, which runs the rest. Every task ran once
+    (one start, one attempt), the stuck one never again. It used to hold its slot for ever."""
+    Task.objects.ensure("stuck", queue="default", max_attempts=1)
+    for i in range(20):
+        Task.objects.ensure(f"t{i:02d}", queue="default", max_attempts=1)
+    boss = supervisor(processes, "tests.programs.worker_handlers.stuck_or_paced", "--processes", "1",
+                      "--concurrency", "2", "--timeout", "1", "--hard-timeout-grace", "1", "--lease", "30",
+                      "--until-drained", env={"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path)})
+    first = boss.event("worker_started", timeout=60)["pid"]
+    died = boss.event("worker_died", timeout=60)
+    assert (died["pid"], died["exitcode"]) == (first, STUCK), died
+    assert boss.event("worker_started", timeout=60)["pid"] != first
+    assert boss.wait(120) == 0, boss.stderr()
+    starts = sorted(p.name.rsplit(".", 1)[0] for p in tmp_path.glob("*.*.*"))
+    assert starts == sorted([f"t{i:02d}.1" for i in range(20)] + ["stuck.1"])  # each began once, first attempt
+    assert started_tasks(tmp_path)["stuck"] == first
+    stuck = Task.objects.get(key="stuck")
+    assert (stuck.status, stuck.attempts) == (Task.Status.FAILED, 1) and "TimedOut" in stuck.error
+    tasks = {t.key: (t.status, t.attempts) for t in Task.objects.exclude(key="stuck")}
+    assert tasks == {f"t{i:02d}": (Task.Status.SUCCEEDED, 1) for i in range(20)}
+    assert sorted(Effect.objects.values_list("task_key", flat=True)) == [f"t{i:02d}" for i in range(20)]
 
 
 def test_sigterm_finishes_the_tasks_in_hand_and_gives_back_the_ones_not_started(
@@ -180,3 +232,34 @@ def test_a_child_that_is_done_exits_within_the_grace_however_long_its_interprete
     stopped = [(e["pid"], e["how"]) for e in boss.events if e.get("event") == "worker_stopped"]
     assert [how for _, how in stopped] == ["exit code 0"]
     assert (tmp_path / f"atexit.{stopped[0][0]}").exists()
+
+
+def test_hard_timeout_grace_without_processes_is_refused() -> None:
+    """Nothing would start another worker: a usage error, before anything is claimed."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    Task.objects.ensure("t", queue="default")
+    with pytest.raises(CommandError, match="--hard-timeout-grace is for --processes") as refused:
+        call_command("taskclaim_worker", "tests.programs.worker_handlers.effect", "--hard-timeout-grace", "1",
+                     stdout=io.StringIO())
+    assert refused.value.returncode == 2 and Task.objects.get(key="t").status == Task.Status.PENDING
+
+
+def test_a_child_that_refuses_its_options_before_it_is_ready_still_stops_the_fleet_with_exit_2(
+        processes: Supervisor) -> None:
+    """The other side of an exit 2: a child that refuses its options while it starts (here a schedule
+    it cannot fire, which only a child reads when the supervisor was started with ``--skip-checks``)
+    never became ready: that is a usage error, not a death to restart after; the supervisor stops the
+    others and exits 2, and nothing was claimed."""
+    Task.objects.ensure("t", queue="default")
+    unfireable = '{"bad": {"task": "no.such.task", "every": 60}}'
+    boss = supervisor(processes, "tests.programs.worker_handlers.effect", "--processes", "2", "--schedule",
+                      "--skip-checks", env={"TASKCLAIM_TEST_SCHEDULES": unfireable})
+    assert boss.wait(120) == 2, boss.stderr()
+    assert [e for e in boss.events if e.get("event") == "worker_refused"], boss.events
+    assert not [e for e in boss.events if e.get("event") == "worker_died"]
+    assert Task.objects.get(key="t").status == Task.Status.PENDING
+    assert "TASKCLAIM_SCHEDULES['bad']['task']: 'no.such.task' does not import" in boss.stderr()

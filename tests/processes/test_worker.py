@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 from collections import Counter
@@ -103,7 +104,8 @@ def test_work_drains_the_queue_retries_failures_and_fails_unstorable_results() -
         return {"n": claim.payload["n"]}
 
     stats = work(handler, owner="w", batch=2, until_drained=True)
-    assert (stats.succeeded, stats.failed, stats.fenced_off) == (5, 2, 0)
+    # Tasks by their end (t002 once, as succeeded); its failed first attempt apart, as retried.
+    assert (stats.succeeded, stats.failed, stats.fenced_off, stats.retried) == (5, 1, 0, 1)
     assert seen == Counter({"t002": 2, "t000": 1, "t001": 1, "t003": 1, "t004": 1, "t005": 1})
     states = dict(Task.objects.values_list("key", "status"))
     assert states.pop("t004") == Task.Status.FAILED  # ran once, its result refused, never run again
@@ -122,7 +124,7 @@ def test_work_atomic_rolls_back_the_handlers_writes_with_a_failure() -> None:
         return "ok"
 
     stats = work(handler, owner="w", atomic=True, until_drained=True, max_tasks=2)
-    assert (stats.succeeded, stats.failed) == (1, 1)
+    assert (stats.succeeded, stats.failed, stats.retried) == (1, 0, 1)  # t001 failed an attempt, not for good
     assert list(Effect.objects.values_list("task_key", flat=True)) == ["t000"]
     assert Task.objects.get(key="t001").status == Task.Status.PENDING  # retried later, attempt 1 of 5
 
@@ -303,3 +305,115 @@ def test_the_next_task_of_a_batch_starts_in_the_completion_before_it(django_asse
         first.complete("done")
     assert second.started_by(first) is True
     assert Task.objects.get(key="s001").attempts == 1
+
+
+def lane_job(budget, concurrency: int, wait: float):  # type: ignore[no-untyped-def]
+    """What one lane of a worker over several task databases shares with the others: the budget."""
+    import threading
+
+    from django_taskclaim.worker import HandlerRunner, _Job
+
+    return _Job(runner=HandlerRunner(lambda claim: claim.key), owner="w", lease=30, tenant=None, queues=["default"],
+                batch=3, wait=wait, until_drained=False, stop=threading.Event(), budget=budget,
+                concurrency=concurrency)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_max_tasks_held_for_a_moment_by_another_lane_is_waited_for_not_taken_as_spent(concurrency: int) -> None:
+    """Two lanes share ``max_tasks``; the other lane's claim (on a database with nothing to claim)
+    holds all that is left at the instant this lane asks. This lane waits for that claim's answer:
+    given back, it is this lane's to claim. It used to take the held budget for spent and stop for
+    good, its tasks unclaimed, while the empty lane polled for ever (the CI hang of
+    test_max_tasks_counts_the_tasks_of_every_lane)."""
+    import threading
+
+    from django_taskclaim.worker import _Budget, _serve
+
+    queue(5)
+    budget = _Budget(3)
+    held = budget.take(3)  # the other lane's claim, in flight
+    job = lane_job(budget, concurrency, wait=30.0)
+    lane = threading.Thread(target=_serve, args=(job, None, "default"), daemon=True)
+    lane.start()
+    wait_until(lambda: not lane.is_alive() or getattr(budget, "waiting", 0), timeout=30,
+               what="the lane to ask for its share of max_tasks")
+    assert lane.is_alive(), "the lane took budget held by another lane's claim for spent, and stopped"
+    budget.settle(held, 0)  # that claim found nothing: all of it back
+    lane.join(30)
+    assert not lane.is_alive(), "the lane did not end once it had claimed max_tasks"
+    assert job.stats.succeeded == 3 and Task.objects.filter(status=Task.Status.SUCCEEDED).count() == 3
+    assert Task.objects.filter(status=Task.Status.PENDING).count() == 2 and budget.spent()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_lane_with_nothing_to_claim_ends_once_the_other_lanes_claimed_max_tasks(concurrency: int) -> None:
+    """The empty lane: while another lane's claims hold the budget it waits; once they spent it
+    (claimed ``max_tasks``) it ends, within its poll, rather than poll for ever."""
+    import threading
+
+    from django_taskclaim.worker import _Budget, _serve
+
+    budget = _Budget(2)
+    held = budget.take(2)
+    job = lane_job(budget, concurrency, wait=0.05)
+    lane = threading.Thread(target=_serve, args=(job, None, "default"), daemon=True)
+    lane.start()
+    budget.settle(held, 1)  # one claimed, one given back: the empty lane takes it, claims nothing, gives it back
+    held = budget.take(1, wait=30)
+    assert held == 1
+    budget.settle(held, 1)  # the other lane claimed it: max_tasks claimed
+    lane.join(30)
+    assert not lane.is_alive(), "the empty lane polled on after the other lanes had claimed max_tasks"
+    assert job.stats.handled == 0 and budget.spent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_summary_counts_a_task_retried_then_succeeded_once_as_succeeded() -> None:
+    """A task whose first attempt failed and whose second succeeded is one task succeeded, not one
+    succeeded and one failed; its failed attempt is counted apart, as ``retried``. A task that fails
+    for good is the one ``failed``."""
+    Task.objects.ensure("flaky", queue="default", max_attempts=3)
+    Task.objects.ensure("broken", queue="default", max_attempts=2)
+    out = io.StringIO()
+    call_command("taskclaim_worker", "tests.programs.worker_handlers.fails_its_first_attempt", "--until-drained",
+                 "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"succeeded": 1, "failed": 1, "fenced_off": 0, "unrecorded": 0,
+                                          "retried": 2}
+    tasks = {t.key: (t.status, t.attempts) for t in Task.objects.all()}
+    assert tasks == {"flaky": (Task.Status.SUCCEEDED, 2), "broken": (Task.Status.FAILED, 2)}
+    out = io.StringIO()
+    Task.objects.ensure("flaky-2", queue="default", max_attempts=3)
+    call_command("taskclaim_worker", "tests.programs.worker_handlers.fails_its_first_attempt", "--until-drained",
+                 stdout=out)
+    assert out.getvalue().strip() == ("taskclaim_worker: 1 succeeded, 0 failed, 0 fenced off, 0 unrecorded, "
+                                      "1 failed attempts retried")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_until_drained_due_leaves_deferred_tasks_and_the_plain_flag_waits_for_them(processes) -> None:  # type: ignore[no-untyped-def]
+    """``--until-drained=due`` ends once nothing is due or running: a task deferred an hour ahead is
+    left pending for a later run (the plain flag would wait that hour). The plain ``--until-drained``
+    waits for deferred tasks (one due in a second here: it is run, then the worker ends)."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    handler, env = "tests.programs.worker_handlers.effect", {"TASKCLAIM_TEST_POLL_INTERVAL": "0.05"}
+    Task.objects.ensure("now", queue="default")
+    Task.objects.ensure("in-an-hour", queue="default", run_after=timezone.now() + dt.timedelta(hours=1))
+    due = processes.start("django", "taskclaim_worker", "--until-drained=due", handler, "--json", env=env)
+    assert due.finish(60)["succeeded"] == 1
+    assert dict(Task.objects.values_list("key", "status")) == {"now": "succeeded", "in-an-hour": "pending"}
+    Task.objects.filter(key="in-an-hour").update(run_after=timezone.now() + dt.timedelta(seconds=1))
+    drained = processes.start("django", "taskclaim_worker", "--until-drained", handler, "--json", env=env)
+    assert drained.finish(60)["succeeded"] == 1
+    assert Task.objects.get(key="in-an-hour").status == Task.Status.SUCCEEDED
+
+
+def test_until_drained_takes_due_or_nothing() -> None:
+    from django_taskclaim.exceptions import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="until_drained must be True, False or 'due', not 'all'"):
+        work(lambda claim: None, until_drained="all")

@@ -239,3 +239,48 @@ def test_a_timeout_does_not_start_the_next_task_of_a_busy_one_at_a_time_worker()
     assert [c.key for c in rival] == ["b001"] and rival[0].attempt == 1
     assert Task.objects.get(key="b001").attempts == 1
     assert (stats.timed_out, stats.fenced_off) == (1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_sync_task_stuck_past_its_timeout_and_the_hard_grace_gives_the_worker_up(concurrency: int) -> None:
+    """``work(hard_timeout_grace=G, on_stuck=...)``: a sync body still running ``G`` s past its
+    timeout makes the worker stop claiming; the task in flight beside it finishes, the claims it
+    holds and did not start go back uncharged, then ``on_stuck()`` is called once (a supervisor's
+    child exits there; here it lets the stuck body return, as that exit would end it)."""
+    for key in ("stuck", "beside", "later-1", "later-2", "later-3"):
+        Task.objects.ensure(key, queue="default", max_attempts=1)
+    given_up = threading.Event()
+    calls: list[float] = []
+    ran: list[str] = []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        ran.append(claim.key)
+        if claim.key == "stuck":
+            given_up.wait(60)  # heedless of its timeout: until the process would end
+        else:
+            time.sleep(0.3)  # the work
+        return claim.key
+
+    def on_stuck() -> None:
+        calls.append(time.monotonic())
+        given_up.set()
+
+    started = time.monotonic()
+    stats = work(handler, owner="w", timeout=0.5, hard_timeout_grace=0.5, on_stuck=on_stuck, batch=2,
+                 concurrency=concurrency, poll=0.05)
+    assert len(calls) == 1 and calls[0] - started >= 1.0  # the timeout, then the grace
+    stuck = Task.objects.get(key="stuck")
+    assert (stuck.status, stuck.attempts) == (Task.Status.FAILED, 1) and "TimedOut" in stuck.error
+    assert ran.count("stuck") == 1 and stats.timed_out == 1
+    tasks = {t.key: (t.status, t.attempts) for t in Task.objects.exclude(key="stuck")}
+    ended = {k for k, (status, _) in tasks.items() if status == Task.Status.SUCCEEDED}
+    assert ended == set(ran) - {"stuck"}  # what started, finished; nothing else ran
+    assert all(v == (Task.Status.PENDING, 0) for k, v in tasks.items() if k not in ended), tasks  # uncharged
+    if concurrency == 2:
+        assert "beside" in ended
+
+
+def test_hard_timeout_grace_goes_with_on_stuck() -> None:
+    with pytest.raises(InvalidArgument, match="hard_timeout_grace and on_stuck go together"):
+        work(lambda claim: None, hard_timeout_grace=1)

@@ -47,6 +47,35 @@ def kills_itself_or_counts(claim: Claim) -> Any:
     return claim.key
 
 
+def exits_2_once(claim: Claim) -> Any:
+    """A key named ``killer…`` ends its worker with exit code 2 on its first attempt (``os._exit(2)``:
+    what a usage error exits with, in the middle of a run); every run records one effect row."""
+    if claim.key.startswith("killer") and claim.attempt == 1:
+        os._exit(2)
+    Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+    return claim.key
+
+
+def fails_its_first_attempt(claim: Claim) -> Any:
+    """Raise on a task's first attempt; then succeed, except a key named ``broken…``, which always raises."""
+    if claim.attempt == 1 or claim.key.startswith("broken"):
+        raise RuntimeError(f"attempt {claim.attempt} of {claim.key} failed")
+    return claim.attempt
+
+
+def stuck_or_paced(claim: Claim) -> Any:
+    """Tell the test this attempt began (``_started``). A key named ``stuck…`` then loops for ever,
+    heedless of its timeout (a sync call that never returns); any other records one effect row
+    after a short wait (I/O-bound work)."""
+    _started(claim)
+    if claim.key.startswith("stuck"):
+        while True:
+            time.sleep(0.05)  # the body's own pace: it never ends
+    time.sleep(0.2)  # the work: a model or an API call
+    Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+    return claim.key
+
+
 def paced_effect(claim: Claim) -> None:
     """For the pool's drain under faults (tests/processes/test_worker_pool_faults.py): I/O-bound work
     (a short wait), then the effect and the completion in one ``fenced()`` block. A key named

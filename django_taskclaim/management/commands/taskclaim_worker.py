@@ -25,9 +25,17 @@ from django_taskclaim.management.arguments import (
 )
 from django_taskclaim.management.base import USAGE_ERROR, TaskClaimCommand, dumps
 from django_taskclaim.stopping import Stop
-from django_taskclaim.supervisor import OVERTIME, graceful_stop, supervise
+from django_taskclaim.supervisor import (
+    HARD_TIMEOUT_GRACE,
+    OVERTIME,
+    give_up_stuck,
+    graceful_stop,
+    mark_ready,
+    supervise,
+    supervised,
+)
 from django_taskclaim.values import MIN_LEASE, lease_seconds
-from django_taskclaim.worker import HandlerRunner, work
+from django_taskclaim.worker import DUE, HandlerRunner, work
 from django_taskclaim.worker_runners import runner_without_handler
 
 
@@ -77,7 +85,13 @@ class Command(TaskClaimCommand):
         parser.add_argument("--max-tasks", type=positive_int, default=None, help="Stop after this many tasks.")
         parser.add_argument("--until-drained", action="store_true",
                             help="Stop once no task of these queues is left unfinished (pending, or running "
-                                 "elsewhere).")
+                                 "elsewhere), deferred ones too: a task not before an hour from now is waited "
+                                 "for (see --until-drained=due).")
+        # An option string of its own (argparse matches it whole before it splits at "="), so that
+        # "--until-drained HANDLER" still reads HANDLER as the handler.
+        parser.add_argument("--until-drained=due", dest="until_drained", action="store_const", const=DUE,
+                            help="Stop once no task of these queues is due now or running elsewhere; tasks "
+                                 "deferred to a later time are left for a later run.")
         parser.add_argument("--atomic", action="store_true",
                             help="Run the handler inside claim.fenced(): its writes commit with the completion.")
         parser.add_argument("--owner", type=owner_name, default=None,
@@ -91,13 +105,20 @@ class Command(TaskClaimCommand):
                             help="Seconds the tasks in hand have to finish after SIGTERM/SIGINT; then the "
                                  "process exits (a supervisor kills its children) and they come back after "
                                  "their lease (default: the lease).")
+        parser.add_argument("--hard-timeout-grace", type=positive_seconds, default=None, metavar="S",
+                            help="With --processes: a worker process whose sync task is still running S seconds "
+                                 "past its timeout (fenced off then, recorded TimedOut, but its thread cannot be "
+                                 "stopped) stops claiming, gives its other tasks S seconds more to finish, releases "
+                                 "the claims it did not start, and exits; the supervisor starts another "
+                                 f"(default: {HARD_TIMEOUT_GRACE:g}; an attempt past its timeout is already fenced "
+                                 "off, so this only bounds how long its thread may hold a slot).")
         self.add_json_argument(parser)
 
     def handle(self, *args: Any, handler: str | None, queues: list[str] | None, backend: str, tenant: str | None,
-               lease: float | None, batch: int | None, max_tasks: int | None, until_drained: bool, atomic: bool,
+               lease: float | None, batch: int | None, max_tasks: int | None, until_drained: bool | str, atomic: bool,
                owner: str | None, as_json: bool = False, database: str | None = None, concurrency: int = 1,
                timeout: float | None = None, schedule: bool = False, processes: int | None = None,
-               grace: float | None = None, **options: Any) -> None:
+               grace: float | None = None, hard_timeout_grace: float | None = None, **options: Any) -> None:
         runner: Any
         if tenant is not None:
             try:
@@ -116,11 +137,15 @@ class Command(TaskClaimCommand):
         else:
             runner, queue = self._handler(handler, atomic), queues or ["default"]
         grace = lease_seconds(getattr(runner, "lease", None) if lease is None else lease) if grace is None else grace
+        if hard_timeout_grace is not None and processes is None and not supervised():
+            raise CommandError("--hard-timeout-grace is for --processes: a worker whose sync task is stuck exits, "
+                               "and only a supervisor starts another", returncode=USAGE_ERROR)
         if processes is not None:
             self._supervise(processes, grace, as_json, dict(
                 options, handler=handler, queues=queues, backend=backend, tenant=tenant, lease=lease, batch=batch,
                 max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, owner=owner, as_json=as_json,
-                database=database, grace=grace, concurrency=concurrency, timeout=timeout, schedule=schedule))
+                database=database, grace=grace, concurrency=concurrency, timeout=timeout, schedule=schedule,
+                hard_timeout_grace=HARD_TIMEOUT_GRACE if hard_timeout_grace is None else hard_timeout_grace))
             return
         stop = Stop()  # set by a signal handler: an Event's set() there can wait for ever
         scheduler = None
@@ -128,23 +153,31 @@ class Command(TaskClaimCommand):
             try:
                 if schedule:  # a scheduler loop in a thread, stopped with the worker (the same event)
                     scheduler = self._schedule(stop)
+                mark_ready()  # its options taken: from here an exit 2 is a death (a task's), not a refusal
                 stats = work(runner, owner=owner, lease=lease, tenant=tenant, queue=queue, batch=batch,
                              max_tasks=max_tasks, until_drained=until_drained, atomic=atomic, stop=stop,
-                             using=database, concurrency=concurrency, timeout=timeout)
+                             using=database, concurrency=concurrency, timeout=timeout,
+                             hard_timeout_grace=hard_timeout_grace,
+                             on_stuck=None if hard_timeout_grace is None else give_up_stuck)
             finally:
                 stop.set()
                 if scheduler is not None:
                     scheduler.join(5)  # its round in hand (a statement a tick) ends; it closes its connection
+        # Tasks by how they ended; then, only where there were any (the report of a worker without
+        # them is unchanged), attempts: timed out, and failed with attempts left (their task ran again).
         summary = {"succeeded": stats.succeeded, "failed": stats.failed, "fenced_off": stats.fenced_off,
                    "unrecorded": stats.unrecorded}
-        if stats.timed_out:  # only where timeouts struck: the report of a worker without any is unchanged
+        if stats.timed_out:
             summary["timed_out"] = stats.timed_out
+        if stats.retried:
+            summary["retried"] = stats.retried
         if as_json:
             self.write_json(summary, indent=None)
         else:
             self.stdout.write(f"taskclaim_worker: {stats.succeeded} succeeded, {stats.failed} failed, "
                               f"{stats.fenced_off} fenced off, {stats.unrecorded} unrecorded"
-                              + (f", {stats.timed_out} timed out" if stats.timed_out else ""))
+                              + (f", {stats.timed_out} timed out" if stats.timed_out else "")
+                              + (f", {stats.retried} failed attempts retried" if stats.retried else ""))
 
     def _supervise(self, processes: int, grace: float, as_json: bool, options: dict[str, Any]) -> None:
         """Run the worker in ``processes`` child processes (``django_taskclaim.supervisor``)."""
