@@ -38,7 +38,6 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from . import outages, routing
 from .conf import settings
-from .db_threads import threads_for
 from .exceptions import InvalidArgument, StaleClaim, TimedOut
 from .lifecycle.api import claim_next, default_owner
 from .lifecycle.claim import Claim, reservation
@@ -47,7 +46,6 @@ from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute,
 from .lifecycle.transitions import in_transaction
 from .models import Task
 from .status import Status
-from .store import get_store
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
 from .wakeups import wait_for_work
 from .worker_pool import Pool, Spares
@@ -377,7 +375,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     the slot runs it. Stopped: nothing more is claimed, and the tasks in flight finish."""
     pool = Pool(job.concurrency, run=lambda claim: _slot(job, claim, spares),
                 arun=lambda claim: _aslot(job, claim, spares),
-                is_async=job.runner.is_async, db_threads=threads_for(job.concurrency, get_store(alias).row_locks))
+                is_async=job.runner.is_async)
     spares = Spares(job.batch, pool.nudge)
     stop, runner = job.stop, job.runner
     try:

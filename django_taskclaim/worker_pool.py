@@ -2,10 +2,10 @@
 
 A :class:`Pool` holds up to ``size`` claims in flight: sync tasks each on one of ``size``
 threads (each with its own Django connections, closed when the thread ends), ``async def``
-tasks on one event loop in one thread of its own, their ORM calls on a few database threads
-(:mod:`django_taskclaim.db_threads`: each task's on one of them, each thread its own
-connection). A slot is free again only when its task's body has returned: a sync body past its
-timeout cannot be stopped, and keeps its slot until it returns. The pool knows nothing of claims
+tasks on one event loop in one thread of its own, their ORM calls each on a database thread of
+its own while it runs (:mod:`django_taskclaim.db_threads`, each thread its own connection). A
+slot is free again only when its task's body has returned: a sync body past its timeout cannot
+be stopped, and keeps its slot until it returns. The pool knows nothing of claims
 beyond handing each to ``run`` or ``arun``; the worker (:mod:`django_taskclaim.worker`) claims,
 starts and counts.
 """
@@ -31,14 +31,14 @@ _DONE: Any = object()
 
 class Pool:
     """Up to ``size`` tasks in flight: ``run(item)`` on threads, ``arun(item)`` on one event loop
-    (``is_async(item)`` says which), their ORM calls on ``db_threads`` database threads. The first
+    (``is_async(item)`` says which), each one's ORM calls on a database thread of its own. The first
     error a task lets out stops the pool's intake and is raised by :meth:`close` (a shutdown inside
     a task, an unexpected error)."""
 
     def __init__(self, size: int, run: Callable[[Any], None], arun: Callable[[Any], Awaitable[None]],
-                 is_async: Callable[[Any], bool], db_threads: int = 1) -> None:
+                 is_async: Callable[[Any], bool]) -> None:
         self.size, self.run, self.arun, self.is_async = size, run, arun, is_async
-        self.db = DbThreads(db_threads)
+        self.db = DbThreads()
         self.busy = 0
         self.changed = threading.Condition(threading.Lock())
         self.errors: list[BaseException] = []
