@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import threading
 import time
 from typing import Any
@@ -199,6 +200,26 @@ def test_django_tasks_time_out_by_claim_options_and_by_the_backends_timeout() ->
             assert result.errors[-1].exception_class_path == TIMED_OUT
     assert timeout_tasks.LATE_WRITES == {"sleeps_async": "refused", "sleeps_sync": "refused"}
     assert not Effect.objects.exists() and stats.timed_out == 2
+
+
+def test_a_timed_out_tasks_failure_is_logged_naming_timed_out_and_the_task(caplog: Any) -> None:
+    """Issue 40, item 15: the framework's log line of a task that ran past its timeout names the
+    task and carries its ``TimedOut`` (before, a sync task's read ``NoneType: None``: it was sent
+    outside any error, the late body's return taken for its outcome)."""
+    backend = {"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend", "QUEUES": ["default"],
+                           "OPTIONS": {"TIMEOUT": 0.3}}}
+    with override_settings(TASKS=backend), caplog.at_level(logging.WARNING):
+        timeout_tasks.sleeps_async.enqueue()
+        timeout_tasks.sleeps_sync.enqueue()
+        stats = work(TaskRunner("default"), owner="timer", concurrency=2, until_drained=True, poll=0.05)
+    assert stats.timed_out == 2
+    formatter = logging.Formatter("%(levelname)s %(message)s")
+    logged = [formatter.format(record) for record in caplog.records]
+    assert not [text for text in logged if "NoneType: None" in text], logged
+    for name in ("sleeps_sync", "sleeps_async"):
+        failed = [text for text in logged if text.startswith("ERROR") and f"timeout_tasks.{name} state=FAILED" in text]
+        assert len(failed) == 1, logged
+        assert "django_taskclaim.exceptions.TimedOut: the attempt ran past its timeout of 0.3 s" in failed[0]
 
 
 @pytest.mark.parametrize("value", [0, -1, float("inf"), True, "5"])
