@@ -56,6 +56,8 @@ Handler = Callable[[Claim], Any]
 #: The database cannot be reached (a restart, a failover): the worker waits and tries again.
 _UNREACHABLE = (OperationalError, InterfaceError)
 _counting = threading.Lock()
+#: Seconds the claimer wakes after a spare turns stale (:func:`_until_stale`), so that it finds it so.
+STALE_MARGIN = 0.01
 #: :func:`default_batch`'s cap: the batch the no-op drain was measured at (docs/benchmarks.md).
 MOST_BATCH = 16
 
@@ -387,13 +389,13 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
                 free -= 1
             wanted = free + spares.wanted()
             if not wanted:
-                pool.wait(job.wait)  # until a task in flight returns, or a spare is taken
+                pool.wait(_until_stale(spares, job.wait))  # until a task in flight returns, or a spare is taken
                 continue
             close_old_connections()
             room = job.budget.take(min(wanted, job.batch))
             if not room:
                 if not free:
-                    pool.wait(job.wait)
+                    pool.wait(_until_stale(spares, job.wait))
                     continue
                 break  # max_tasks claimed, by this lane or others
             claims, drained = [], False
@@ -412,7 +414,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
             if drained:
                 break
             if not claims:  # nothing to claim, for a free slot or a spare: until an enqueue (PostgreSQL) or a poll
-                wait_for_work(alias, job.queues, job.wait, stop)
+                wait_for_work(alias, job.queues, _until_stale(spares, job.wait), stop)
     except BaseException:  # interrupted (KeyboardInterrupt): the tasks in flight end, nothing more starts
         stop.set()
         raise
@@ -424,9 +426,25 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
 
 
 def _fresh(spare: Claim) -> bool:
-    """Whether a spare claim has more than half its reservation left: one held longer sits in a pool
-    whose slots free too seldom to use it, and is released for other workers."""
-    return spare.remaining() > reservation(spare.lease) / 2
+    """Whether a spare claim has been held less than half its reservation: one held longer sits in a
+    pool whose slots free too seldom to use it, and is released (uncharged) for other workers."""
+    return _fresh_for(spare) > 0
+
+
+def _fresh_for(spare: Claim) -> float:
+    """Seconds until a spare claim has been held half its reservation (:func:`_fresh`: no longer,
+    then), by what is left of what it was claimed for: its reservation, or its lease when it was
+    the first task of its claim, started by it (claimed while no slot was free)."""
+    held_for = reservation(spare.lease) if spare.reserved else spare.lease
+    return spare.remaining() - (held_for - reservation(spare.lease) / 2)
+
+
+def _until_stale(spares: Spares, wait: float) -> float:
+    """How long the claimer may wait: ``wait`` seconds, or less, until the first spare it holds is
+    no longer :func:`_fresh` (its check runs when the claimer wakes: a longer wait held a spare past
+    the bound, 5.8 s where half its reservation is 2.5 s)."""
+    soonest = spares.soonest(_fresh_for)
+    return wait if soonest is None else min(wait, max(0.0, soonest) + STALE_MARGIN)
 
 
 def _release_spares(spares: Spares, budget: _Budget, keep: Callable[[Claim], bool] = lambda claim: False) -> None:

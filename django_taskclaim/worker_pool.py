@@ -187,6 +187,11 @@ class Spares:
     def _target(self, now: float) -> int:
         return sum(1 for at in self.taken if now - at < self.WINDOW)
 
+    def soonest(self, left: Callable[[Any], float]) -> float | None:
+        """The least ``left(item)`` of the items held (``None``: none held)."""
+        with self.lock:
+            return min(map(left, self.items), default=None)
+
     def put(self, items: list[Any]) -> None:
         with self.lock:
             self.items.extend(items)
