@@ -73,6 +73,35 @@ def test_a_body_past_its_timeout_commits_nothing_even_before_the_watcher_fenced_
     assert task.error.startswith("TimedOut: the attempt ran past its timeout of 0.2 s")
 
 
+def test_a_body_inside_fenced_when_its_timeout_passes_commits_nothing() -> None:
+    """Issue 40, item 21: a body that entered ``fenced()`` in time, and is still inside it when its
+    timeout passes, commits nothing: the block checks the deadline again before its COMMIT (the
+    watcher, held back here, would fence the claim off only after that COMMIT, its write waiting
+    for the row the block locked)."""
+    Task.objects.ensure("inside", queue="default", max_attempts=1)
+    met: dict[str, Any] = {}
+    watcher = deadlines._watcher()
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        try:
+            with claim.fenced():
+                Effect.objects.create(task_key=claim.key, token=claim.token, worker="inside")
+                with watcher.cond:  # the watcher thread cannot take the deadline off its queue meanwhile
+                    wait_until(claim.overran, timeout=20, interval=0.01, what="the timeout to pass")
+                    met["running"] = not fenced_off(claim)
+        except StaleClaim:
+            met["write"] = "refused"
+        return "late"
+
+    stats = work(handler, owner="inside", timeout=0.2, until_drained=True, poll=0.05)
+    assert met == {"running": True, "write": "refused"}
+    assert not Effect.objects.exists()
+    task = Task.objects.get(key="inside")
+    assert (task.status, task.result) == (Task.Status.FAILED, None)
+    assert task.error.startswith("TimedOut: the attempt ran past its timeout of 0.2 s")
+    assert stats.timed_out == 1
+
+
 def test_a_completion_after_the_timeout_is_refused_and_changes_nothing() -> None:
     claim = Task.objects.claim("overran", lease=30).claim
     claim.timeout_at = time.monotonic()  # as deadlines.watch() sets it: passed now
