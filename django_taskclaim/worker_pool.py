@@ -156,8 +156,8 @@ class Pool:
 class Spares:
     """Items held ready for a slot that is about to free: :meth:`take` hands one over without a
     round trip to the thread that fills the slots, which holds as many as the slots took in the
-    last :attr:`WINDOW` seconds (``size`` at most; :meth:`wanted`) and is nudged when half of
-    those or fewer are left. A pool of long tasks, whose slots seldom free, holds one or none."""
+    last :attr:`WINDOW` seconds (``size`` at most; :meth:`wanted`) and is nudged when a take leaves
+    half of those or fewer. A pool of long tasks, whose slots seldom free, holds one or none."""
 
     #: Seconds of demand held ready.
     WINDOW = 1.0
@@ -174,7 +174,9 @@ class Spares:
         with self.lock:
             item = self.items.popleft() if self.items else None
             self.taken.append(now)
-            low = len(self.items) <= self._target(now) // 2
+            # None taken: the slot frees, which wakes the claimer anyway, with a slot to fill (a nudge
+            # now would have it claim for spares alone while that slot is still busy).
+            low = item is not None and len(self.items) <= self._target(now) // 2
         if low:
             self.nudge()
         return item
