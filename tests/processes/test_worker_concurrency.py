@@ -302,6 +302,34 @@ def test_a_spare_is_held_at_most_half_its_reservation_however_long_the_claimer_w
     assert set(Task.objects.filter(key__in=["long0", "long1"]).values_list("attempts", flat=True)) == {1}
 
 
+def test_no_body_starts_after_the_stop_not_even_a_spare_a_completion_would_start() -> None:
+    """Issue 40, item 21: once the worker is stopped (SIGTERM sets this event), a slot whose task
+    completes takes no spare: nothing more starts; the spare held is given back uncharged."""
+    Task.objects.ensure("stopper", queue="default", priority=30)
+    Task.objects.ensure("quick", queue="default", priority=20)  # its completion makes its slot want a spare
+    for key in ("next", "spare"):  # the slot it frees takes "next"; "spare" is held as its spare
+        Task.objects.ensure(key, queue="default")
+    stop, ran, after_stop = threading.Event(), [], []
+    held = Task.objects.filter(key="spare", status=Task.Status.RUNNING)
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        if stop.is_set():
+            after_stop.append(claim.key)
+        ran.append(claim.key)
+        if claim.key == "stopper":  # the stop comes while a spare is held, then this task completes
+            wait_until(lambda: "next" in ran and held.exists(), timeout=30, interval=0.01, what="a spare held")
+            stop.set()
+        elif claim.key == "next":
+            wait_until(stop.is_set, timeout=30, interval=0.01, what="the stop")
+        return claim.key
+
+    stats = work(handler, owner="stopped", concurrency=2, stop=stop, poll=0.05, lease=30)
+    assert after_stop == [] and sorted(ran) == ["next", "quick", "stopper"]
+    assert stats.succeeded == 3
+    row = Task.objects.get(key="spare")
+    assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+
+
 def test_a_spare_of_a_short_lease_is_fresh_by_its_own_reservation() -> None:
     """A lease under the 5 s reservation reserves for the lease only: half of that, not of 5 s, is
     when its spare has waited too long (else every spare of a 1 s lease went back at once)."""
