@@ -16,9 +16,10 @@ from django.core.management.base import CommandError
 from django.db import connection, connections
 
 from devtools.polling import wait_until
+from devtools.threads import call_in_thread
 from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.worker import work
+from django_taskclaim.worker import WorkerStats, work
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,7 +66,15 @@ def test_sync_tasks_run_n_at_once_each_on_a_thread_and_connection_of_its_own() -
         seen.leave()
         return claim.key
 
-    stats = work(handler, owner="pool", concurrency=4, until_drained=True, poll=0.05)
+    def drain() -> WorkerStats:
+        try:
+            return work(handler, owner="pool", concurrency=4, until_drained=True, poll=0.05)
+        finally:
+            connections.close_all()  # the claimer's (this thread's)
+
+    # A pool that counts a slot more than it has never finds itself idle (free() == concurrency), and
+    # would poll for ever: fail in a minute, naming why, not at the run's 600 s limit.
+    stats = call_in_thread(drain, timeout=60, what="the worker to drain 8 tasks and find all 4 of its slots free")
     assert stats.succeeded == 8 and stats.handled == 8
     assert seen.most == 4 and len(seen.threads) == 4 and len(seen.sessions) == 4
     assert Counter(Effect.objects.values_list("task_key", flat=True)) == dict.fromkeys(keys, 1)
@@ -97,6 +106,30 @@ def test_async_handlers_run_n_at_once_on_one_event_loop() -> None:
     results = {t.key: t.result for t in Task.objects.all()}
     assert {r["key"] for r in results.values()} == set(keys)
     assert len({r["loop"] for r in results.values()}) == 1
+
+
+def test_a_pool_of_n_slots_has_n_free_and_takes_n_tasks_no_more() -> None:
+    """Issue 40, item 21: ``concurrency=N`` is N slots, not one more: N free when idle, none once N
+    tasks are in flight, N again when they returned (a slot too many failed only by a 600 s hang)."""
+    from django_taskclaim.worker_pool import Pool
+
+    release = threading.Event()
+    entered: list[int] = []
+
+    def run(item: int) -> None:
+        entered.append(item)
+        release.wait(20)
+
+    pool = Pool(3, run=run, arun=lambda item: asyncio.sleep(0), is_async=lambda item: False)
+    assert pool.free() == 3
+    for item in range(3):
+        pool.submit(item)
+    assert pool.free() == 0
+    wait_until(lambda: len(entered) == 3, timeout=20, what="three tasks in flight")
+    release.set()
+    pool.wait_idle()
+    assert pool.free() == 3
+    pool.close()
 
 
 def test_an_async_handler_runs_one_at_a_time_too() -> None:
