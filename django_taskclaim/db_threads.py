@@ -2,70 +2,106 @@
 
 ``sync_to_async`` (thread-sensitive, as every ``a*`` method of a claim and Django's own) runs every
 call of an event loop on one thread by default: the claims, starts and completions of all the
-async tasks a worker has in flight would wait for each other there, one round trip at a time.
-:class:`DbThreads` keeps a few threads instead, each with its own database connection, and runs
-each async task inside :meth:`DbThreads.lane`: all of that task's thread-sensitive calls (the
-worker's, and its body's own) go to one of them, the one with the fewest tasks, so that a task's
-calls still share one thread and one connection (one transaction state), as they did before.
-:meth:`DbThreads.close` closes each thread's connections on that thread, then ends it.
+async tasks a worker has in flight would wait for each other there, and one task's slow query
+would hold up every other task's calls, past their timeouts. :class:`DbThreads` gives each async
+task in flight a database thread of its own instead, with its own connection, for as long as the
+task runs (:meth:`DbThreads.lane`): all of that task's thread-sensitive calls (the worker's, and
+its body's own) go to it, so that they share one thread and one connection (one transaction
+state), and wait for no other task's. A thread is handed to another task only once the call it
+was running has returned (a task cancelled at its timeout leaves its query running there): a
+task's deadline never depends on another task's database work. A worker of ``--concurrency N``
+thus makes up to ``N`` database threads (more only while a cancelled task's call runs on), as it
+makes up to ``N`` threads for sync tasks. :meth:`DbThreads.close` closes each thread's
+connections on that thread, then ends it.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from typing import ParamSpec, TypeVar
 
 from asgiref.sync import SyncToAsync, ThreadSensitiveContext
 from django.db import connections
 
-#: Async tasks in flight per database thread, and the most threads a loop gets (connections).
-TASKS_PER_THREAD, MOST_THREADS = 8, 8
 #: Whether this asgiref takes an executor for a thread-sensitive context (asgiref 3.13+); before,
 #: the context's executor is set where asgiref looks it up (:class:`_LegacyContext`).
 EXECUTOR_CONTEXTS = "executor" in inspect.signature(ThreadSensitiveContext).parameters
 
-
-def threads_for(concurrency: int, row_locks: bool) -> int:
-    """How many database threads an event loop of ``concurrency`` tasks in flight gets: one per
-    :data:`TASKS_PER_THREAD` tasks, :data:`MOST_THREADS` at most; one where the database has no row
-    locks but one writer (SQLite), which would make more threads wait for each other's commits
-    (and for its lock) rather than overlap."""
-    if not row_locks:
-        return 1
-    return max(1, min(MOST_THREADS, concurrency // TASKS_PER_THREAD))
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class DbThreads:
-    """``count`` threads, each running one call at a time with its own connections; made on first use."""
+    """A database thread per async task in flight, each running one call at a time with its own
+    connections; made on first use, and kept for the next task once free."""
 
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.executors: list[ThreadPoolExecutor] = []
-        self.tasks: list[int] = []  # tasks in each thread's lane now (read and written on the loop only)
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.threads: list[_DbThread] = []  # every thread made, for close()
+        self.idle: list[_DbThread] = []  # free: no task holds it and no call runs on it
 
     @asynccontextmanager
-    async def lane(self) -> AsyncIterator[int]:
-        """Run the block's thread-sensitive calls on the database thread with the fewest tasks (its index)."""
-        if not self.executors:
-            self.executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"taskclaim-async-db-{i}")
-                              for i in range(self.count)]
-            self.tasks = [0] * self.count
-        index = min(range(self.count), key=self.tasks.__getitem__)
-        self.tasks[index] += 1
+    async def lane(self) -> AsyncIterator[Executor]:
+        """Run the block's thread-sensitive calls on a database thread no other task uses (its executor)."""
+        with self.lock:
+            if self.idle:
+                thread = self.idle.pop()
+            else:
+                thread = _DbThread(self, f"taskclaim-async-db-{len(self.threads)}")
+                self.threads.append(thread)
+            thread.held = True
         try:
-            async with _context(self.executors[index]):
-                yield index
+            async with _context(thread):
+                yield thread
         finally:
-            self.tasks[index] -= 1
+            with self.lock:
+                thread.held = False
+                self._free(thread)
+
+    def returned(self, thread: _DbThread) -> None:
+        """A call on ``thread`` returned (on that thread)."""
+        with self.lock:
+            thread.calls -= 1
+            self._free(thread)
+
+    def _free(self, thread: _DbThread) -> None:
+        # Free once no task holds it and no call runs on it: a task cancelled at its timeout leaves
+        # its statement running there, and a task given that thread would wait for it.
+        if not thread.held and not thread.calls:
+            self.idle.append(thread)
 
     def close(self) -> None:
-        """Close each thread's connections on that thread, and end the threads (the tasks have ended)."""
-        for executor in self.executors:
-            executor.submit(connections.close_all).result()
-            executor.shutdown()
-        self.executors = []
+        """Close each thread's connections on that thread, and end the threads (the tasks have ended;
+        a call a cancelled task left running there is waited for)."""
+        for thread in self.threads:
+            thread.submit(connections.close_all).result()
+            thread.shutdown()
+        self.threads, self.idle = [], []
+
+
+class _DbThread(ThreadPoolExecutor):
+    """One database thread (an executor of one worker): counts the calls sent to it and not returned."""
+
+    def __init__(self, owner: DbThreads, name: str) -> None:
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self.owner = owner
+        self.held = False  # a task's lane uses it (under owner.lock)
+        self.calls = 0  # calls submitted, not returned (under owner.lock)
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        with self.owner.lock:
+            self.calls += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self.owner.returned(self)
+            raise
+        future.add_done_callback(lambda _: self.owner.returned(self))
+        return future
 
 
 def _context(executor: Executor) -> ThreadSensitiveContext | _LegacyContext:

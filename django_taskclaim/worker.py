@@ -39,7 +39,6 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from . import outages, routing
 from .conf import settings
-from .db_threads import threads_for
 from .exceptions import InvalidArgument, StaleClaim, TimedOut
 from .lifecycle.api import claim_next, default_owner
 from .lifecycle.claim import Claim, reservation
@@ -48,7 +47,6 @@ from .lifecycle.execution import FENCED_OFF, Executed, Finish, Policy, aexecute,
 from .lifecycle.transitions import in_transaction
 from .models import Task
 from .status import Status
-from .store import get_store
 from .values import DEFAULT_QUEUE, lease_seconds, positive_int, queue_names, timeout_seconds
 from .wakeups import wait_for_work
 from .worker_pool import Pool, Spares
@@ -61,6 +59,8 @@ _UNREACHABLE = (OperationalError, InterfaceError)
 _counting = threading.Lock()
 #: ``work(until_drained=DUE)``: drained once no task is due now or running; deferred ones do not count.
 DUE = "due"
+#: Seconds the claimer wakes after a spare turns stale (:func:`_until_stale`), so that it finds it so.
+STALE_MARGIN = 0.01
 #: :func:`default_batch`'s cap: the batch the no-op drain was measured at (docs/benchmarks.md).
 MOST_BATCH = 16
 
@@ -545,8 +545,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
     # hand-over, and left when the slot ends.
     pool = Pool(job.concurrency, run=lambda item: _slot(job, item[0], spares, item[1]),
                 arun=lambda item: _aslot(job, item[0], spares, item[1]),
-                is_async=lambda item: job.runner.is_async(item[0]),
-                db_threads=threads_for(job.concurrency, get_store(alias).row_locks))
+                is_async=lambda item: job.runner.is_async(item[0]))
     claimer = _enter(job)
     spares = Spares(job.batch, pool.nudge)
     stop, runner = job.stop, job.runner
@@ -559,7 +558,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
                 free -= 1
             wanted = free + spares.wanted()
             if not wanted:
-                pool.wait(job.wait)  # until a task in flight returns, or a spare is taken
+                pool.wait(_until_stale(spares, job.wait))  # until a task in flight returns, or a spare is taken
                 continue
             close_old_connections()
             room = job.budget.take(min(wanted, job.batch), wait=job.wait if free else 0.0)
@@ -567,7 +566,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
                 if free and job.budget.spent():
                     break  # max_tasks claimed, by this lane or others
                 if not free:
-                    pool.wait(job.wait)
+                    pool.wait(_until_stale(spares, job.wait))
                 continue  # or the rest is held by another lane's claim in flight, which may give it back
             claims, drained = [], False
             try:
@@ -585,7 +584,7 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
             if drained:
                 break
             if not claims:  # nothing to claim, for a free slot or a spare: until an enqueue (PostgreSQL) or a poll
-                wait_for_work(alias, job.queues, job.wait, stop)
+                wait_for_work(alias, job.queues, _until_stale(spares, job.wait), stop)
     except BaseException:  # interrupted (KeyboardInterrupt): the tasks in flight end, nothing more starts
         stop.set()
         raise
@@ -600,9 +599,25 @@ def _serve_pool(job: _Job, using: str | None, alias: str) -> None:
 
 
 def _fresh(spare: Claim) -> bool:
-    """Whether a spare claim has more than half its reservation left: one held longer sits in a pool
-    whose slots free too seldom to use it, and is released for other workers."""
-    return spare.remaining() > reservation(spare.lease) / 2
+    """Whether a spare claim has been held less than half its reservation: one held longer sits in a
+    pool whose slots free too seldom to use it, and is released (uncharged) for other workers."""
+    return _fresh_for(spare) > 0
+
+
+def _fresh_for(spare: Claim) -> float:
+    """Seconds until a spare claim has been held half its reservation (:func:`_fresh`: no longer,
+    then), by what is left of what it was claimed for: its reservation, or its lease when it was
+    the first task of its claim, started by it (claimed while no slot was free)."""
+    held_for = reservation(spare.lease) if spare.reserved else spare.lease
+    return spare.remaining() - (held_for - reservation(spare.lease) / 2)
+
+
+def _until_stale(spares: Spares, wait: float) -> float:
+    """How long the claimer may wait: ``wait`` seconds, or less, until the first spare it holds is
+    no longer :func:`_fresh` (its check runs when the claimer wakes: a longer wait held a spare past
+    the bound, 5.8 s where half its reservation is 2.5 s)."""
+    soonest = spares.soonest(_fresh_for)
+    return wait if soonest is None else min(wait, max(0.0, soonest) + STALE_MARGIN)
 
 
 def _release_spares(spares: Spares, budget: _Budget, keep: Callable[[Claim], bool] = lambda claim: False) -> None:

@@ -2,10 +2,10 @@
 
 A :class:`Pool` holds up to ``size`` claims in flight: sync tasks each on one of ``size``
 threads (each with its own Django connections, closed when the thread ends), ``async def``
-tasks on one event loop in one thread of its own, their ORM calls on a few database threads
-(:mod:`django_taskclaim.db_threads`: each task's on one of them, each thread its own
-connection). A slot is free again only when its task's body has returned: a sync body past its
-timeout cannot be stopped, and keeps its slot until it returns. The pool knows nothing of claims
+tasks on one event loop in one thread of its own, their ORM calls each on a database thread of
+its own while it runs (:mod:`django_taskclaim.db_threads`, each thread its own connection). A
+slot is free again only when its task's body has returned: a sync body past its timeout cannot
+be stopped, and keeps its slot until it returns. The pool knows nothing of claims
 beyond handing each to ``run`` or ``arun``; the worker (:mod:`django_taskclaim.worker`) claims,
 starts and counts.
 """
@@ -31,14 +31,14 @@ _DONE: Any = object()
 
 class Pool:
     """Up to ``size`` tasks in flight: ``run(item)`` on threads, ``arun(item)`` on one event loop
-    (``is_async(item)`` says which), their ORM calls on ``db_threads`` database threads. The first
+    (``is_async(item)`` says which), each one's ORM calls on a database thread of its own. The first
     error a task lets out stops the pool's intake and is raised by :meth:`close` (a shutdown inside
     a task, an unexpected error)."""
 
     def __init__(self, size: int, run: Callable[[Any], None], arun: Callable[[Any], Awaitable[None]],
-                 is_async: Callable[[Any], bool], db_threads: int = 1) -> None:
+                 is_async: Callable[[Any], bool]) -> None:
         self.size, self.run, self.arun, self.is_async = size, run, arun, is_async
-        self.db = DbThreads(db_threads)
+        self.db = DbThreads()
         self.busy = 0
         self.changed = threading.Condition(threading.Lock())
         self.errors: list[BaseException] = []
@@ -156,8 +156,8 @@ class Pool:
 class Spares:
     """Items held ready for a slot that is about to free: :meth:`take` hands one over without a
     round trip to the thread that fills the slots, which holds as many as the slots took in the
-    last :attr:`WINDOW` seconds (``size`` at most; :meth:`wanted`) and is nudged when half of
-    those or fewer are left. A pool of long tasks, whose slots seldom free, holds one or none."""
+    last :attr:`WINDOW` seconds (``size`` at most; :meth:`wanted`) and is nudged when a take leaves
+    half of those or fewer. A pool of long tasks, whose slots seldom free, holds one or none."""
 
     #: Seconds of demand held ready.
     WINDOW = 1.0
@@ -174,7 +174,9 @@ class Spares:
         with self.lock:
             item = self.items.popleft() if self.items else None
             self.taken.append(now)
-            low = len(self.items) <= self._target(now) // 2
+            # None taken: the slot frees, which wakes the claimer anyway, with a slot to fill (a nudge
+            # now would have it claim for spares alone while that slot is still busy).
+            low = item is not None and len(self.items) <= self._target(now) // 2
         if low:
             self.nudge()
         return item
@@ -186,6 +188,11 @@ class Spares:
 
     def _target(self, now: float) -> int:
         return sum(1 for at in self.taken if now - at < self.WINDOW)
+
+    def soonest(self, left: Callable[[Any], float]) -> float | None:
+        """The least ``left(item)`` of the items held (``None``: none held)."""
+        with self.lock:
+            return min(map(left, self.items), default=None)
 
     def put(self, items: list[Any]) -> None:
         with self.lock:

@@ -286,8 +286,13 @@ def conclude(
     ``retry()``, before Celery publishes the retry): ``conclude(claim, raised=error, policy=...)``.
     """
     executed = _conclude(claim, value, raised, policy, finish, storing, rolled_back)
-    executed.stopped = raised is not None and policy.stops(raised) and not _cancelled_by_its_timeout(claim, raised)
+    executed.stopped = _shutdown(claim, raised, policy)
     return executed
+
+
+def _shutdown(claim: Claim, raised: BaseException | None, policy: Policy) -> bool:
+    """Whether ``raised`` stops the caller (a shutdown; not a cancellation by the body's timeout)."""
+    return raised is not None and policy.stops(raised) and not _cancelled_by_its_timeout(claim, raised)
 
 
 def _cancelled_by_its_timeout(claim: Claim, raised: BaseException) -> bool:
@@ -303,6 +308,12 @@ def _conclude(
     if rolled_back is None:
         rolled_back = claim._rolled_back
     try:
+        if (isinstance(claim.lost_reason, TimedOut) and not _shutdown(claim, raised, policy)
+                and (timed_out := claim.ended()) is not None):
+            # The attempt ran past its timeout, whose write ended it (failed, or retried): that is
+            # its error, whatever the body did after (returned, met StaleClaim, was cancelled), and
+            # what a log of its failure names.
+            return Executed(claim, timed_out, value, claim.lost_reason)
         if isinstance(raised, StaleClaim):
             return Executed(claim, FENCED_OFF, value, raised)
         ended = claim.ended()

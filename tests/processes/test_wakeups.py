@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection, connections
@@ -67,9 +68,29 @@ def stopped(worker: Child) -> None:
     assert worker.wait(30) == 0, worker.stderr()
 
 
+def last_statement() -> Any:
+    """When the worker's Django session (not its listening one) began its last statement."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT query_start FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid() AND application_name <> %s AND query LIKE %s",
+                       [APPLICATION_NAME, "%django_taskclaim_task%"])
+        return cursor.fetchall()
+
+
+def quiet(window: float = 0.5) -> bool:
+    """Whether the worker listens and sent no statement for ``window`` seconds (an observation
+    window, not a wait for an event): it waits for a wake-up, rather than claiming again (once more
+    after its listening connection opened, or in a loop)."""
+    before = last_statement()
+    time.sleep(window)
+    return bool(listeners()) and len(before) == 1 and last_statement() == before
+
+
 def start_latency(stamps: Path, key: str) -> float:
     """Seconds from just before this process enqueued ``key`` (committed on return) to its start,
-    as the task itself recorded it."""
+    as the task itself recorded it. Enqueued once the worker is quiet (:func:`quiet`): a claim of its
+    own cannot find the task by luck of timing; only a wake-up starts it before its 30 s poll."""
+    wait_until(quiet, timeout=30, interval=0, what="the worker to wait, listening, sending nothing")
     enqueued = time.time()
     Task.objects.ensure(key, queue="default")
     started = wait_until(lambda: (stamps / key).exists() and float((stamps / key).read_text()), timeout=POLL / 2,

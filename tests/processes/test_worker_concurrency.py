@@ -13,11 +13,13 @@ from collections import Counter
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, connections
 
+from devtools.polling import wait_until
+from devtools.threads import call_in_thread
 from django_taskclaim.exceptions import InvalidArgument
 from django_taskclaim.models import Attempt, Task
-from django_taskclaim.worker import work
+from django_taskclaim.worker import WorkerStats, work
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,7 +66,15 @@ def test_sync_tasks_run_n_at_once_each_on_a_thread_and_connection_of_its_own() -
         seen.leave()
         return claim.key
 
-    stats = work(handler, owner="pool", concurrency=4, until_drained=True, poll=0.05)
+    def drain() -> WorkerStats:
+        try:
+            return work(handler, owner="pool", concurrency=4, until_drained=True, poll=0.05)
+        finally:
+            connections.close_all()  # the claimer's (this thread's)
+
+    # A pool that counts a slot more than it has never finds itself idle (free() == concurrency), and
+    # would poll for ever: fail in a minute, naming why, not at the run's 600 s limit.
+    stats = call_in_thread(drain, timeout=60, what="the worker to drain 8 tasks and find all 4 of its slots free")
     assert stats.succeeded == 8 and stats.handled == 8
     assert seen.most == 4 and len(seen.threads) == 4 and len(seen.sessions) == 4
     assert Counter(Effect.objects.values_list("task_key", flat=True)) == dict.fromkeys(keys, 1)
@@ -96,6 +106,30 @@ def test_async_handlers_run_n_at_once_on_one_event_loop() -> None:
     results = {t.key: t.result for t in Task.objects.all()}
     assert {r["key"] for r in results.values()} == set(keys)
     assert len({r["loop"] for r in results.values()}) == 1
+
+
+def test_a_pool_of_n_slots_has_n_free_and_takes_n_tasks_no_more() -> None:
+    """Issue 40, item 21: ``concurrency=N`` is N slots, not one more: N free when idle, none once N
+    tasks are in flight, N again when they returned (a slot too many failed only by a 600 s hang)."""
+    from django_taskclaim.worker_pool import Pool
+
+    release = threading.Event()
+    entered: list[int] = []
+
+    def run(item: int) -> None:
+        entered.append(item)
+        release.wait(20)
+
+    pool = Pool(3, run=run, arun=lambda item: asyncio.sleep(0), is_async=lambda item: False)
+    assert pool.free() == 3
+    for item in range(3):
+        pool.submit(item)
+    assert pool.free() == 0
+    wait_until(lambda: len(entered) == 3, timeout=20, what="three tasks in flight")
+    release.set()
+    pool.wait_idle()
+    assert pool.free() == 3
+    pool.close()
 
 
 def test_an_async_handler_runs_one_at_a_time_too() -> None:
@@ -256,6 +290,79 @@ def test_spares_held_past_half_their_reservation_are_given_back_uncharged() -> N
     assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
 
 
+def test_a_spare_is_held_at_most_half_its_reservation_however_long_the_claimer_waits() -> None:
+    """Issue 40, item 15: a spare is held at most half its reservation (2.5 s at a 30 s lease), even
+    by a claimer whose poll interval (10 s) is longer and whose slots hold long tasks: it wakes when
+    its first spare turns stale, not only when a slot frees or its poll runs out (a spare was held
+    5.8 s). Released uncharged."""
+    from django_taskclaim.lifecycle.claim import RESERVATION
+
+    Task.objects.ensure("long0", queue="default", priority=30)
+    Task.objects.ensure("quick", queue="default", priority=20)  # its completion makes a slot want a spare
+    for key in ("long1", "long2"):  # the slot it frees takes long1; long2 is held as its spare
+        Task.objects.ensure(key, queue="default")
+    gate, stop, ran = threading.Event(), threading.Event(), []
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        ran.append(claim.key)
+        if claim.key.startswith("long"):
+            gate.wait(60)  # holds its slot until the test is done
+        return claim.key
+
+    def serve() -> None:
+        try:
+            work(handler, owner="holder", concurrency=2, stop=stop, poll=10, lease=30)
+        finally:
+            connections.close_all()  # this thread's (the claimer's)
+
+    worker = threading.Thread(target=serve, daemon=True)
+    # Claimed, not run: reserved (or started by its claim, when it was claimed while no slot was free).
+    spare = Task.objects.filter(key="long2", status=Task.Status.RUNNING)
+    worker.start()
+    try:
+        wait_until(lambda: spare.exists() and len(ran) == 3, timeout=30, interval=0.01, what="long2 held as a spare")
+        held_since = time.monotonic()
+        wait_until(lambda: not spare.exists(), timeout=30, interval=0.01, what="the spare to be released")
+        held = time.monotonic() - held_since
+    finally:
+        stop.set()
+        gate.set()
+        worker.join(60)
+    assert held < RESERVATION / 2 + 1, f"a spare held {held:.1f} s"  # before: until the 10 s poll ran out
+    assert "long2" not in ran
+    row = Task.objects.get(key="long2")
+    assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+    assert set(Task.objects.filter(key__in=["long0", "long1"]).values_list("attempts", flat=True)) == {1}
+
+
+def test_no_body_starts_after_the_stop_not_even_a_spare_a_completion_would_start() -> None:
+    """Issue 40, item 21: once the worker is stopped (SIGTERM sets this event), a slot whose task
+    completes takes no spare: nothing more starts; the spare held is given back uncharged."""
+    Task.objects.ensure("stopper", queue="default", priority=30)
+    Task.objects.ensure("quick", queue="default", priority=20)  # its completion makes its slot want a spare
+    for key in ("next", "spare"):  # the slot it frees takes "next"; "spare" is held as its spare
+        Task.objects.ensure(key, queue="default")
+    stop, ran, after_stop = threading.Event(), [], []
+    held = Task.objects.filter(key="spare", status=Task.Status.RUNNING)
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        if stop.is_set():
+            after_stop.append(claim.key)
+        ran.append(claim.key)
+        if claim.key == "stopper":  # the stop comes while a spare is held, then this task completes
+            wait_until(lambda: "next" in ran and held.exists(), timeout=30, interval=0.01, what="a spare held")
+            stop.set()
+        elif claim.key == "next":
+            wait_until(stop.is_set, timeout=30, interval=0.01, what="the stop")
+        return claim.key
+
+    stats = work(handler, owner="stopped", concurrency=2, stop=stop, poll=0.05, lease=30)
+    assert after_stop == [] and sorted(ran) == ["next", "quick", "stopper"]
+    assert stats.succeeded == 3
+    row = Task.objects.get(key="spare")
+    assert (row.status, row.attempts, row.owner) == (Task.Status.PENDING, 0, "")
+
+
 def test_a_spare_of_a_short_lease_is_fresh_by_its_own_reservation() -> None:
     """A lease under the 5 s reservation reserves for the lease only: half of that, not of 5 s, is
     when its spare has waited too long (else every spare of a 1 s lease went back at once)."""
@@ -274,13 +381,13 @@ def test_spares_are_asked_for_by_demand_only() -> None:
     nudges: list[int] = []
     spares = Spares(4, lambda: nudges.append(1))
     assert spares.wanted() == 0  # nobody took one yet: a pool of long tasks holds none
-    assert spares.take() is None and nudges == [1]
+    assert spares.take() is None and nudges == []  # none taken: the slot frees, which wakes the claimer
     assert spares.wanted() == 1  # as many as were taken in the last second
     spares.put(["a"])
     assert spares.take() == "a" and spares.take() is None and spares.take() is None
     assert spares.wanted() == 4
     spares.put(["b", "c"])
-    assert spares.take() == "b" and len(nudges) == 5 and spares.wanted() == 3  # four of the last second
+    assert spares.take() == "b" and len(nudges) == 2 and spares.wanted() == 3  # four of the last second
     shifted = [at - Spares.WINDOW for at in spares.taken]
     spares.taken.clear()
     spares.taken.extend(shifted)

@@ -59,3 +59,30 @@ def test_a_concurrent_worker_killed_charges_only_the_tasks_it_had_started(proces
     attempts = dict(Task.objects.values_list("key", "attempts"))
     assert attempts == {**dict.fromkeys(slow, 2), **dict.fromkeys(plain, 1)}
     assert Counter(Attempt.objects.values_list("outcome", flat=True))["succeeded"] == 16
+
+
+def test_a_concurrent_worker_killed_while_holding_spares_charges_none_of_them(processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40, item 21: the spares a ``--concurrency 2`` worker holds ready are reserved, never
+    started: killed with two tasks in flight and a spare in hand, it charges the two, and the spare
+    comes back within its reservation, its attempt count unchanged, no attempt row of its own."""
+    Task.objects.ensure("slow0", queue="default", priority=30)
+    Task.objects.ensure("quick", queue="default", priority=20)  # its completion makes its slot want a spare
+    for key in ("slow1", "slow2"):  # the slot it frees takes slow1; slow2 is held as its spare
+        Task.objects.ensure(key, queue="default")
+    env = {"TASKCLAIM_TEST_STARTED_DIR": str(tmp_path), "TASKCLAIM_TEST_HOLD": "60"}
+    # A handler that returns (its result stored by the worker, whose completion takes a spare).
+    worker = processes.start("django", "taskclaim_worker", "tests.programs.worker_handlers.effect",
+                             "--concurrency", "2", "--lease", "30", env=env)
+    spare = Task.objects.filter(key="slow2", status=Task.Status.RUNNING)
+    wait_until(lambda: len(list(tmp_path.glob("slow*.1.*"))) == 2 and spare.exists(), timeout=60,
+               what="two slow tasks in flight and slow2 held as a spare")
+    assert not list(tmp_path.glob("slow2.*"))  # held, not run
+    worker.kill()
+    worker.wait(timeout=30)
+    assert Task.objects.get(key="slow2").attempts == 0  # reserved: its attempt never counted
+    assert not Attempt.objects.filter(task__key="slow2").exists()
+    tasks = Task.objects.filter(key="slow2")
+    wait_until(lambda: (tasks.pending() | tasks.expired()).exists(), timeout=RESERVATION + 5,
+               what="the spare to be claimable again")
+    assert set(Task.objects.filter(key__in=["slow0", "slow1"]).values_list("status", "attempts")) == {
+        (Task.Status.RUNNING, 1)}  # the two in flight: charged one attempt each

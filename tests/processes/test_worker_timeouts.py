@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import threading
 import time
 from typing import Any
@@ -70,6 +71,35 @@ def test_a_body_past_its_timeout_commits_nothing_even_before_the_watcher_fenced_
     task = Task.objects.get(key="starved")
     assert (task.status, task.result) == (Task.Status.FAILED, None)
     assert task.error.startswith("TimedOut: the attempt ran past its timeout of 0.2 s")
+
+
+def test_a_body_inside_fenced_when_its_timeout_passes_commits_nothing() -> None:
+    """Issue 40, item 21: a body that entered ``fenced()`` in time, and is still inside it when its
+    timeout passes, commits nothing: the block checks the deadline again before its COMMIT (the
+    watcher, held back here, would fence the claim off only after that COMMIT, its write waiting
+    for the row the block locked)."""
+    Task.objects.ensure("inside", queue="default", max_attempts=1)
+    met: dict[str, Any] = {}
+    watcher = deadlines._watcher()
+
+    def handler(claim):  # type: ignore[no-untyped-def]
+        try:
+            with claim.fenced():
+                Effect.objects.create(task_key=claim.key, token=claim.token, worker="inside")
+                with watcher.cond:  # the watcher thread cannot take the deadline off its queue meanwhile
+                    wait_until(claim.overran, timeout=20, interval=0.01, what="the timeout to pass")
+                    met["running"] = not fenced_off(claim)
+        except StaleClaim:
+            met["write"] = "refused"
+        return "late"
+
+    stats = work(handler, owner="inside", timeout=0.2, until_drained=True, poll=0.05)
+    assert met == {"running": True, "write": "refused"}
+    assert not Effect.objects.exists()
+    task = Task.objects.get(key="inside")
+    assert (task.status, task.result) == (Task.Status.FAILED, None)
+    assert task.error.startswith("TimedOut: the attempt ran past its timeout of 0.2 s")
+    assert stats.timed_out == 1
 
 
 def test_a_completion_after_the_timeout_is_refused_and_changes_nothing() -> None:
@@ -199,6 +229,26 @@ def test_django_tasks_time_out_by_claim_options_and_by_the_backends_timeout() ->
             assert result.errors[-1].exception_class_path == TIMED_OUT
     assert timeout_tasks.LATE_WRITES == {"sleeps_async": "refused", "sleeps_sync": "refused"}
     assert not Effect.objects.exists() and stats.timed_out == 2
+
+
+def test_a_timed_out_tasks_failure_is_logged_naming_timed_out_and_the_task(caplog: Any) -> None:
+    """Issue 40, item 15: the framework's log line of a task that ran past its timeout names the
+    task and carries its ``TimedOut`` (before, a sync task's read ``NoneType: None``: it was sent
+    outside any error, the late body's return taken for its outcome)."""
+    backend = {"default": {"BACKEND": "django_taskclaim.tasks.ClaimBackend", "QUEUES": ["default"],
+                           "OPTIONS": {"TIMEOUT": 0.3}}}
+    with override_settings(TASKS=backend), caplog.at_level(logging.WARNING):
+        timeout_tasks.sleeps_async.enqueue()
+        timeout_tasks.sleeps_sync.enqueue()
+        stats = work(TaskRunner("default"), owner="timer", concurrency=2, until_drained=True, poll=0.05)
+    assert stats.timed_out == 2
+    formatter = logging.Formatter("%(levelname)s %(message)s")
+    logged = [formatter.format(record) for record in caplog.records]
+    assert not [text for text in logged if "NoneType: None" in text], logged
+    for name in ("sleeps_sync", "sleeps_async"):
+        failed = [text for text in logged if text.startswith("ERROR") and f"timeout_tasks.{name} state=FAILED" in text]
+        assert len(failed) == 1, logged
+        assert "django_taskclaim.exceptions.TimedOut: the attempt ran past its timeout of 0.3 s" in failed[0]
 
 
 @pytest.mark.parametrize("value", [0, -1, float("inf"), True, "5"])

@@ -107,3 +107,33 @@ def waits_for_the_gate(claim: Claim) -> str:
         time.sleep(0.01)  # the handler's own pace: it waits for the test's file
     Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
     return claim.key
+
+
+def _sleep_in_database(seconds: float) -> None:
+    """One statement that holds its connection (and the thread that sent it) for ``seconds``."""
+    from django.db import connection
+
+    sql = "SELECT pg_sleep(%s)" if connection.vendor == "postgresql" else "SELECT SLEEP(%s)"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [seconds])
+
+
+async def slow_query_or_quick(claim: Claim) -> None:
+    """An async task (tests/processes/test_worker_pool_db_threads.py): a key named ``slowquery…`` holds
+    a database statement for ``TASKCLAIM_TEST_QUERY`` seconds, once the others have started; any
+    other works 0.5 s, then writes its effect and completes in one ``afenced()`` block."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    if claim.key.startswith("slowquery"):
+        await asyncio.sleep(0.3)  # the quick tasks started meanwhile
+        await sync_to_async(_sleep_in_database)(float(os.environ.get("TASKCLAIM_TEST_QUERY", "5")))
+        return
+    await asyncio.sleep(0.5)  # a model or an API call
+
+    def write() -> None:
+        Effect.objects.create(task_key=claim.key, token=claim.token, worker=str(os.getpid()))
+        claim.complete({"by": os.getpid()})
+
+    await claim.afenced(write)
