@@ -11,9 +11,11 @@ Inside a transaction on the claim's database (``fenced()``, the caller's ``atomi
 one of the transaction's writes: it commits with it, or, rolled back, is as if the step never ran
 (the next call of the step runs ``fn`` again).
 
-The window left: ``fn`` returned and the process died (or the store was refused) before the store
-committed. The next attempt then calls ``fn`` again; give ``fn``'s external call
-``claim.idempotency_key(effect=name)`` so that the downstream sees one call.
+A store that fails on a database error (its session dropped inside a transaction) keeps the result:
+the same claim's next call of the step stores it without calling ``fn`` again. The window left:
+``fn`` returned and the process died (or the store was refused) before the store committed. The
+next attempt then calls ``fn`` again; give ``fn``'s external call ``claim.idempotency_key(effect=name)``
+so that the downstream sees one call.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
+from django.db import Error as DbError
 from django.db import transaction
 
 from ..conf import settings
@@ -74,6 +77,9 @@ class Steps:
         self._stored: dict[str, str] | None = None
         # Steps stored inside a transaction still open (or since rolled back): read again if asked for.
         self._uncommitted: set[str] = set()
+        # Results whose store failed (a database error): the call happened, so a retry of the step
+        # by this claim stores this result rather than calling the function again.
+        self._unstored: dict[str, str] = {}
         self._lock = threading.Lock()
 
     # -- the store: sync, on the claim's connection (the ORM's thread for astep) -----------------
@@ -102,19 +108,33 @@ class Steps:
 
     def store(self, name: str, value: Any) -> Any:
         """Store step ``name``'s ``value`` (fenced), and return it as every later attempt reads it."""
-        claim = self.claim
         text = to_json(value, f"the result of step {name!r}", InvalidArgument, limit=settings.MAX_RESULT_BYTES,
                        limit_setting="TASKCLAIM_MAX_RESULT_BYTES", hint=". Store large outputs elsewhere")
+        return self.store_text(name, text)
+
+    def unstored(self, name: str) -> str | None:
+        """The result of step ``name`` that this claim's call returned and could not store (a
+        database error), to store now instead of calling the function again."""
+        return self._unstored.get(name)
+
+    def store_text(self, name: str, text: str) -> Any:
+        """Store step ``name``'s result, JSON ``text`` (fenced); the result as later attempts read it."""
+        claim = self.claim
         if claim.overran():
             claim._refuse("step")  # past the attempt's timeout: its end is TimedOut, and nothing is stored
-        if not transitions.store_step(claim, name, text):
-            # Fenced off, or a step of that name was stored already (the first one stands).
-            if not transitions.check(claim):
-                claim._refuse("step")
-            row = transitions.read_step(claim, name)
-            if row is None:
-                raise TaskClaimError(f"step {name!r} of {claim.named()} was neither stored nor found")
-            text = row.result
+        try:
+            if not transitions.store_step(claim, name, text):
+                # Fenced off, or a step of that name was stored already (the first one stands).
+                if not transitions.check(claim):
+                    claim._refuse("step")
+                row = transitions.read_step(claim, name)
+                if row is None:
+                    raise TaskClaimError(f"step {name!r} of {claim.named()} was neither stored nor found")
+                text = row.result
+        except DbError:
+            self._unstored[name] = text  # a failure to store never calls the function again
+            raise
+        self._unstored.pop(name, None)
         if transitions.in_transaction(claim.using):
             # Stored in the caller's transaction (fenced(), atomic()): known once it commits. Rolled
             # back, the step is not stored, and its next call runs it again.
@@ -140,6 +160,8 @@ class Steps:
         found, result = self.stored_result(name)
         if found:
             return result
+        if (text := self.unstored(name)) is not None:
+            return self.store_text(name, text)
         began = time.monotonic()
         value = fn(*args, **kwargs)
         if timeout is not None and time.monotonic() - began > timeout:
@@ -156,6 +178,8 @@ class Steps:
         found, result = await sync_to_async(self.stored_result)(name)
         if found:
             return result
+        if (text := self.unstored(name)) is not None:
+            return await sync_to_async(self.store_text)(name, text)
         value = afn(*args, **kwargs)
         if inspect.isawaitable(value):
             if timeout is None:

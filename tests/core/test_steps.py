@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
+from django.db import Error as DbError
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -302,3 +303,33 @@ def test_a_queue_claim_has_steps_too() -> None:
     (claim,) = Task.objects.claim_next(queue="default")
     assert claim.step("one", Calls(), 1) == 1
     assert steps_of("queued") == {"one": (1, claim.token)}
+
+
+def kill_session(using: str) -> None:
+    """End ``using``'s database session from another connection, as a server restart would."""
+    db = connections[using]
+    with db.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if db.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        session = cursor.fetchone()[0]
+    other = db.get_new_connection(db.get_connection_params())
+    try:
+        with other.cursor() as cursor:
+            if db.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+            else:
+                cursor.execute(f"KILL {int(session)}")
+    finally:
+        other.close()
+
+
+def test_a_store_that_failed_on_a_database_error_is_stored_by_the_retry_without_calling_again() -> None:
+    claim, calls = claim_of("job"), Calls()
+    if connections[claim.using].vendor == "sqlite":
+        pytest.skip("a SQLite session cannot be ended from another connection")
+    claim.step("first", calls, 1)
+    with pytest.raises(DbError), transaction.atomic(using=claim.using):
+        kill_session(claim.using)
+        claim.step("second", calls, "called once")  # the call happens; its store meets the dead session
+    assert calls.count == 2 and steps_of("job") == {"first": (1, 1)}
+    assert claim.step("second", calls, "called again") == "called once"  # stored now, not called
+    assert calls.count == 2 and steps_of("job") == {"first": (1, 1), "second": ("called once", 1)}
