@@ -34,11 +34,12 @@ from django.db import transaction
 
 from ..conf import settings
 from ..exceptions import InvalidArgument, TaskClaimError, TimedOut
+from ..idempotency import MAX_EFFECT_LENGTH
 from ..values import to_json, validate_text
 from . import transitions
 
-#: The longest step name (the column's length).
-MAX_STEP_NAME_LENGTH = 255
+#: The longest step name: an effect's, so that ``claim.idempotency_key(effect=name)`` keys its call.
+MAX_STEP_NAME_LENGTH = MAX_EFFECT_LENGTH
 
 
 class Claim(transitions.Holder, Protocol):
@@ -53,7 +54,7 @@ class Claim(transitions.Holder, Protocol):
 
 
 def step_name(name: Any) -> str:
-    """``name`` if it can name a step: a non-empty string of at most 255 characters, no NUL."""
+    """``name`` if it can name a step: a non-empty string of at most 200 characters, no NUL."""
     validate_text(name, "a step's name", MAX_STEP_NAME_LENGTH)
     if not name:
         raise InvalidArgument("a step's name must not be empty")

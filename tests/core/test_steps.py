@@ -123,7 +123,7 @@ def test_a_result_that_cannot_be_stored_stores_nothing_and_keeps_the_claim() -> 
 
 def test_bad_names_and_functions_are_refused_before_anything_runs() -> None:
     claim, calls = claim_of("job"), Calls()
-    for name, error in [("", "empty"), (None, "must be a string"), ("x" * 256, "256 characters"),
+    for name, error in [("", "empty"), (None, "must be a string"), ("x" * 201, "201 characters"),
                         ("a\x00", "NUL")]:
         with pytest.raises(InvalidArgument, match=error):
             claim.step(name, calls)
@@ -155,6 +155,8 @@ def test_a_name_is_one_step_and_keywords_of_the_function_are_its_own() -> None:
 
     assert claim.step("fetch", fetch, "u", name="n", timeout=5, fn="f") == "u n 5 f"
     assert claim.step("fetch", fetch, "other", name="n", timeout=5, fn="f") == "u n 5 f"
+    longest = "s" * 200  # the longest name is one an idempotency key takes as its effect
+    assert claim.step(longest, lambda: claim.idempotency_key(effect=longest)) == claim.idempotency_key(effect=longest)
 
 
 def test_a_stored_step_costs_at_most_one_statement() -> None:
