@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
 from django.db import Error as DbError
-from django.db import transaction
+from django.db import connections, transaction
 
 from ..conf import settings
 from ..exceptions import InvalidArgument, TaskClaimError, TimedOut
@@ -137,10 +137,12 @@ class Steps:
             raise
         self._unstored.pop(name, None)
         if transitions.in_transaction(claim.using):
-            # Stored in the caller's transaction (fenced(), atomic()): known once it commits. Rolled
-            # back, the step is not stored, and its next call runs it again.
+            # Stored in the caller's transaction (fenced(), atomic(), autocommit off): known once it
+            # commits. Rolled back, the step is not stored, and its next call runs it again. With
+            # autocommit off and no atomic() Django has no commit hook: each later call reads it.
             self._uncommitted.add(name)
-            transaction.on_commit(lambda: self._remember(name, text), using=claim.using)
+            if connections[claim.using].in_atomic_block:
+                transaction.on_commit(lambda: self._remember(name, text), using=claim.using)
         else:
             self._remember(name, text)
         return json.loads(text)

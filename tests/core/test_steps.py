@@ -203,6 +203,24 @@ def test_a_step_inside_fenced_commits_with_the_block_or_not_at_all() -> None:
     assert calls.count == 4
 
 
+def test_a_step_with_autocommit_off_commits_or_rolls_back_with_the_callers_transaction() -> None:
+    claim, calls = claim_of("job"), Calls()
+    claim.step("first", calls, 1)  # the stored steps are read in autocommit
+    transaction.set_autocommit(False, using=claim.using)
+    try:
+        assert claim.step("kept", calls, "kept") == "kept"
+        assert claim.step("kept", calls, "again") == "kept"  # stored in the open transaction
+        transaction.commit(using=claim.using)
+        claim.step("dropped", calls, "dropped")
+        transaction.rollback(using=claim.using)
+        assert claim.step("dropped", calls, "run again") == "run again"
+        transaction.commit(using=claim.using)
+    finally:
+        transaction.set_autocommit(True, using=claim.using)
+    assert calls.count == 4
+    assert steps_of("job") == {"first": (1, 1), "kept": ("kept", 1), "dropped": ("run again", 1)}
+
+
 def test_a_sync_step_past_its_timeout_stores_nothing() -> None:
     claim, calls = claim_of("job"), Calls()
 
