@@ -459,9 +459,8 @@ class Claim(KeepaliveMixin):
         return fencing_headers(self.tenant, self.key, self.token, effect)
 
     # -- durable steps (issue 43; lifecycle/steps.py) ---------------------------------------------
-    @property
-    def steps(self) -> Steps:
-        """This claim's durable steps (the stored results, read once): ``claim.step()`` uses it."""
+    def _durable(self) -> Steps:
+        """This claim's durable steps (the task's stored results, read once, at the first step)."""
         if self._steps is None:
             self._steps = Steps(self)
         return self._steps
@@ -478,7 +477,7 @@ class Claim(KeepaliveMixin):
         fenced off stores nothing (``StaleClaim``). ``claim.idempotency_key(effect=name)`` keys the
         step's external call. Options (a timeout): :meth:`step_with`.
         """
-        return self.steps.run(name, fn, args, kwargs)
+        return self._durable().run(name, fn, args, kwargs)
 
     def step_with(self, name: str, *, timeout: float | None = None) -> Callable[..., Any]:
         """:meth:`step` with its options given first: ``claim.step_with(name, timeout=30)(fn, *args,
@@ -489,17 +488,17 @@ class Claim(KeepaliveMixin):
         (:meth:`astep_with`) is cancelled at its timeout. Either way the attempt fails with
         ``TimedOut`` unless the body catches it, and the step runs again on the next attempt.
         """
-        return lambda fn, /, *args, **kwargs: self.steps.run(name, fn, args, kwargs, timeout)
+        return lambda fn, /, *args, **kwargs: self._durable().run(name, fn, args, kwargs, timeout)
 
     async def astep(self, name: str, afn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any) -> Any:
         """:meth:`step`, awaitable: awaits ``afn(*args, **kwargs)`` unless the step is stored; the
         stored steps are read and written on Django's ORM thread."""
-        return await self.steps.arun(name, afn, args, kwargs)
+        return await self._durable().arun(name, afn, args, kwargs)
 
     def astep_with(self, name: str, *, timeout: float | None = None) -> Callable[..., Awaitable[Any]]:
         """:meth:`step_with`, awaitable: ``await claim.astep_with(name, timeout=30)(afn, *args)``; past
         its timeout the function is cancelled, nothing is stored and ``TimedOut`` is raised."""
-        return lambda afn, /, *args, **kwargs: self.steps.arun(name, afn, args, kwargs, timeout)
+        return lambda afn, /, *args, **kwargs: self._durable().arun(name, afn, args, kwargs, timeout)
 
     @property
     def outbox(self) -> Outbox:
