@@ -211,7 +211,7 @@ class QueueDriver:
             # reads calls one to three from the store and does not call the model for them again.
             kill_at = min(KILL_AFTER, max(1, ev["of"] - 1))
             if agent.name != self.pause_target and not self.killed_done and ev["step"] >= kill_at:
-                self.kill(agent)
+                self.kill(agent, ev["step"])
         elif kind == "duplicate":
             delivery = agent.current
             if ev["retry_in"] is not None and delivery is not None:
@@ -305,11 +305,12 @@ class QueueDriver:
             always=True,
         )
 
-    def kill(self, agent: Agent) -> None:
+    def kill(self, agent: Agent, calls: int | None = None) -> None:
         agent.killed, self.killed_done = True, True
         agent.child.kill()
         agent.child.wait(15)
-        self.log("chaos", "SIGKILL", f"{agent.name} killed mid-work", always=True)
+        after = f" after model call {calls} (stored: its successor does not call again)" if calls else ""
+        self.log("chaos", "SIGKILL", f"{agent.name} killed mid-work{after}", always=True)
         if agent.current is not None:
             # The consumer is gone with an unacknowledged message: the queue redelivers it.
             self.counts["redeliveries"] += 1
