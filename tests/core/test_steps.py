@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
 import time
 from collections.abc import Coroutine
 from decimal import Decimal
@@ -353,3 +354,63 @@ def test_a_store_that_failed_on_a_database_error_is_stored_by_the_retry_without_
     assert calls.count == 2 and steps_of("job") == {"first": (1, 1)}
     assert claim.step("second", calls, "called again") == "called once"  # stored now, not called
     assert calls.count == 2 and steps_of("job") == {"first": (1, 1), "second": ("called once", 1)}
+
+
+def waiting_for_a_lock(using: str) -> bool:
+    """Whether a statement of another session waits for a row lock now (PostgreSQL, MariaDB)."""
+    with connections[using].cursor() as cursor:
+        if connections[using].vendor == "mysql":
+            # The step's insert still running: it waits (on its own it takes well under a millisecond).
+            cursor.execute("SELECT count(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() "
+                           "AND info LIKE 'INSERT IGNORE INTO django_taskclaim_step%%'")
+        else:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # activity is snapshotted per transaction
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+        return bool(cursor.fetchone()[0])
+
+
+def test_a_store_racing_a_takeover_waits_for_it_and_stores_nothing() -> None:
+    """The stale owner's store is sent while a takeover's claim is written and not yet committed: it
+    waits for the task row (a share lock) and then reads the row the takeover committed, so it
+    stores nothing. A snapshot read (READ COMMITTED's INSERT … SELECT) would see the old token."""
+    stale, calls = claim_of("job", owner="w1"), Calls()
+    if connections[stale.using].vendor == "sqlite":
+        pytest.skip("SQLite has one writer: the store waits for the takeover's commit by its busy timeout")
+    stale.step("first", calls, 1)  # the stored steps are read: the next store is one insert
+    expire(stale)
+    taken, go, seen = threading.Event(), threading.Event(), {}
+
+    def takeover() -> None:
+        try:
+            with transaction.atomic(using=stale.using):
+                seen["token"] = claim_of("job", owner="w2").token
+                taken.set()
+                go.wait(30)
+        finally:
+            connections.close_all()
+
+    def store() -> None:
+        try:
+            stale.step("second", calls, "stale")
+        except StaleClaim:
+            seen["refused"] = True
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=takeover, daemon=True), threading.Thread(target=store, daemon=True)]
+    threads[0].start()
+    assert taken.wait(30), "the takeover did not claim"
+    threads[1].start()
+    deadline = time.monotonic() + 30
+    try:
+        while not waiting_for_a_lock(stale.using):
+            assert time.monotonic() < deadline, "the stale store did not wait for the takeover's row lock"
+            assert threads[1].is_alive(), f"the stale store did not wait: {seen}"
+            time.sleep(0.02)
+    finally:
+        go.set()
+        for thread in threads:
+            thread.join(30)
+    assert seen == {"token": 2, "refused": True}
+    assert calls.count == 2 and steps_of("job") == {"first": (1, 1)}
