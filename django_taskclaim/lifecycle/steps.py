@@ -167,6 +167,11 @@ class Steps:
             return self.store_text(name, text)
         began = time.monotonic()
         value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: no "coroutine was never awaited" warning on top
+            raise InvalidArgument(f"step {name!r}: its function returned an awaitable; "
+                                  "await claim.astep(...) for a coroutine function")
         if timeout is not None and time.monotonic() - began > timeout:
             # A sync function cannot be stopped: past its timeout, what it returned is not stored.
             raise self._timed_out(name, timeout)

@@ -130,6 +130,12 @@ def test_bad_names_and_functions_are_refused_before_anything_runs() -> None:
             claim.step(name, calls)
     with pytest.raises(InvalidArgument, match="needs a function"):
         claim.step("x", 42)
+
+    async def coroutine_function() -> int:
+        return 1
+
+    with pytest.raises(InvalidArgument, match="returned an awaitable; await claim.astep"):
+        claim.step("x", coroutine_function)
     for timeout in (0, -1, "5", float("nan"), True):
         with pytest.raises(InvalidArgument, match="timeout"):
             claim.step_with("x", timeout=timeout)(calls)
