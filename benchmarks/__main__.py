@@ -37,6 +37,9 @@ them. Phases:
    in flight: memory per task, and the statements per second on its task table (the lease
    renewals; counted by ``pg_stat_statements``, which ``--start-server`` loads for this phase).
    Not in ``--smoke`` unless ``--phases`` names it.
+9. durable steps (``steps``): a taken-over task's stored steps asked for again: the statements of a
+   stored step (target ≤ 1), a stored step's time against a dict lookup, the first (the one read)
+   and a new step's insert against ``claim.check()`` (benchmarks/steps_phase.py).
 
 Every comparison runs 3 interleaved rounds; each target is the lowest of its per-round ratios.
 """
@@ -55,11 +58,12 @@ from urllib.parse import urlsplit, urlunsplit
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, SMOKE, WORKER_BATCH, WORKER_DRAIN, Results, Sizes
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("bykey", "drain", "size", "race", "audit", "tasks", "latency", "outbox", "iodrain")
+PHASES = ("bykey", "drain", "size", "race", "audit", "tasks", "latency", "outbox", "iodrain", "steps")
 #: Phases a --smoke run leaves out unless --phases names them: they make or use the peers' virtualenvs.
 NOT_IN_SMOKE = ("tasks", "latency", "iodrain")
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
+STEP = "django_taskclaim_step"
 
 
 def log(message: str) -> None:
@@ -97,7 +101,7 @@ class Bench:
         return int(self.sql(f"SELECT count(*) FROM {TASK}")[0][0])
 
     def clear(self) -> None:
-        self.sql(f"TRUNCATE {ATTEMPT}, {TASK} RESTART IDENTITY")
+        self.sql(f"TRUNCATE {STEP}, {ATTEMPT}, {TASK} RESTART IDENTITY")
 
     def pending_progress(self, label: str, total: int) -> Any:
         def show() -> None:
@@ -374,6 +378,11 @@ class Bench:
         iodrain_phase.run(self.url, self.sizes, self.results.iodrain, peers=self.tasks_peers,
                           private_server=self.private_server, log=log)
 
+    def steps(self) -> None:
+        from . import steps_phase
+
+        steps_phase.run(self, log)
+
     def audit(self) -> None:
         from .workers import bykey_app, run_workers
 
@@ -605,6 +614,7 @@ def run(args: argparse.Namespace, sizes: Sizes, url: str) -> int:
         ("tasks", bench.tasks_api, f"Django Tasks API: drain of {sizes.tasks_drain:,} tasks at "
                                    f"W={sizes.tasks_workers}, bulk enqueue of {sizes.tasks_bulk:,}"),
         ("latency", bench.latency, f"enqueue-to-start latency on an idle system, {sizes.idle_samples} tasks"),
+        ("steps", bench.steps, "durable steps: statements and time of a step already stored"),
         ("iodrain", bench.iodrain, f"I/O-bound drain of {sizes.io_tasks:,} tasks of {sizes.io_wait * 1e3:g} ms at "
                                    f"{sizes.io_workers} × {sizes.io_concurrency} in flight, {sizes.io_inflight} "
                                    "tasks in flight in one worker"),

@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 from . import iodrain_report, latency, tasks_report
 from .outbox_phase import markdown as outbox_markdown
 from .results import APP_DRAIN, RAW_BATCH_DRAIN, RAW_DRAIN, WORKER_BATCH, WORKER_DRAIN
+from .steps_phase import markdown as steps_markdown
+from .steps_phase import targets as steps_targets
 
 APP = APP_DRAIN  # every configuration of ours in the drain is named APP…
 
@@ -160,6 +162,7 @@ def targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
                            ratios, 1.5, False))
     out.extend(tasks_report.targets(r.tasks))
     out.extend(iodrain_report.targets(r.iodrain))
+    out.extend(steps_targets(r.steps))
     return out
 
 
@@ -344,6 +347,7 @@ def markdown(r: Results, sizes: Sizes, *, smoke: bool) -> str:
     for line in latency.report(r.idle):
         add(line)
     lines.extend(outbox_markdown(r.outbox))
+    lines.extend(steps_markdown(r.steps))
     if r.phase_seconds:
         add("Phase durations: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.phase_seconds.items()) + ".")
         add("")

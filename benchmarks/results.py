@@ -143,5 +143,7 @@ class Results:
     #: The outbox phase: drain_plain, drain_outbox (tasks/s), relay (messages/s), sent_twice, its sizes.
     outbox: dict[str, Any] = field(default_factory=dict)
     iodrain: IoResults = field(default_factory=IoResults)
+    #: The durable steps phase (benchmarks/steps_phase.py): its rounds and the steps per task.
+    steps: dict[str, Any] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

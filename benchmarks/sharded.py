@@ -41,6 +41,7 @@ LEASE = 30.0
 SETUPS = ("one server", "one server, router", "two servers")
 TASK = "django_taskclaim_task"
 ATTEMPT = "django_taskclaim_attempt"
+STEP = "django_taskclaim_step"
 
 
 def log(message: str) -> None:
@@ -191,7 +192,7 @@ class Bench:
 
     def clear(self) -> None:
         for alias in ALIASES:
-            self.sql(alias, f"TRUNCATE {ATTEMPT}, {TASK} RESTART IDENTITY")
+            self.sql(alias, f"TRUNCATE {STEP}, {ATTEMPT}, {TASK} RESTART IDENTITY")
 
     def fill(self, setup: str, n: int) -> dict[str, int]:
         """``n`` queued no-op tasks, task g of tenant ``TENANTS[g % 16]``, each in its tenant's

@@ -31,7 +31,7 @@ from . import contrib, outages, routing
 from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
 from .lifecycle.api import reclaim_expired_rows
-from .models import HELD_REASON, Attempt, OutboxMessage, Task, TaskQuerySet, held_ids
+from .models import HELD_REASON, Attempt, OutboxMessage, Step, Task, TaskQuerySet, held_ids
 from .readonly_admin import ReadOnlyAdmin
 from .store import DbNow, get_store
 
@@ -247,6 +247,45 @@ class AttemptInline(admin.TabularInline):
         return text if obj.ended_at else f"{text} (open)"
 
 
+class StepInline(admin.TabularInline):
+    """A task's durable steps (``claim.step``), read-only: the result each stored, and which claim
+    (token) stored it, in the order they were stored."""
+
+    model = Step
+    extra = 0
+    can_delete = False
+    show_change_link = False
+    ordering = ("id",)
+    fields = ("name", "token", "created_at", "result_display")
+    readonly_fields = fields
+    verbose_name_plural = _("steps (stored results)")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The steps are part of the task: whoever may view the task sees them.
+        return request.user.has_perm(f"{self.opts.app_label}.view_task") or bool(
+            request.user.has_perm(f"{self.opts.app_label}.view_step"))
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # The steps live beside their task, in the database the request names (database_of).
+        return super().get_queryset(request).using(database_of(request))
+
+    @admin.display(description=_("result"))
+    def result_display(self, obj: Step) -> str:
+        text = json.dumps(obj.result, ensure_ascii=False)
+        if len(text) <= 200:
+            return text
+        return format_html("<details><summary>{}…</summary><pre>{}</pre></details>", text[:200], text)
+
+
 @admin.register(Task)
 class TaskAdmin(QueuedWorkAdminMixin, ReadOnlyAdmin):
     list_display = ("key", "tenant", "status_badge", "queue", "task_path_display", "priority", "owner",
@@ -262,7 +301,7 @@ class TaskAdmin(QueuedWorkAdminMixin, ReadOnlyAdmin):
     # shown, and on PostgreSQL an unfiltered list of a large table is counted from statistics.
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    inlines = (AttemptInline,)
+    inlines = (AttemptInline, StepInline)
     actions = ("reclaim_expired", "release", "reset", "cancel")
     fieldsets = (
         (None, {"fields": ("tenant", "key", "status", "owner", "fencing_token", "attempts",

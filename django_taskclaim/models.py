@@ -496,3 +496,39 @@ class ConcurrencyGate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} @{self.version}"
+
+
+class StepManager(models.Manager["Step"]):
+    """``Step.objects``: a task's stored steps, on the database that holds the task table (as
+    :class:`AttemptManager`)."""
+
+    def get_queryset(self) -> models.QuerySet[Step]:
+        return super().get_queryset().using(self._db or settings.DATABASE)
+
+
+class Step(models.Model):
+    """A durable step's stored result (``claim.step(name, fn)``): written once, by a fenced write of
+    the claim that ran it (``token``), and read by every later attempt of the task instead of
+    calling ``fn`` again. Deleted with its task (the purge deletes it first)."""
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="step_set", verbose_name=_("task"))
+    name = models.CharField(_("name"), max_length=255)
+    # The JSON the step's function returned, as TASKCLAIM_JSON_ENCODER wrote it ('null' for None).
+    result = models.JSONField(_("result"), null=True, blank=True)
+    # The fencing token of the claim that stored it: which attempt ran the step.
+    token = models.BigIntegerField(_("fencing token"))
+    created_at = models.DateTimeField(_("stored at"), default=timezone.now)
+
+    objects = StepManager()
+
+    class Meta:
+        verbose_name = _("step")
+        verbose_name_plural = _("steps")
+        ordering = ["task_id", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "name"], name="taskclaim_step_task_name_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}:{self.name}"

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -29,6 +29,7 @@ from . import transitions
 from .keepalive import KeepaliveMixin
 from .outbox import Outbox
 from .readonly import writes_only_to
+from .steps import Steps
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -145,6 +146,8 @@ class Claim(KeepaliveMixin):
         # By this process's monotonic clock, when the attempt's timeout runs out (deadlines.watch()
         # sets it): a fenced() block past it rolls back, even before the watcher fenced the claim off.
         self.timeout_at: float | None = None
+        # The task's stored steps, read at the first step() (see steps).
+        self._steps: Steps | None = None
 
     @classmethod
     def taken(cls, claimed: Claimed, using: str, lease: float, delivery_id: str = "", *, sent: float,
@@ -454,6 +457,48 @@ class Claim(KeepaliveMixin):
         """The HTTP headers of a call to a downstream: ``Idempotency-Key`` for ``effect``, and the
         task's ``Taskclaim-Fencing-Key`` with this claim's ``Taskclaim-Fencing-Token``."""
         return fencing_headers(self.tenant, self.key, self.token, effect)
+
+    # -- durable steps (issue 43; lifecycle/steps.py) ---------------------------------------------
+    def _durable(self) -> Steps:
+        """This claim's durable steps (the task's stored results, read once, at the first step)."""
+        if self._steps is None:
+            self._steps = Steps(self)
+        return self._steps
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Step ``name`` of this task: its stored result, else ``fn(*args, **kwargs)``, stored.
+
+        The first time the step returns, its result is stored under the task by a fenced write; a
+        later attempt (a crash, a takeover, a retry) gets it without calling ``fn`` again. ``name`` is
+        unique within the task (a second step of one name gets the first one's result). The result is
+        returned as it is stored and read back (JSON: a tuple comes back a list, a ``Decimal`` a
+        string, by ``TASKCLAIM_JSON_ENCODER``), the same on every attempt; one that cannot be stored
+        raises ``InvalidArgument`` and stores nothing. An error ``fn`` raises is not stored. A claim
+        fenced off stores nothing (``StaleClaim``). ``claim.idempotency_key(effect=name)`` keys the
+        step's external call. Options (a timeout): :meth:`step_with`.
+        """
+        return self._durable().run(name, fn, args, kwargs)
+
+    def step_with(self, name: str, *, timeout: float | None = None) -> Callable[..., Any]:
+        """:meth:`step` with its options given first: ``claim.step_with(name, timeout=30)(fn, *args,
+        **kwargs)``, so that no keyword of ``fn`` (``timeout`` above all) is taken for an option.
+
+        ``timeout``: seconds the step's function may run. A sync function cannot be stopped: when it
+        returns past its timeout, its result is not stored and ``TimedOut`` is raised. An async one
+        (:meth:`astep_with`) is cancelled at its timeout. Either way the attempt fails with
+        ``TimedOut`` unless the body catches it, and the step runs again on the next attempt.
+        """
+        return lambda fn, /, *args, **kwargs: self._durable().run(name, fn, args, kwargs, timeout)
+
+    async def astep(self, name: str, afn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`step`, awaitable: awaits ``afn(*args, **kwargs)`` unless the step is stored; the
+        stored steps are read and written on Django's ORM thread."""
+        return await self._durable().arun(name, afn, args, kwargs)
+
+    def astep_with(self, name: str, *, timeout: float | None = None) -> Callable[..., Awaitable[Any]]:
+        """:meth:`step_with`, awaitable: ``await claim.astep_with(name, timeout=30)(afn, *args)``; past
+        its timeout the function is cancelled, nothing is stored and ``TimedOut`` is raised."""
+        return lambda afn, /, *args, **kwargs: self._durable().arun(name, afn, args, kwargs, timeout)
 
     @property
     def outbox(self) -> Outbox:

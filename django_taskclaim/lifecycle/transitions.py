@@ -25,7 +25,7 @@ from ..exceptions import InvalidTaskKey, TaskClaimError
 from ..ids import task_id
 from ..status import Status
 from ..store import get_store, store_of
-from ..store.rows import Claimed, Found, Moved, NewTask, Start, TaskRow
+from ..store.rows import Claimed, Found, Moved, NewTask, Start, StepRow, TaskRow
 
 logger = logging.getLogger("django_taskclaim")
 
@@ -609,3 +609,23 @@ def _plain(using: str, operation: Callable[[Any], T]) -> T:
 def join_callers_transaction(using: str) -> None:
     """Autocommit off and no transaction open yet: open the caller's transaction now (SQLite)."""
     get_store(using).join_callers_transaction(connections[using])
+
+
+# -- durable steps (lifecycle/steps.py) ------------------------------------------------------------
+def read_steps(holder: Holder) -> dict[str, StepRow] | None:
+    """The task's stored steps by name; ``None`` if the holder was fenced off."""
+    return _reconnecting(holder.using, lambda: _plain(holder.using, lambda cursor: get_store(holder.using).read_steps(
+        cursor, holder.task_id, holder.token)))
+
+
+def store_step(holder: Holder, name: str, result: str) -> bool:
+    """Store step ``name``'s result (JSON text), guarded by the holder's token: whether it was stored.
+    Sent again on a new connection if the session was dropped: a first one that committed unheard
+    makes the second store nothing, and the caller reads the step it stored."""
+    return _reconnecting(holder.using, lambda: _plain(holder.using, lambda cursor: get_store(holder.using).store_step(
+        cursor, holder.task_id, holder.token, name, result)))
+
+
+def read_step(holder: Holder, name: str) -> StepRow | None:
+    """One stored step of the holder's task."""
+    return _plain(holder.using, lambda cursor: get_store(holder.using).read_step(cursor, holder.task_id, name))

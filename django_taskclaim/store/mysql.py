@@ -453,6 +453,7 @@ class MySQLStore(SQLStore):
             return 0, 0
         cursor.execute(self.sql("purge_attempts", len(ids)), ids)
         attempts = cursor.rowcount
+        cursor.execute(self.sql("purge_steps", len(ids)), ids)
         cursor.execute(self.sql("purge_tasks", len(ids)), ids)
         return cursor.rowcount, attempts
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from django.core.checks import CheckMessage
 
-from .rows import Claimed, Found, Moved, NewTask, Start, TaskRow
+from .rows import Claimed, Found, Moved, NewTask, Start, StepRow, TaskRow
 
 
 class Store(Protocol):
@@ -213,6 +213,20 @@ class Store(Protocol):
     def record_stale(self, cursor: Any, task_id: int, token: int) -> None:
         """Count a fenced-off write on the attempt that made it."""
 
+    # -- durable steps ----------------------------------------------------------------------
+    def read_steps(self, cursor: Any, task_id: int, token: int) -> dict[str, StepRow] | None:
+        """The task's stored steps by name, read in one statement only while ``token`` still owns
+        the task; ``None`` when it does not (the claim was fenced off)."""
+
+    def store_step(self, cursor: Any, task_id: int, token: int, name: str, result: str) -> bool:
+        """Store step ``name``'s result (JSON text) under the task, in one statement guarded by the
+        token: whether it was stored. Nothing is stored when ``token`` no longer owns the task, nor
+        when a step of that name is stored already (the first stored result stands). A takeover
+        that commits while this runs is seen (the task row is read under a share lock)."""
+
+    def read_step(self, cursor: Any, task_id: int, name: str) -> StepRow | None:
+        """One stored step of the task, or ``None``."""
+
     # -- the sweeper and operators ---------------------------------------------------------
     def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
                 older_than: float | None) -> bool:
@@ -237,7 +251,8 @@ class Store(Protocol):
         """FAILED or CANCELLED tasks to PENDING with no attempts spent; how many moved."""
 
     def purge(self, cursor: Any, *, statuses: Sequence[str], before: datetime, limit: int) -> tuple[int, int]:
-        """Delete up to ``limit`` finished tasks last updated before ``before``, with their attempts."""
+        """Delete up to ``limit`` finished tasks last updated before ``before``, with their attempts and
+        stored steps; (tasks, attempts)."""
 
     def held(self, cursor: Any, ids: Sequence[int]) -> list[int]:
         """Of the tasks ``ids``, those whose row another open transaction locks now (an owner

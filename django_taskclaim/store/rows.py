@@ -139,3 +139,12 @@ class Moved(NamedTuple):
     tenant: str
     token: int
     status: str
+
+
+class StepRow(NamedTuple):
+    """A durable step stored under its task: its name, its result as the JSON text stored, and the
+    fencing token of the claim that stored it."""
+
+    name: str
+    result: str
+    token: int

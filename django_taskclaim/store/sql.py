@@ -32,6 +32,7 @@ from .rows import (
     Moved,
     NewTask,
     Start,
+    StepRow,
     TaskRow,
     first_to_run,
     in_claim_order,
@@ -668,6 +669,7 @@ class SQLStore:
             return 0, 0
         cursor.execute(self.sql("purge_attempts", len(ids)), ids)
         attempts = cursor.rowcount
+        cursor.execute(self.sql("purge_steps", len(ids)), ids)
         cursor.execute(self.sql("purge_tasks", len(ids)), ids)
         return cursor.rowcount, attempts
 
@@ -675,3 +677,26 @@ class SQLStore:
         # SQLite locks the whole database, not rows: a writer inside fenced() makes others wait
         # (the busy timeout), and no row can be told apart as held.
         return []
+
+    # -- durable steps (claim.step) ----------------------------------------------------------
+    def read_steps(self, cursor: Any, task_id: int, token: int) -> dict[str, StepRow] | None:
+        self.execute(cursor, self.sql("read_steps"), [task_id, token])
+        rows = cursor.fetchall()
+        if not rows:
+            return None  # fenced off
+        return {name: StepRow(name, _json_text(result), int(stored_by)) for name, result, stored_by in rows
+                if name is not None}
+
+    def store_step(self, cursor: Any, task_id: int, token: int, name: str, result: str) -> bool:
+        self.execute(cursor, self.sql("store_step"), [name, result, task_id, token])
+        return bool(cursor.rowcount == 1)
+
+    def read_step(self, cursor: Any, task_id: int, name: str) -> StepRow | None:
+        cursor.execute(self.sql("read_step"), [task_id, name])
+        row = cursor.fetchone()
+        return None if row is None else StepRow(name, _json_text(row[0]), int(row[1]))
+
+
+def _json_text(value: Any) -> str:
+    """A JSON column's value as the JSON text stored (drivers hand it over as text or bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -6,8 +6,9 @@ times to them (prefetch 1), redelivers a message whose agent died or did not ack
 within the visibility timeout, and re-sends a job an agent found busy (like a Celery retry).
 The queue opens once every agent has started, so that the chaos meets work in flight however
 slowly the agents start (a loaded machine). The chaos: the first agent is paused (SIGSTOP) on
-its first claim until its job is taken over; the first other agent to start working is killed
-(SIGKILL) mid-work and replaced.
+its first claim until its job is taken over; the first other agent to make its third model call
+is killed (SIGKILL) right after it, mid-work, and replaced (the agent that takes its job over reads
+calls one to three from their stored steps).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .client import Job
 from .report import Log, short
 
 ROOT = Path(__file__).resolve().parents[2]  # the agents import example_project from here
+KILL_AFTER = 3  # model calls (the job's steps) made before the agent is killed (fewer, before its last, if fewer)
 
 
 @dataclass
@@ -205,8 +207,11 @@ class QueueDriver:
         elif kind == "progress":
             if ev["step"] == 1:
                 self.log(agent.name, "working", f"{job}  generating {ev['of']} tests")
-            if agent.name != self.pause_target and not self.killed_done:
-                self.kill(agent)
+            # Killed after its third model call (each stored as a step): whoever takes the job over
+            # reads calls one to three from the store and does not call the model for them again.
+            kill_at = min(KILL_AFTER, max(1, ev["of"] - 1))
+            if agent.name != self.pause_target and not self.killed_done and ev["step"] >= kill_at:
+                self.kill(agent, ev["step"])
         elif kind == "duplicate":
             delivery = agent.current
             if ev["retry_in"] is not None and delivery is not None:
@@ -300,11 +305,12 @@ class QueueDriver:
             always=True,
         )
 
-    def kill(self, agent: Agent) -> None:
+    def kill(self, agent: Agent, calls: int | None = None) -> None:
         agent.killed, self.killed_done = True, True
         agent.child.kill()
         agent.child.wait(15)
-        self.log("chaos", "SIGKILL", f"{agent.name} killed mid-work", always=True)
+        after = f" after model call {calls} (stored: its successor does not call again)" if calls else ""
+        self.log("chaos", "SIGKILL", f"{agent.name} killed mid-work{after}", always=True)
         if agent.current is not None:
             # The consumer is gone with an unacknowledged message: the queue redelivers it.
             self.counts["redeliveries"] += 1

@@ -81,6 +81,7 @@ def summarize(
         row = rows[-1]
         if not any((g["token"], g["artifact"], g["tests"]) == (row.token, row.artifact, row.tests) for g in got):
             registry_lost.append(short(tenant, key))
+    calls = model_calls(run, jobs, tasks)
     messages = dict(
         OutboxMessage.objects.filter(task_key__startswith=f"{run}:")
         .values_list("status")
@@ -111,13 +112,47 @@ def summarize(
         "registry_artifacts": len(received),
         "registry_lost": registry_lost,
         "registry_twice": registry_twice,
-        "ok": not lost
+        **calls,
+        "ok": not calls["model_calls_repeated"]
+        and not lost
         and not twice
         and published == len(jobs)
         and not registry_lost
         and not registry_twice
         and len(received) == len(jobs),
     }
+
+
+def model_calls(run: str, jobs: list[tuple[str, str]], tasks: dict[tuple[str, str], Any]) -> dict[str, int]:
+    """The model calls of ``run`` (each a durable step, recorded by ``drafts.model_call``):
+
+    - ``model_calls``: every call made;
+    - ``model_calls_repeated``: calls made again although their step was stored (by a claim whose
+      token is later than the one that stored it, or twice by that one): must be 0;
+    - ``model_calls_rerun``: calls made again because the agent that made them never stored them
+      (killed or fenced off between the call's return and the store's commit: the documented window).
+    """
+    from django_taskclaim.models import Step
+
+    from ..testgen.drafts import calls_dir, job_ref
+
+    refs = {job_ref(tenant, key): (tenant, key) for tenant, key in jobs}
+    made: dict[tuple[str, int], list[int]] = {}
+    folder = calls_dir(run)
+    for record in folder.iterdir() if folder.is_dir() else ():
+        ref, number, token, *_ = record.name.split(".")
+        made.setdefault((ref, int(number)), []).append(int(token.removeprefix("t")))
+    stored = {(s.task_id, s.name): s.token for s in Step.objects.filter(task__key__startswith=f"{run}:")}
+    repeated = rerun = 0
+    for (ref, number), tokens in made.items():
+        task = tasks.get(refs.get(ref, ("", "")))
+        by = None if task is None else stored.get((task.pk, f"model-call-{number}"))
+        if by is None:
+            continue  # never stored: its job did not finish (reported as lost)
+        repeated += max(0, tokens.count(by) - 1) + sum(1 for t in tokens if t > by)
+        rerun += sum(1 for t in tokens if t < by)
+    return {"model_calls": sum(len(t) for t in made.values()), "model_calls_repeated": repeated,
+            "model_calls_rerun": rerun}
 
 
 def vendor() -> str:
@@ -163,6 +198,12 @@ def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
             "work of paused/killed agents, never published",
         ),
         (
+            "model calls",
+            s["model_calls"],
+            f"durable steps: {s['model_calls_repeated']} repeated once stored, "
+            f"{s['model_calls_rerun']} run again (their agent died or was fenced off before storing)",
+        ),
+        (
             "messages delivered",
             s["messages_delivered"],
             f"outbox -> registry by the relays ({s['messages_failed']} failed, "
@@ -187,12 +228,14 @@ def print_summary(s: dict[str, Any], out: TextIO = sys.stdout) -> None:
         print(f"  NOT IN THE REGISTRY: {', '.join(s['registry_lost'])}", file=out)
     if s["registry_twice"]:
         print(f"  IN THE REGISTRY TWICE: {', '.join(s['registry_twice'])}", file=out)
+    if s["model_calls_repeated"]:
+        print(f"  MODEL CALLS REPEATED AFTER THEIR STEP WAS STORED: {s['model_calls_repeated']}", file=out)
     print(
         "\n"
         + (
-            "OK: every job took effect exactly once, here and in the registry."
+            "OK: every job took effect exactly once, here and in the registry; no stored model call ran again."
             if s["ok"]
-            else "FAILED: a job was lost or took effect twice."
+            else "FAILED: a job was lost or took effect twice, or a stored model call ran again."
         ),
         file=out,
         flush=True,

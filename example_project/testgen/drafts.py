@@ -1,13 +1,19 @@
-"""The generated suite's draft: a file on disk, written test by test where a model would think.
+"""The generated suite's draft: a file on disk, written test by test, one model call per test.
 
-Generation is simulated (no model, no network: it sleeps ``TESTGEN_WORK_SECONDS`` over
-``TESTGEN_STEPS`` tests), but the file is real. A draft is named by the claim's fencing token,
-so two attempts never write the same file; only the one published under a valid claim is
-referenced by the task.
+Each model call is a durable step (``claim.step("model-call-N", ...)``): its answer is stored under
+the job the first time it returns, and an agent that takes the job over (its first agent killed
+after its third call, or paused) gets calls one to three from the store, without calling the model
+again. Generation is simulated (no model, no network: it sleeps ``TESTGEN_WORK_SECONDS`` over
+``TESTGEN_STEPS`` calls), but the file is real, and each call leaves a record under
+``ARTIFACT_DIR/model-calls/`` that the demo's summary counts. A draft is named by the claim's
+fencing token, so two attempts never write the same file; only the one published under a valid
+claim is referenced by the task.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import time
 from collections.abc import Callable
@@ -40,15 +46,40 @@ def artifact_path(spec: JobSpec, token: int) -> str:
     return f"{spec.tenant}/{spec.run}/{slug(spec.endpoint)}.{spec.version}.t{token}.py"
 
 
+def job_ref(tenant: str, key: str) -> str:
+    """A job's name in the model calls' records (file names): a digest of its tenant and key."""
+    return hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:16]
+
+
+def calls_dir(run: str) -> Path:
+    """Where the model calls of ``run`` leave their records (one empty file per call)."""
+    return Path(settings.ARTIFACT_DIR) / "model-calls" / run
+
+
+def model_call(spec: JobSpec, claim: Claim, number: int, idempotency_key: str) -> str:
+    """One call of the (simulated) model: the source of test ``number``. Leaves a record of the
+    call (job, number, the calling claim's token), which the summary counts; a real call would
+    send ``idempotency_key`` (``claim.idempotency_key(effect=step)``), the same on every attempt."""
+    time.sleep(settings.TESTGEN_WORK_SECONDS / settings.TESTGEN_STEPS)
+    record = calls_dir(spec.run) / (f"{job_ref(spec.tenant, claim.key)}.{number}.t{claim.token}."
+                                    f"{os.getpid()}.{time.monotonic_ns()}")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.touch()
+    case = CASES[(number - 1) % len(CASES)]
+    name = slug(spec.endpoint)
+    return (f"\n\ndef test_{name}_{number:02d}_{case}(client):\n"
+            f"    ...  # {spec.framework} test for {spec.endpoint}: {case.replace('_', ' ')}\n")
+
+
 def write_draft(
     claim: Claim, spec: JobSpec, agent: str, on_step: Callable[[int], None] | None = None
 ) -> tuple[str, int]:
-    """Write the suite test by test; stop early if keepalive lost the claim. ``(path, tests)``."""
-    steps, seconds = settings.TESTGEN_STEPS, settings.TESTGEN_WORK_SECONDS
+    """Write the suite test by test, each test a model call run as a durable step (stored once, read
+    back by a later attempt); stop early if keepalive lost the claim. ``(path, tests)``."""
+    steps = settings.TESTGEN_STEPS
     rel = artifact_path(spec, claim.token)
     path = Path(settings.ARTIFACT_DIR) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    name = slug(spec.endpoint)
     with path.open("w") as draft:
         draft.write(
             f'"""Tests for {spec.endpoint} ({spec.service}, spec {spec.version}, tenant '
@@ -57,12 +88,9 @@ def write_draft(
         for step in range(steps):
             if claim.lost.is_set():
                 break  # another agent owns the job now; keepalive raises StaleClaim on exit
-            time.sleep(seconds / steps)  # simulated work: the model writing one test
-            case = CASES[step % len(CASES)]
-            draft.write(
-                f"\n\ndef test_{name}_{step + 1:02d}_{case}(client):\n"
-                f"    ...  # {spec.framework} test for {spec.endpoint}: {case.replace('_', ' ')}\n"
-            )
+            effect = f"model-call-{step + 1}"
+            # Stored the first time it returns; a later attempt reads it instead of calling again.
+            draft.write(claim.step(effect, model_call, spec, claim, step + 1, claim.idempotency_key(effect=effect)))
             draft.flush()
             if on_step:
                 on_step(step + 1)

@@ -24,6 +24,10 @@ Properties (each violation is listed, and makes the run fail):
 - **no effect twice, counting lost ones**: a task's final effect that a worker reported
   committed and that the final state lacks, with another final effect in its place, happened
   twice (once on a server that is gone).
+- **no step called twice**: a durable step (``claim.step``, each step's work but the last) is not
+  called again once its result is stored: no call by a later token than the one that stored it,
+  and one call by that one. Calls by earlier tokens are the documented window (their owner died,
+  or was fenced off, between the call and the store) and are counted, not refused.
 
 It reads the events by task key, not by id: a server that lost commits may give a later task
 an id that an earlier, lost one had.
@@ -62,7 +66,7 @@ def parse_time(value: Any) -> dt.datetime | None:
 
 def load_state() -> dict[str, Any]:
     """Everything the checker reads from the database, as plain values."""
-    from django_taskclaim.models import Attempt, Task
+    from django_taskclaim.models import Attempt, Step, Task
     from tests.testapp.models import Effect
 
     return {
@@ -74,6 +78,7 @@ def load_state() -> dict[str, Any]:
         "effects": list(Effect.objects.order_by("id").values(
             "id", "task_key", "token", "worker", "created_at",
         )),
+        "steps": list(Step.objects.values("task_id", "name", "token")),
     }
 
 
@@ -208,6 +213,7 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
             verdict.add("stale count", f"{where}: {a['stale_writes']} refusals recorded, {told} "
                                        "reported by an undisturbed worker")
 
+    step_figures = check_steps(state, events, verdict)
     commits = check_commits(state, events, verdict)
     duplicated += commits.pop("duplicated_lost")
 
@@ -231,6 +237,7 @@ def check(state: dict[str, Any], events: list[dict[str, Any]], enqueued: list[st
         standby_writes=sum(1 for ev in events if ev.get("event") == "dberror"
                            and "read-only transaction" in str(ev.get("message", ""))),
         **commits,
+        **step_figures,
         lost=lost,
         duplicated=duplicated,
         overlaps=overlaps,
@@ -242,6 +249,31 @@ def owner_of(ev: dict[str, Any]) -> str | None:
     """The owner a worker's event speaks for (the harness's workers say it; Celery's do not)."""
     owner = ev.get("owner")
     return str(owner) if owner else None
+
+
+def check_steps(state: dict[str, Any], events: list[dict[str, Any]], verdict: Verdict) -> dict[str, int]:
+    """Durable steps: the calls of each step (``step_call`` replies) against the token that stored
+    it. A call by a later token, or a second by that one, is a step called twice; calls by earlier
+    tokens are the window (killed or fenced off between the call and the store). The figures."""
+    tasks = {t["key"]: t for t in state["tasks"]}
+    stored = {(s["task_id"], s["name"]): s["token"] for s in state.get("steps", [])}
+    calls: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for ev in events:
+        if ev.get("event") == "step_call" and ev.get("key") in tasks:
+            calls[(tasks[ev["key"]]["id"], ev["step"])].append(ev["token"])
+    twice = rerun = 0
+    for (task_id, name), tokens in calls.items():
+        by = stored.get((task_id, name))
+        if by is None:
+            continue  # never stored (its task did not get that far, or was purged)
+        again = max(0, tokens.count(by) - 1) + sum(1 for t in tokens if t > by)
+        rerun += sum(1 for t in tokens if t < by)
+        if again:
+            twice += again
+            verdict.add("step called twice", f"task {task_id} step {name!r}: stored by token {by}, "
+                                             f"called by tokens {sorted(tokens)}")
+    return {"steps_stored": len(stored), "step_calls": sum(map(len, calls.values())),
+            "step_calls_twice": twice, "step_calls_rerun": rerun}
 
 
 def check_commits(state: dict[str, Any], events: list[dict[str, Any]], verdict: Verdict) -> dict[str, int]:
@@ -375,6 +407,9 @@ FIGURE_LABELS = [
     ("db_errors_survived", "database errors survived"),
     ("standby_writes", "  of which writes sent to a standby (read-only)"),
     ("claims_seen", "claims seen committed by workers"),
+    ("steps_stored", "durable steps stored"),
+    ("step_calls", "  calls of their functions"),
+    ("step_calls_rerun", "  of which again, their owner gone before the store"),
     ("lost", "LOST"),
     ("duplicated", "DUPLICATED"),
     ("overlaps", "OVERLAPPING CLAIMS"),
@@ -382,6 +417,7 @@ FIGURE_LABELS = [
     ("effects_lost", "EFFECTS SEEN COMMITTED, MISSING"),
     ("tokens_reused", "TOKENS GRANTED TWICE"),
     ("tokens_went_down", "TOKENS GOING DOWN"),
+    ("step_calls_twice", "STEPS CALLED AGAIN ONCE STORED"),
 ]
 
 

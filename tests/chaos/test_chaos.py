@@ -190,6 +190,22 @@ def test_checker_reports_a_server_that_forgot_tasks_without_failing_itself() -> 
     assert not verdict.ok
 
 
+def test_checker_counts_step_calls_and_finds_a_step_called_again_once_stored() -> None:
+    """Step 0 stored by token 2; token 1 called it and died before storing (the window)."""
+    state = history() | {"steps": [{"task_id": 1, "name": "step0", "token": 2}]}
+    calls = [{"event": "step_call", "key": "k", "token": 1, "step": "step0"},
+             {"event": "step_call", "key": "k", "token": 2, "step": "step0"}]
+    verdict = check(state, [*events(), *calls], ["k"], set())
+    assert verdict.ok, verdict.violations
+    assert (verdict.figures["steps_stored"], verdict.figures["step_calls"], verdict.figures["step_calls_rerun"],
+            verdict.figures["step_calls_twice"]) == (1, 2, 1, 0)
+    for again in (2, 3):  # called again by the token that stored it, or by a later one
+        state["steps"] = [{"task_id": 1, "name": "step0", "token": 2}]
+        found = check(state, [*events(), *calls, {**calls[1], "token": again}], ["k"], set())
+        assert found.figures["step_calls_twice"] == 1
+        assert "step called twice" in {k for k, v in found.violations.items() if v}
+
+
 def test_fault_kinds_by_database() -> None:
     assert applicable_faults("sqlite", None) == ["pause", "kill"]
     assert applicable_faults("mariadb", None) == ["pause", "kill"]
@@ -248,6 +264,8 @@ def test_short_run_injects_every_fault_and_passes(tmp_path: Path) -> None:
     assert figures["effects_accepted"] == figures["tasks_enqueued"] > 0, out
     assert figures["executions_started"] >= figures["tasks_enqueued"], out
     assert figures["lost"] == figures["duplicated"] == figures["overlaps"] == 0, out
+    # Every task's durable steps (all but the last of its three) stored; none called again once stored.
+    assert figures["steps_stored"] >= 2 * figures["tasks_enqueued"] and figures["step_calls_twice"] == 0, out
 
 
 @pytest.mark.slow

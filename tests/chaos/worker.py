@@ -1,7 +1,10 @@
 """The worker program of the harness: ``python -m tests.chaos.worker --tag w3 --lease 2 …``.
 
-It claims tasks queue-style and executes each in ``--steps`` steps. Every step (after a
-heartbeat, half of the time) writes one ``Effect`` row inside ``claim.fenced()``; the last
+It claims tasks queue-style and executes each in ``--steps`` steps. The work of each step but the
+last is a durable step (``claim.step("stepN", ...)``: its call reported as a ``step_call`` event, its
+result stored under the task, and not called again by a later attempt: the checker counts the
+calls). Every step (after a heartbeat, half of the time) writes one ``Effect`` row inside
+``claim.fenced()``; the last
 step writes the final effect and ``claim.complete()`` in the same fenced transaction (the
 exactly-once recipe). With ``--downstream URL`` the last step first calls the downstream directly with
 ``claim.headers("direct")`` and records an outbox message with the completion
@@ -197,7 +200,8 @@ class Worker:
         steps: list[int | str] = ["start"] if self.args.mark_start else []
         for step in [*steps, *range(self.args.steps)]:
             final = step == self.args.steps - 1
-            if step != "start":
+            durable = step != "start" and not final  # its work is a durable step (stored once)
+            if step != "start" and not durable:
                 self.work()
             if final and self.rng.random() < self.args.give_up:
                 self.give_up(claim, info)
@@ -206,6 +210,8 @@ class Worker:
                 return
             for attempt in range(DB_RETRIES + 1):
                 try:
+                    if durable:
+                        claim.step(effect_name(step), self.call, claim, step, info)
                     # Half the steps go straight to the fenced write, so that a worker resumed
                     # after a pause meets the refusal there as well as in a heartbeat.
                     if step != "start" and self.rng.random() < 0.5:
@@ -241,6 +247,13 @@ class Worker:
         self.maybe_crash("after_commit", **info)
         emit(event="done", **info)
 
+
+    def call(self, claim: Any, step: int, info: dict[str, Any]) -> str:
+        """A step's work, run by ``claim.step``: reported (``step_call``) once it is done, so that the
+        checker can count the calls of each step across the task's attempts."""
+        self.work()
+        emit(event="step_call", step=effect_name(step), **info)
+        return f"{effect_name(step)} by {claim.token}"
 
     def call_downstream(self, claim: Any, info: dict[str, Any], effect: str = "direct") -> bool:
         """The direct call (``--downstream``): POST to the downstream with ``claim.headers()``.

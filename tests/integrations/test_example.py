@@ -26,7 +26,7 @@ from django_taskclaim.exceptions import StaleClaim
 from django_taskclaim.models import Attempt, OutboxMessage, Task
 from tests.conftest import ROOT, expire, require_module, requirement_missing
 
-SHORT = ["--jobs", "6", "--agents", "3", "--work-seconds", "0.4", "--steps", "3", "--lease", "1"]
+SHORT = ["--jobs", "6", "--agents", "3", "--work-seconds", "0.4", "--steps", "4", "--lease", "1"]
 
 
 def demo_env(tmp_path: Path) -> dict[str, str]:
@@ -124,7 +124,28 @@ def check_demo(
     assert {(r[3], r[4], r[2], r[1]) for r in rows} == {(s[0], s[1], s[2], s[3]) for s in suites}
     for _, ref, *_ in rows:
         body = (tmp_path / "var" / "artifacts" / ref).read_text()
-        assert body.count("\ndef test_") == 3
+        assert body.count("\ndef test_") == 4
+    # Each model call is a durable step: stored once per job (4 calls), and never called again once
+    # stored (its records, one file a call, by the calling claim's token; a call made again before its
+    # store committed, by an agent killed or fenced off at that moment, is the documented window).
+    steps = query(
+        tmp_path,
+        "SELECT t.tenant, t.key, s.name, s.token FROM django_taskclaim_step s "
+        "JOIN django_taskclaim_task t ON t.id = s.task_id WHERE t.key LIKE %s",
+        [f"{run}:%"],
+    )
+    assert sorted(name for _, _, name, _ in steps) == sorted([f"model-call-{n}" for n in range(1, 5)] * 6)
+    from example_project.testgen.drafts import job_ref
+
+    stored_by = {(job_ref(tenant, key), name.removeprefix("model-call-")): token for tenant, key, name, token in steps}
+    made: dict[tuple[str, str], list[int]] = {}
+    for record in (tmp_path / "var" / "artifacts" / "model-calls" / run).iterdir():
+        ref, number, token, *_ = record.name.split(".")
+        made.setdefault((ref, number), []).append(int(token[1:]))
+    assert made.keys() == stored_by.keys()
+    for call, tokens in made.items():
+        assert [t for t in tokens if t >= stored_by[call]] == [stored_by[call]], (call, tokens)
+    assert summary["model_calls_repeated"] == 0 and summary["model_calls"] == sum(map(len, made.values()))
     tenants = {r[3] for r in rows}
     assert tenants == {"acme", "globex"}  # the same keys in two tenants are two jobs
 

@@ -29,3 +29,20 @@ def echo(self, name: str, value: object = None) -> object:
     with self.claim.fenced():
         Effect.objects.create(task_key=self.claim.key, token=self.claim.token, worker=str(os.getpid()))
     return value
+
+
+@claimed_task(key="{0}", max_attempts=3, lease=5, autoretry_for=(Boom,), max_retries=None,
+              default_retry_delay=0, retry_backoff=False, bind=True)
+def stepped(self, key: str) -> list[str]:
+    """Two durable steps (``self.claim.step``), each writing one Effect when it runs; the first
+    attempt fails between them, and Celery retries it."""
+    from tests.testapp.models import Effect
+
+    def call(name: str) -> str:
+        Effect.objects.create(task_key=f"{key}:{name}", token=self.claim.token, worker=str(os.getpid()))
+        return name
+
+    first = self.claim.step("first", call, "first")
+    if self.claim.attempt == 1:
+        raise Boom("fails after its first step")
+    return [first, self.claim.step("second", call, "second")]

@@ -92,8 +92,11 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     report = out.read_text()
     assert "# Benchmarks (smoke size" in proc.stdout  # the table is printed too
     for heading in ("## By-key claim + complete", "## Queue drain", "## Claim latency by table size",
-                    "## Contention", "## Attempt audit trail", "## Outbox", "## Targets"):
+                    "## Contention", "## Attempt audit trail", "## Outbox", "## Durable steps", "## Targets"):
         assert heading in report, heading
+    # A stored step: one statement, the first a claim asks for (it reads them all), then none.
+    assert re.search(r"^\| statements per stored step .* \| 1 \| ≤ 1 \| yes \|$", report, re.M), report
+    assert re.search(r"^\| statements of the other \d+ stored steps, in all \| 0 \| \|$", report, re.M), report
     # The outbox phase: both drains and the relays measured, no message sent twice.
     assert re.search(r"^\| [\d,]+ \| [\d,]+ \| [\d.]+ \| -?[\d.]+ \| [\d,]+ \| 0 \|$", report, re.M), report
     # Every measured cell holds a number: W = 1 and 2 for minimal, raw, app and app with audit

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from django_taskclaim import TaskKey
 from django_taskclaim.tasks import claim_options, current_claim, keyed
 from django_taskclaim.tasks.compat import Task
@@ -153,3 +155,34 @@ def tick(label: str = "") -> dict[str, Any]:
 def keyed_tick(label: str = "") -> str:
     """A keyed task fired by a schedule: the tick's key wins over the task's own identity."""
     return current_claim().key
+
+
+def _called(name: str) -> str:
+    """A step's function: record the call (committed at once), return its name."""
+    Effect.objects.create(task_key=name, token=current_claim().token, worker="")
+    return name.upper()
+
+
+@task(takes_context=True)
+def stepped(context: Any, fail_until: int = 0) -> list[str]:
+    """Two durable steps with a failure between them until attempt ``fail_until`` has passed."""
+    claim = current_claim()
+    first = claim.step("first", _called, "stepped:first")
+    if context.attempt <= fail_until:
+        raise RuntimeError(f"attempt {context.attempt} fails after its first step")
+    return [first, claim.step("second", _called, "stepped:second")]
+
+
+@task(takes_context=True)
+async def astepped(context: Any, fail_until: int = 0) -> list[str]:
+    """:func:`stepped`, async: ``claim.astep``."""
+    claim = current_claim()
+
+    async def called(name: str) -> str:
+        await asyncio.sleep(0)
+        return await sync_to_async(_called)(name)
+
+    first = await claim.astep("first", called, "astepped:first")
+    if context.attempt <= fail_until:
+        raise RuntimeError(f"attempt {context.attempt} fails after its first step")
+    return [first, await claim.astep("second", called, "astepped:second")]

@@ -1,4 +1,5 @@
-"""``manage.py taskclaim_inspect KEY``: one task's state and the timeline of its attempts (or
+"""``manage.py taskclaim_inspect KEY``: one task's state, the timeline of its attempts and its stored
+steps (or
 ``--id ID``: the task by its id, a Django task's result id); ``manage.py taskclaim_inspect`` (no key):
 each queue's depth and the age of its oldest due task."""
 
@@ -16,7 +17,7 @@ from django_taskclaim.exceptions import DatabaseUnreachable
 from django_taskclaim.ids import parse_task_id, task_id
 from django_taskclaim.management.arguments import task_database, task_key, tenant_name
 from django_taskclaim.management.base import UNREACHABLE, USAGE_ERROR, TaskClaimCommand
-from django_taskclaim.models import HELD_REASON, Attempt, Task, held_ids
+from django_taskclaim.models import HELD_REASON, Attempt, Step, Task, held_ids
 from django_taskclaim.status import RESULT_STATUS, Status
 from django_taskclaim.store import DbNow
 
@@ -45,6 +46,11 @@ def task_as_dict(task: Task, lease_remaining: float | None, held: bool = False) 
     return data
 
 
+def step_as_dict(step: Step) -> dict[str, Any]:
+    """A stored step as ``--json`` shows it: its name, result, the token that stored it, and when."""
+    return {"name": step.name, "result": step.result, "token": step.token, "stored_at": step.created_at}
+
+
 def seconds_between(attempt: Attempt) -> float | None:
     if attempt.started_at is None or attempt.ended_at is None:
         return None
@@ -59,8 +65,8 @@ def result_status(task: Task) -> str:
 
 
 class Command(TaskClaimCommand):
-    help = ("Show one task (by key and tenant, or by --id) and the timeline of its attempts; with no key, each "
-            "queue's depth (due, deferred, running) and how long its oldest due task has waited.")
+    help = ("Show one task (by key and tenant, or by --id), the timeline of its attempts and its stored steps; "
+            "with no key, each queue's depth (due, deferred, running) and how long its oldest due task has waited.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("key", type=task_key, nargs="?", default=None,
@@ -104,6 +110,7 @@ class Command(TaskClaimCommand):
         held = remaining is not None and remaining < 0 and task.pk in held_ids(using, [task.pk])
         attempts = list(Attempt.objects.using(task._state.db).filter(task_id=task.pk)
                         .order_by("started_at", "id"))
+        steps = list(Step.objects.using(task._state.db).filter(task_id=task.pk).order_by("id"))
         if as_json:
             document = {
                 "database": using,
@@ -112,10 +119,11 @@ class Command(TaskClaimCommand):
                 "result_id": task_id(task._state.db or using, task.pk),
                 "result_status": RESULT_STATUS[task.status] if task.task_path else None,
                 "attempts": [{**a.as_dict(), "seconds": seconds_between(a)} for a in attempts],
+                "steps": [step_as_dict(step) for step in steps],
             }
             self.write_json(document)
             return
-        self.write_text(task, remaining, held, attempts)
+        self.write_text(task, remaining, held, attempts, steps)
 
     @staticmethod
     def named_by_id(text: str, key: str | None, database: str | None) -> tuple[str, str, str]:
@@ -135,7 +143,8 @@ class Command(TaskClaimCommand):
             raise CommandError(f"no task {using}:{pk} (id {text!r})", returncode=NOT_FOUND)
         return found[0], found[1], using
 
-    def write_text(self, task: Task, remaining: float | None, held: bool, attempts: list[Attempt]) -> None:
+    def write_text(self, task: Task, remaining: float | None, held: bool, attempts: list[Attempt],
+                   steps: list[Step]) -> None:
         out = self.stdout.write
         where = f" database={task._state.db}" if routing.several() else ""
         out(f"task {task.key!r} tenant={task.tenant!r} id={task.pk}{where}")
@@ -179,6 +188,12 @@ class Command(TaskClaimCommand):
                 extras.append(f"fenced-off writes={a.stale_writes}")
             out(f"  token {token:>4}  {a.started_at.isoformat()}  {span:>10}  {a.outcome:<10}  "
                 f"owner={a.owner!r} {' '.join(extras)}".rstrip())
+        if steps:
+            out(f"steps ({len(steps)}, stored results):")
+        for step in steps:
+            result = json.dumps(step.result, ensure_ascii=False)
+            result = result if len(result) <= 80 else result[:79] + "…"
+            out(f"  token {step.token:>4}  {step.created_at.isoformat()}  {step.name!r}  {result}")
 
     def write_queues(self, stats: list[dict[str, Any]], as_json: bool) -> None:
         if as_json:

@@ -95,3 +95,21 @@ AND django_taskclaim_task.id <> %s
  OR (SELECT count(*) FROM django_taskclaim_task r
      WHERE r.concurrency_key = django_taskclaim_task.concurrency_key AND r.status = 'running')
     < django_taskclaim_task.concurrency_limit)
+
+-- Durable steps (claim.step): a step's result stored under its task, once, by a fenced write.
+
+-- name: read_steps
+-- A claim's first step reads the task's stored steps (task id, token): each one's name, result (JSON
+-- text) and the token that stored it, only while the claim still holds the task. One row with a NULL
+-- name when none is stored; no row at all when the claim was fenced off.
+SELECT s.name, s.result, s.token FROM django_taskclaim_task t
+LEFT JOIN django_taskclaim_step s ON s.task_id = t.id
+WHERE t.id = %s AND t.status = 'running' AND t.fencing_token = %s
+
+-- name: read_step
+-- One stored step (task id, name): its result (JSON text) and the token that stored it.
+SELECT result, token FROM django_taskclaim_step WHERE task_id = %s AND name = %s
+
+-- name: purge_steps
+-- The stored steps of the tasks a purge chose (their ids), before the tasks.
+DELETE FROM django_taskclaim_step WHERE task_id IN (%s, ...)

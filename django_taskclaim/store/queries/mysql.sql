@@ -443,3 +443,14 @@ UPDATE django_taskclaim_task SET status = 'running', owner = %s,
 WHERE id IN (%s, ...) AND (django_taskclaim_task.status = 'pending' OR (django_taskclaim_task.status = 'running'
     AND django_taskclaim_task.lease_expires_at < UTC_TIMESTAMP(6)
     AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
+
+-- name: store_step
+-- A step's result stored under its task (name, JSON, task id, token) while the claim (task id, token)
+-- holds the task: nothing when it was fenced off, nor when a step of that name is stored already
+-- (IGNORE: the row count says 0; the name's length and the JSON are checked before). LOCK IN SHARE
+-- MODE: under READ COMMITTED an INSERT … SELECT reads a snapshot, and a takeover committed meanwhile
+-- would go unseen; the locking read waits for it and reads the row it committed.
+INSERT IGNORE INTO django_taskclaim_step (task_id, name, result, token, created_at)
+SELECT id, %s, %s, fencing_token, UTC_TIMESTAMP(6)
+FROM django_taskclaim_task WHERE id = %s AND status = 'running' AND fencing_token = %s
+LOCK IN SHARE MODE

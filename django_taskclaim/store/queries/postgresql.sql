@@ -831,3 +831,25 @@ NULL::text
 -- name: first_started
 -- A reserving claim: 1 for the task started, 2 for those reserved.
 CASE WHEN c.id = (SELECT id FROM first) THEN 1 ELSE 2 END
+
+-- name: store_step
+-- A step's result stored under its task (name, JSON, task id, token) while the claim (task id, token)
+-- holds the task: nothing when it was fenced off, nor when a step of that name is stored already.
+-- FOR SHARE: a takeover's claim (an UPDATE of the row) waits for this statement's commit, and this
+-- statement, queued behind a takeover, reads the row it committed (no longer this token): a stale
+-- owner never stores a step after the new owner read the task's steps.
+INSERT INTO django_taskclaim_step (task_id, name, result, token, created_at)
+SELECT id, %s, %s::jsonb, fencing_token, statement_timestamp()
+FROM django_taskclaim_task WHERE id = %s AND status = 'running' AND fencing_token = %s
+FOR SHARE
+ON CONFLICT (task_id, name) DO NOTHING
+
+-- name: read_steps
+-- common.sql's read_steps with the result as text (the JSON as stored).
+SELECT s.name, s.result::text, s.token FROM django_taskclaim_task t
+LEFT JOIN django_taskclaim_step s ON s.task_id = t.id
+WHERE t.id = %s AND t.status = 'running' AND t.fencing_token = %s
+
+-- name: read_step
+-- common.sql's read_step with the result as text.
+SELECT result::text, token FROM django_taskclaim_step WHERE task_id = %s AND name = %s

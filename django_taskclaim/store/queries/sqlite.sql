@@ -343,3 +343,12 @@ AND (django_taskclaim_task.status = 'pending' OR (django_taskclaim_task.status =
     AND django_taskclaim_task.lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
     AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
 RETURNING {{task_columns}}
+
+-- name: store_step
+-- A step's result stored under its task (name, JSON, task id, token) while the claim (task id, token)
+-- holds the task, in one statement under SQLite's one write lock: nothing when it was fenced off, nor
+-- when a step of that name is stored already (the first stored result stands).
+INSERT INTO django_taskclaim_step (task_id, name, result, token, created_at)
+SELECT id, %s, %s, fencing_token, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+FROM django_taskclaim_task WHERE id = %s AND status = 'running' AND fencing_token = %s
+ON CONFLICT (task_id, name) DO NOTHING

@@ -417,6 +417,18 @@ def test_always_failing_task_stops_at_max_attempts(workers: Any) -> None:
     assert len(effects("poison")) == 3
 
 
+@only_on("redis")
+def test_a_retried_tasks_durable_steps_are_not_called_again(workers: Any) -> None:
+    w = workers("w1")
+    workers.ready(w)
+    stepped = app.tasks["tests.programs.celery_tasks.stepped"]
+    assert stepped.apply_async(("stepped",)).get(timeout=30) == ["first", "second"]
+    task = Task.objects.get(key="stepped")
+    assert (task.status, task.attempts) == ("succeeded", 2)
+    assert [(e.task_key, e.token) for e in Effect.objects.filter(task_key__startswith="stepped:").order_by("id")] == [
+        ("stepped:first", 1), ("stepped:second", 2)]
+
+
 def test_reclaim_requeue_resends_lost_messages_and_they_complete_once(workers: Any, broker: Broker) -> None:
     from django_taskclaim.celery import enqueue_once
 
