@@ -13,7 +13,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_taskclaim', '0010_limit_functions_plans'),
+        ('django_taskclaim', '0011_outbox_headers'),
     ]
 
     operations = [
