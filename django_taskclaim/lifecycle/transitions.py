@@ -25,6 +25,7 @@ from ..exceptions import InvalidTaskKey, TaskClaimError
 from ..ids import task_id
 from ..status import Status
 from ..store import get_store, store_of
+from ..store.epochs import EpochState
 from ..store.rows import Claimed, Found, Moved, NewTask, Start, TaskRow
 
 logger = logging.getLogger("django_taskclaim")
@@ -587,6 +588,30 @@ def purge(using: str, *, statuses: Sequence[str], before: datetime, limit: int) 
     store = get_store(using)
     return _write(using, lambda cursor: store.purge(cursor, statuses=statuses, before=before, limit=limit),
                   operator=True)
+
+
+def read_epoch(using: str) -> EpochState:
+    """The store's current epoch (DESIGN §13)."""
+    return _plain(using, lambda cursor: get_store(using).read_epoch(cursor))
+
+
+def bump_epoch(using: str) -> tuple[EpochState, EpochState]:
+    """One more epoch (``taskclaim_epoch --bump``, for a failover tool's callback after a promotion):
+    (before, after), read in the bump's transaction. ``TaskClaimError`` at the last epoch (nothing
+    changed): store/epochs.py says where the edges are."""
+    store = get_store(using)
+
+    def bump(cursor: Any) -> tuple[EpochState, bool, EpochState]:
+        before = store.read_epoch(cursor)
+        bumped = store.bump_epoch(cursor)
+        return before, bumped, store.read_epoch(cursor)
+
+    before, bumped, after = _write(using, bump, operator=True)
+    if not bumped:
+        raise TaskClaimError(
+            f"database {using!r} is at its last epoch ({before.epoch}; timeline {before.timeline}, "
+            f"{before.bumps} bumps): a bump would wrap into tokens already handed out; nothing changed")
+    return before, after
 
 
 def _plain(using: str, operation: Callable[[Any], T]) -> T:

@@ -21,6 +21,7 @@ from ..checkspec import spec
 from ..conf import settings
 from ..status import Status
 from . import prepared
+from .epochs import MAX_BUMPS_PER_TIMELINE
 from .rows import (
     TASK_COLUMNS,
     Claimed,
@@ -68,6 +69,8 @@ class PostgreSQLStore(SQLStore):
     # statement's snapshot fails the claim's WHERE is not locked, ON CONFLICT DO NOTHING locks
     # nothing, and the duplicate's FOR KEY SHARE does not conflict with fenced()'s FOR NO KEY UPDATE.
     looks_first = False
+    # epoch_bump: the bumps one timeline takes (a new timeline starts again from 1).
+    bump_limit = MAX_BUMPS_PER_TIMELINE
 
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"

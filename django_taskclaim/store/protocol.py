@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from django.core.checks import CheckMessage
 
+from .epochs import EpochState
 from .rows import Claimed, Found, Moved, NewTask, Start, TaskRow
 
 
@@ -245,3 +246,11 @@ class Store(Protocol):
         Found without waiting and without keeping a lock once it returns, inside the caller's
         transaction too. A database without row locks (SQLite) answers ``[]``.
         """
+
+    # -- epochs (DESIGN §13) -------------------------------------------------------------------
+    def read_epoch(self, cursor: Any) -> EpochState:
+        """The store's current epoch (no row: no bumps, as the claims count it)."""
+
+    def bump_epoch(self, cursor: Any) -> bool:
+        """One more epoch (``taskclaim_epoch --bump``), writing its row if missing; ``False`` at the last."""
+
