@@ -247,6 +247,11 @@ class Store(Protocol):
         transaction too. A database without row locks (SQLite) answers ``[]``.
         """
 
+    def commit_unconfirmed(self, db: Any) -> bool:
+        """Whether a commit on Django connection ``db`` since the last call had its wait for the
+        synchronous standby cancelled (PostgreSQL's warning): done on the primary, maybe not on the
+        standby. Reads and clears; ``False`` where there is no such wait."""
+
     # -- epochs (DESIGN §13) -------------------------------------------------------------------
     def read_epoch(self, cursor: Any) -> EpochState:
         """The store's current epoch (no row: no bumps, as the claims count it)."""

@@ -676,6 +676,9 @@ class SQLStore:
         # (the busy timeout), and no row can be told apart as held.
         return []
 
+    def commit_unconfirmed(self, db: Any) -> bool:
+        return False  # no synchronous standby to wait for: a commit is confirmed when it returns
+
     # -- epochs (DESIGN §13; store/epochs.py) ----------------------------------------------------
     #: The limit epoch_bump's WHERE takes: the bumps below it may grow by one.
     bump_limit = MAX_EPOCH

@@ -52,13 +52,17 @@ def pair() -> Iterator[PostgresPair]:
         yield servers
 
 
+def child_env(pair: PostgresPair) -> dict[str, str]:
+    """A Django process's environment on the pair: both nodes listed, the writable one chosen."""
+    return {**os.environ, **{k: v for k, v in pair.env.items() if k != "PGTARGETSESSIONATTRS"},
+            "DJANGO_SETTINGS_MODULE": "tests.chaos.settings", "TASKCLAIM_TEST_DB": "postgresql",
+            "TASKCLAIM_TEST_DB_NAME": "postgres", "CHAOS_TARGET_SESSION_ATTRS": "read-write",
+            "PYTHONPATH": str(ROOT), "TASKCLAIM_FORKSERVER": "0"}
+
+
 def django(pair: PostgresPair, *args: str) -> str:
     """``python -m django ARGS`` in a process of its own, on whichever node is the primary."""
-    env = {**os.environ, **{k: v for k, v in pair.env.items() if k != "PGTARGETSESSIONATTRS"},
-           "DJANGO_SETTINGS_MODULE": "tests.chaos.settings", "TASKCLAIM_TEST_DB": "postgresql",
-           "TASKCLAIM_TEST_DB_NAME": "postgres", "CHAOS_TARGET_SESSION_ATTRS": "read-write",
-           "PYTHONPATH": str(ROOT), "TASKCLAIM_FORKSERVER": "0"}
-    done = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=child_env(pair), capture_output=True,
                           text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
@@ -102,3 +106,76 @@ def test_a_claim_lost_with_the_primary_never_gets_its_token_again(pair: Postgres
     assert epoch["timeline"] == 2
     assert again_job["token"] == again_new["token"] == epoch["first_token"]
 
+
+# -- a commit whose wait for the synchronous standby was cancelled (issue 42, item 2) ---------------
+
+UNCONFIRMED = """
+import json, sys
+from django_taskclaim.exceptions import CommitUnconfirmed
+from django_taskclaim.models import Task
+
+def say(**event):
+    print(json.dumps(event), flush=True)
+
+claim = Task.objects.claim("held", owner="w", lease=300).claim
+say(event="claimed", token=claim.token)
+sys.stdin.readline()  # the standby is gone: every commit now waits for it
+try:
+    with claim.fenced():
+        claim.complete("done")
+    say(event="fenced", confirmed=True)
+except CommitUnconfirmed as exc:
+    say(event="fenced", error=type(exc).__name__, message=str(exc))
+try:
+    outcome = Task.objects.claim("new", owner="w", lease=300)
+    say(event="claim", claimed=outcome.claimed, token=outcome.task.fencing_token)
+except CommitUnconfirmed as exc:
+    say(event="claim", error=type(exc).__name__, message=str(exc))
+"""
+
+
+@pytest.fixture
+def sync_pair() -> Iterator[PostgresPair]:
+    require_binaries()
+    with PostgresPair(synchronous=True) as servers:
+        yield servers
+
+
+def cancel_the_wait(pair: PostgresPair) -> None:
+    """Wait for a session stuck in its commit's wait for the standby (SyncRep), then cancel it."""
+    wait_until(lambda: pair.primary.sql(
+        "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") != "0",
+        timeout=60, what="a commit waiting for the synchronous standby", interval=0.05)
+
+
+def test_a_commit_whose_wait_for_the_standby_was_cancelled_is_not_trusted(sync_pair: PostgresPair) -> None:
+    """PostgreSQL reports a commit whose wait was cancelled as done, with a warning, although the
+    standby may lack it: fenced() raises CommitUnconfirmed after such a commit, and a claim raises it
+    instead of returning a claim whose token a failover could hand out again."""
+    pair = sync_pair
+    django(pair, "migrate", "--verbosity", "0")
+    env = child_env(pair)
+    child = subprocess.Popen([sys.executable, "-m", "django", "shell", "--verbosity", "0", "-c", UNCONFIRMED],
+                             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        claimed = json.loads(child.stdout.readline() or "null")
+        assert claimed and claimed["event"] == "claimed", child.stderr.read() if child.stderr else ""
+        pair.standby.kill()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        cancel_the_wait(pair)  # the fenced() block's commit
+        fenced = json.loads(child.stdout.readline())
+        cancel_the_wait(pair)  # the new claim's commit
+        claim = json.loads(child.stdout.readline())
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert fenced["event"] == "fenced" and fenced.get("error") == "CommitUnconfirmed", fenced
+    assert claim["event"] == "claim" and claim.get("error") == "CommitUnconfirmed", claim
+    # Done on the primary all the same (the warning's words): nothing was rolled back.
+    assert pair.primary.sql("SELECT status FROM django_taskclaim_task WHERE key = 'held'") == "succeeded"
+    assert pair.primary.sql("SELECT status FROM django_taskclaim_task WHERE key = 'new'") == "running"
