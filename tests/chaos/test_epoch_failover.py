@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.patroni import PatroniCluster
 from devtools.polling import wait_until
 from devtools.replication import PostgresPair
 from tests.chaos.test_chaos import require_binaries
@@ -52,7 +53,7 @@ def pair() -> Iterator[PostgresPair]:
         yield servers
 
 
-def child_env(pair: PostgresPair) -> dict[str, str]:
+def child_env(pair: PostgresPair | PatroniCluster) -> dict[str, str]:
     """A Django process's environment on the pair: both nodes listed, the writable one chosen."""
     return {**os.environ, **{k: v for k, v in pair.env.items() if k != "PGTARGETSESSIONATTRS"},
             "DJANGO_SETTINGS_MODULE": "tests.chaos.settings", "TASKCLAIM_TEST_DB": "postgresql",
@@ -60,7 +61,7 @@ def child_env(pair: PostgresPair) -> dict[str, str]:
             "PYTHONPATH": str(ROOT), "TASKCLAIM_FORKSERVER": "0"}
 
 
-def django(pair: PostgresPair, *args: str) -> str:
+def django(pair: PostgresPair | PatroniCluster, *args: str) -> str:
     """``python -m django ARGS`` in a process of its own, on whichever node is the primary."""
     done = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=child_env(pair), capture_output=True,
                           text=True, timeout=180, check=False)
@@ -68,7 +69,7 @@ def django(pair: PostgresPair, *args: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
-def claim(pair: PostgresPair, key: str, owner: str, release: bool = False) -> dict:  # type: ignore[type-arg]
+def claim(pair: PostgresPair | PatroniCluster, key: str, owner: str, release: bool = False) -> dict:  # type: ignore[type-arg]
     return json.loads(django(pair, "shell", "-c", CLAIM.format(key=key, owner=owner, release=release)))  # type: ignore[no-any-return]
 
 
