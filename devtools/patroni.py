@@ -22,7 +22,7 @@ import urllib.request
 from typing import Any
 
 from .polling import wait_until
-from .replication import _children, _running
+from .replication import Failover, _children, _running
 from .servers import ManagedServer, free_port, postgres_bindir, without_libpq_env
 
 NODE = """scope: taskclaim
@@ -134,6 +134,7 @@ class PatroniCluster(ManagedServer):
         self.etcd_port, self.etcd_peer = free_port(), free_port()
         self.etcd: subprocess.Popen[bytes] | None = None
         self.nodes = [PatroniNode(f"node{i}", self.root) for i in range(3)]
+        self.failovers: list[Failover] = []
 
     @property
     def env(self) -> dict[str, str]:
@@ -209,6 +210,26 @@ class PatroniCluster(ManagedServer):
             return False
         wait_until(promoted, timeout=timeout, what="Patroni promoting a replica", interval=0.1)
         return old, holder[0], killed, time.time()
+
+    def failover(self) -> Failover:
+        """The harness's failover (``tests.chaos --ha patroni``): the leader's machine SIGKILLed,
+        Patroni promoting a replica, then the dead member started afresh (an empty data folder:
+        Patroni makes it a replica of the new leader) and the cluster healthy again."""
+        old, new, killed, promoted = self.fail_over()
+        record = Failover(killed=killed, promoted=promoted, standby_ready=None, old_primary=old.name,
+                          new_primary=new.name)
+        self.failovers.append(record)
+        shutil.rmtree(os.path.join(old.dir, "data"), ignore_errors=True)
+        self._start_node(old)
+        self.wait_healthy()
+        record.standby_ready = time.time()
+        return record
+
+    def keep_logs(self, folder: str) -> None:
+        """Copy etcd's and each member's log into ``folder`` (the cluster's own go with it)."""
+        for name in ("etcd", *(n.name for n in self.nodes)):
+            with contextlib.suppress(OSError):
+                shutil.copy(os.path.join(self.root, f"{name}.log"), os.path.join(folder, f"{name}.log"))
 
     def stop(self) -> None:
         for node in self.nodes:
