@@ -86,7 +86,7 @@ t.`id`, t.`tenant`, t.`key`, t.`status`, t.`owner`, t.`fencing_token`, t.`attemp
 t.`lease_expires_at`, t.`payload`, t.`payload_fingerprint`, t.`result`, t.`result_ref`, t.`error`,
 t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_after`, t.`task_path`,
 (SELECT a.owner FROM django_taskclaim_attempt a
- WHERE a.task_id = t.id AND a.token < t.fencing_token AND a.outcome = 'running')
+ WHERE a.task_id = t.id AND a.token < t.fencing_token AND a.outcome = 'running' ORDER BY a.token DESC LIMIT 1)
 
 -- name: refresh_waiting
 -- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay in

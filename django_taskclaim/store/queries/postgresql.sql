@@ -295,10 +295,11 @@ dup AS (
 -- lifecycle reads the row and tries again when it is claimable.
 --
 -- closed, opened: the attempt taken over (a lower token, still running) closed and the new one
--- opened, both at claimed_at. The attempt is looked up in the unique (task_id, token) index by values
--- of scalar subqueries (a task's attempts below its token: few), which the planner turns into an index lookup whatever it believes of the table's
--- size: a join against claimed can be planned as a sequential scan of the attempt table while its
--- statistics still say "small", and a prepared statement keeps that plan while the table grows.
+-- opened, both at claimed_at. The attempt is looked up in the unique (task_id, token) index by
+-- values of scalar subqueries (a task's attempts below its token: few), which the planner turns
+-- into an index lookup whatever it believes of the table's size: a join against claimed can be
+-- planned as a sequential scan of the attempt table while its statistics still say "small", and a
+-- prepared statement keeps that plan while the table grows.
 --
 -- One row when claimed: the task's columns, claimed_at, NULL (expired: not asked), the owner it
 -- was taken over from, true (claimed), 0 (no duplicate recorded). No row when nothing was claimed:
@@ -306,7 +307,7 @@ dup AS (
 WITH {{key_claimed}},
 {{attempt_taken_over}},
 {{attempt_opened}}
-SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1), true, 0::bigint
 FROM claimed c
 
 -- name: claim_key_unaudited
@@ -338,7 +339,7 @@ WITH {{key_claimed}},
 {{key_read}},
 {{duplicate_recorded}},
 cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)
-SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1), true, 0::bigint
 FROM claimed c
 UNION ALL
 SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) + 0 * (SELECT count(*) FROM cfg) FROM cur
@@ -351,7 +352,7 @@ WITH {{key_claimed}},
 {{attempt_opened}},
 {{key_read}},
 {{duplicate_recorded}}
-SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1), true, 0::bigint
 FROM claimed c
 UNION ALL
 SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) FROM cur
@@ -815,8 +816,9 @@ ELSE statement_timestamp() + make_interval(secs => %s) END, updated_at = stateme
 -- name: queue_claim_audit
 -- {{audit}}: the exhausted tasks' attempts ended expired; the attempts the claim took over (still
 -- running: the statement's snapshot does not see the attempts it opens; the token before, or the
--- last of an earlier epoch) closed and the new ones opened (delivery id), both at claimed_at: the clock read once
--- the row was claimed (see claim_key above).
+-- last of an earlier epoch) closed and the new ones opened (delivery id), both at claimed_at: the
+-- clock read once the row was claimed (see claim_key above). A task has one running attempt; were
+-- there two, both are closed and one owner named (LIMIT 1), never an error.
 , lost AS (UPDATE django_taskclaim_attempt a SET outcome = 'expired', ended_at = statement_timestamp()
     FROM exhausted x WHERE a.task_id = x.id AND a.token = x.fencing_token AND a.outcome = 'running'),
 closed AS (UPDATE django_taskclaim_attempt a SET outcome = 'taken_over',
@@ -841,7 +843,7 @@ UNION ALL SELECT x.*, NULL::text, 0, (SELECT count(*) FROM done) FROM exhausted 
 
 -- name: taken_over_from
 -- {{previous}}: the owner the claim took the task over from (audited).
-(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)
+(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1)
 
 -- name: no_owner
 NULL::text
