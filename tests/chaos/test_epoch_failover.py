@@ -7,6 +7,11 @@ next claim's token is above the lost one, not equal to it. Deterministic: the pa
 keeps the claim from the standby. The claims run in processes of their own, connected through the
 multi-host setting with ``target_session_attrs=read-write`` (tests/chaos/settings.py), as workers are.
 
+Then the synchronous case (issue 42, item 2): a commit whose wait for its standby is cancelled is
+reported done by PostgreSQL, with a warning; a claim or a ``fenced()`` block whose commit got that
+warning raises ``CommitUnconfirmed``. The helpers here (``django``, ``claim``) serve
+tests/chaos/test_patroni.py too.
+
 PostgreSQL leg only.
 """
 
