@@ -96,12 +96,19 @@ class PatroniNode:
             return []
         return [main, *_children(main)]
 
-    def kill(self) -> float:
-        """SIGKILL the agent and its PostgreSQL at once (the machine is gone); the wall-clock time."""
+    def freeze(self) -> tuple[float, list[int]]:
+        """SIGSTOP the agent and its PostgreSQL (a hung machine: connections to it hang, nothing
+        answers, nothing resets); the wall-clock time and the processes stopped."""
         victims = [p for p in [self.process.pid if self.process else None] if p] + self.postgres_pids()
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)  # nothing forks or restarts between the listing and the kill
+        return time.time(), victims
+
+    def kill(self, frozen: list[int] | None = None) -> float:
+        """SIGKILL the agent and its PostgreSQL at once (the machine is gone; ``frozen``: the
+        processes :meth:`freeze` stopped, killed now); the wall-clock time."""
+        victims = frozen if frozen is not None else self.freeze()[1]
         killed = time.time()
         for pid in victims + [c for v in victims for c in _children(v)]:
             with contextlib.suppress(ProcessLookupError):
@@ -194,12 +201,20 @@ class PatroniCluster(ManagedServer):
         assert leader is not None
         return leader
 
-    def fail_over(self, timeout: float = 120) -> tuple[PatroniNode, PatroniNode, float, float]:
-        """SIGKILL the leader's machine; wait until Patroni promotes another member. (old, new,
-        the kill's time, the promotion seen)."""
+    def fail_over(self, timeout: float = 120, how: str = "kill") -> tuple[PatroniNode, PatroniNode, float, float]:
+        """Fail the leader's machine, ``how``: ``"kill"`` (SIGKILL, the machine gone) or ``"stop"``
+        (SIGSTOP, a hung machine, SIGKILLed once another member is promoted: fenced, as a
+        STONITH would); wait until Patroni promotes another member. (old, new, the time of the
+        fault, the promotion seen)."""
         old = self.leader()
-        assert old is not None, "no leader to kill"
-        killed = old.kill()
+        assert old is not None, "no leader to fail"
+        if how not in ("kill", "stop"):
+            raise ValueError(f"how must be 'kill' or 'stop', not {how!r}")
+        frozen: list[int] = []
+        if how == "kill":
+            killed = old.kill()
+        else:
+            killed, frozen = old.freeze()
         holder: list[PatroniNode] = []
 
         def promoted() -> bool:
@@ -209,13 +224,17 @@ class PatroniCluster(ManagedServer):
                 return True
             return False
         wait_until(promoted, timeout=timeout, what="Patroni promoting a replica", interval=0.1)
-        return old, holder[0], killed, time.time()
+        seen = time.time()
+        if frozen:
+            old.kill(frozen)
+        return old, holder[0], killed, seen
 
-    def failover(self) -> Failover:
-        """The harness's failover (``tests.chaos --ha patroni``): the leader's machine SIGKILLed,
-        Patroni promoting a replica, then the dead member started afresh (an empty data folder:
-        Patroni makes it a replica of the new leader) and the cluster healthy again."""
-        old, new, killed, promoted = self.fail_over()
+    def failover(self, how: str = "kill") -> Failover:
+        """The harness's failover (``tests.chaos --ha patroni``): the leader's machine SIGKILLed or
+        hung (``how``, :meth:`fail_over`), Patroni promoting a replica, then the dead member started
+        afresh (an empty data folder: Patroni makes it a replica of the new leader) and the cluster
+        healthy again."""
+        old, new, killed, promoted = self.fail_over(how=how)
         record = Failover(killed=killed, promoted=promoted, standby_ready=None, old_primary=old.name,
                           new_primary=new.name)
         self.failovers.append(record)

@@ -623,14 +623,18 @@ class Harness:
     def start_failover(self) -> None:
         """Fail the primary over on a thread: the nemesis and the event reading go on meanwhile."""
         self.server_busy.acquire()
-        self.failover_thread = threading.Thread(target=self.failover, name="failover", daemon=True)
+        # Under Patroni, the leader's machine SIGKILLed or hung (SIGSTOP, killed once another
+        # member is promoted); drawn here, on the nemesis's thread, to keep the seeded sequence.
+        how = self.rng.choice(("kill", "stop")) if isinstance(self.server, PatroniCluster) else "kill"
+        self.failover_thread = threading.Thread(target=self.failover, args=(how,), name="failover", daemon=True)
         self.failover_thread.start()
 
-    def failover(self) -> None:
-        """SIGKILL the primary, promote the standby, build a new standby from the new primary."""
+    def failover(self, how: str = "kill") -> None:
+        """SIGKILL the primary, promote the standby, build a new standby from the new primary
+        (under Patroni: fail the leader's machine, ``how``, and let Patroni promote)."""
         assert isinstance(self.server, PostgresPair | PatroniCluster)
         try:
-            record = self.server.failover()
+            record = self.server.failover(how) if isinstance(self.server, PatroniCluster) else self.server.failover()
             if self.opts.verbose and record.standby_ready is not None:
                 print(f"  failover to {record.new_primary}: writable after {record.unavailable:.2f} s, "
                       f"new standby after {record.standby_ready - record.killed:.2f} s", flush=True)

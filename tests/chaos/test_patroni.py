@@ -42,19 +42,22 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[PatroniCluster]:
         yield servers
 
 
-def test_patroni_fails_over_and_no_token_is_granted_again(cluster: PatroniCluster) -> None:
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_patroni_fails_over_and_no_token_is_granted_again(cluster: PatroniCluster, how: str) -> None:
+    """The leader's machine SIGKILLed, or SIGSTOPped (hung: its connections hang rather than
+    reset) and killed once Patroni has promoted another member."""
     django(cluster, "migrate", "--verbosity", "0")
     before = [claim(cluster, f"job{i}", "old", release=True)["token"] for i in range(3)]
     assert before == [1, 1, 1]
     epoch = json.loads(django(cluster, "taskclaim_epoch", "--json"))["databases"]["default"]
     assert epoch["timeline"] == 1
 
-    old, new, killed, promoted = cluster.fail_over()
+    old, new, killed, promoted = cluster.fail_over(how=how)
     first = claim(cluster, "job0", "new")  # through the multi-host setting: the new leader
     first_claim = time.time() - killed
     assert first["claimed"] and first["token"] > max(before)
     after = json.loads(django(cluster, "taskclaim_epoch", "--json"))["databases"]["default"]
     assert after["timeline"] >= 2 and first["token"] >= after["first_token"]
     assert new.state().get("timeline", 0) >= 2
-    print(f"patroni failover ({'sync' if cluster.synchronous else 'async'}): {old.name} -> {new.name}, "
+    print(f"patroni failover ({'sync' if cluster.synchronous else 'async'}, {how}): {old.name} -> {new.name}, "
           f"promoted {promoted - killed:.1f} s after the kill, first claim {first_claim:.1f} s")
