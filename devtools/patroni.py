@@ -218,10 +218,12 @@ class PatroniCluster(ManagedServer):
         holder: list[PatroniNode] = []
 
         def promoted() -> bool:
-            new = self.leader()
-            if new is not None and new is not old:
-                holder.append(new)
-                return True
+            # Another member than the old leader (which may still answer, and call itself one).
+            for new in self.nodes:
+                state = new.state() if new is not old else {}
+                if state.get("role") in ("master", "primary") and state.get("state") == "running":
+                    holder.append(new)
+                    return True
             return False
         wait_until(promoted, timeout=timeout, what="Patroni promoting a replica", interval=0.1)
         seen = time.time()
