@@ -155,6 +155,10 @@ class LaggingLink(ManagedServer):
     When the upstream side ends (the primary died), what the relay still holds is dropped, not
     delivered: that part of the stream had not left the primary. Each direction of each
     connection has a reader and a sender thread.
+
+    :meth:`pause` holds everything from then on (the standby hears nothing, as behind a cut
+    network) until :meth:`resume`: a commit made meanwhile on an asynchronous primary is one the
+    standby cannot have, whatever the timing; the kill of the primary then drops it.
     """
 
     def __init__(self, upstream_port: int, delay: float) -> None:
@@ -164,6 +168,15 @@ class LaggingLink(ManagedServer):
         self.listener: socket.socket | None = None
         self.sockets: list[socket.socket] = []
         self.closed = threading.Event()
+        self.flowing = threading.Event()
+        self.flowing.set()
+
+    def pause(self) -> None:
+        """Hold every chunk from now on, in both directions, until :meth:`resume`."""
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        self.flowing.set()
 
     def start(self) -> LaggingLink:
         self.listener = socket.create_server(("127.0.0.1", self.port))
@@ -221,6 +234,8 @@ class LaggingLink(ManagedServer):
             pause = due - time.monotonic()
             if pause > 0:
                 time.sleep(pause)  # the lag being simulated
+            while not self.flowing.wait(0.05) and not (dead.is_set() or self.closed.is_set()):
+                pass  # paused: held until resumed, or dropped when the upstream ends
             if dead.is_set():
                 continue  # dropped: the next item is the end marker
             try:

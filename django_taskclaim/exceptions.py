@@ -59,6 +59,16 @@ class WorkerLost(TaskClaimError):
     result as the error of such an attempt."""
 
 
+class CommitUnconfirmed(TaskClaimError, OperationalError):
+    """A claim's commit, or a ``fenced()`` block's, was cancelled while it waited for the synchronous
+    standby (PostgreSQL's warning "canceling wait for synchronous replication"): it is done on the
+    primary, but the standby may lack it, and a failover would lose it. Not confirmed, so not
+    trusted: a claim raises this instead of returning (the body does not run; the claim's lease runs
+    out, or a failover forgets it), and ``fenced()`` raises it after its commit (the caller's body
+    stops there; what it wrote may be lost). An ``OperationalError`` too: a worker treats it as the
+    database's trouble it is (its standby gone), as it treats an outage, and polls again."""
+
+
 class TimedOut(TaskClaimError):
     """An attempt ran past its timeout (``OPTIONS["TIMEOUT"]``, ``@claim_options(timeout=...)``, a
     handler worker's ``--timeout``): its claim was fenced off at that moment (nothing the body writes

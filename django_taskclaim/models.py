@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from asgiref.sync import sync_to_async
 from django.db import connections, models
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, F, Max, Min, Q
 from django.db.models.functions import Coalesce
+from django.db.models.lookups import Exact
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -23,6 +24,7 @@ from .lifecycle.api import ClaimOutcome
 from .lifecycle.claim import Claim
 from .status import TERMINAL, MessageStatus, Outcome, Status
 from .store import DbNow, DbNowPlus, get_store
+from .store.epochs import TOKENS_PER_EPOCH
 from .values import MAX_GROUP_LENGTH, canonical_json
 
 if TYPE_CHECKING:
@@ -293,6 +295,10 @@ class Task(models.Model):
                 condition=Q(status__in=Status.values),
             ),
             check_constraint(name="taskclaim_task_token_nonnegative", condition=Q(fencing_token__gte=0)),
+            # A claim past the last token of its epoch would wrap into the next epoch's first
+            # (store/epochs.py): refused, naming this constraint. Never-claimed tasks keep token 0.
+            check_constraint(name="taskclaim_task_token_within_its_epoch",
+                             condition=Q(fencing_token=0) | ~Q(Exact(F("fencing_token").bitand(TOKENS_PER_EPOCH), 0))),
             check_constraint(
                 name="taskclaim_task_running_has_lease",
                 condition=~Q(status=Status.RUNNING) | Q(lease_expires_at__isnull=False),
@@ -497,6 +503,26 @@ class ConcurrencyGate(models.Model):
     def __str__(self) -> str:
         return f"{self.key} @{self.version}"
 
+
+class Epoch(models.Model):
+    """The store's bumpable epoch (one row, id 1): ``manage.py taskclaim_epoch --bump`` raises it after
+    a promotion, and every claim's token is above every token of an earlier epoch. On PostgreSQL the
+    server's timeline leads and ``bumps`` count within ``timeline`` (a bump of an older timeline no
+    longer counts); elsewhere ``timeline`` stays 0 and ``bumps`` is the epoch
+    (``django_taskclaim.store.epochs`` holds the layout and its bounds).
+    """
+
+    id = models.SmallIntegerField(primary_key=True)
+    timeline = models.BigIntegerField(_("timeline"), default=0)
+    bumps = models.BigIntegerField(_("bumps"), default=0)
+    bumped_at = models.DateTimeField(_("bumped at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("epoch")
+        verbose_name_plural = _("epochs")
+
+    def __str__(self) -> str:
+        return f"timeline {self.timeline}, bumps {self.bumps}"
 
 class StepManager(models.Manager["Step"]):
     """``Step.objects``: a task's stored steps, on the database that holds the task table (as

@@ -194,7 +194,9 @@ def expire(task_or_pk) -> None:  # type: ignore[no-untyped-def]
 
 
 # MySQL/MariaDB: how many other sessions have a statement on the task table waiting ("updating"
-# for an UPDATE, "update" for an INSERT: InnoDB's information_schema.innodb_trx did not list the
-# waiting transaction from inside ours).
+# for an UPDATE, "update" for an INSERT; "sending data" or "executing", as MariaDB's versions name it,
+# for either when it reads the epoch's row in a subquery: InnoDB's information_schema.innodb_trx did
+# not list the waiting transaction from inside ours).
 MYSQL_LOCK_WAITS = ("SELECT count(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() "
-                    "AND LOWER(state) IN ('updating', 'update') AND info LIKE '%%django_taskclaim_task%%'")
+                    "AND (LOWER(state) IN ('updating', 'update') OR (LOWER(state) IN ('sending data', 'executing') "
+                    "AND (info LIKE 'INSERT%%' OR info LIKE 'UPDATE%%'))) AND info LIKE '%%django_taskclaim_task%%'")

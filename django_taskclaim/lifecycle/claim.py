@@ -17,7 +17,7 @@ from django.db import connections, transaction
 
 from .. import signals
 from ..conf import settings
-from ..exceptions import InvalidArgument, InvalidResult, StaleClaim, TaskClaimError
+from ..exceptions import CommitUnconfirmed, InvalidArgument, InvalidResult, StaleClaim, TaskClaimError
 from ..idempotency import fencing_headers
 from ..idempotency import idempotency_key as _idempotency_key
 from ..identity import resolve_identity
@@ -527,6 +527,8 @@ class Claim(KeepaliveMixin):
             # commit (or roll back) with the caller's commit() (or rollback()).
             transitions.join_callers_transaction(self.using)
         ending = self._ended
+        if not nested:
+            transitions.unconfirmed_commit(self.using)  # forget a warning from before: only this commit's
         try:
             with transaction.atomic(using=self.using), writes_only_to(self.using, self.key, self.tenant):
                 # Past the attempt's timeout the claim is lost even if the watcher has not fenced it
@@ -559,6 +561,11 @@ class Claim(KeepaliveMixin):
             refused = True
         if not nested and self._ended is not None and ending is None:
             self._ended_committed = True  # written in this block, which has just committed
+        if not nested and not refused and transitions.unconfirmed_commit(self.using):
+            # Done on the primary, perhaps not on its standby: the body must not go on trusting it.
+            raise CommitUnconfirmed(
+                f"the fenced() block of {self.key!r} (token {self.token}) was committed on the primary, but "
+                "its wait for the synchronous standby was cancelled: a failover may lose what it wrote")
         # Recorded after the (empty) transaction ended, so the count is not rolled back with it.
         if refused:
             self._refuse("fenced write")

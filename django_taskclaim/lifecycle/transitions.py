@@ -21,10 +21,11 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import signals
 from ..conf import settings
-from ..exceptions import InvalidTaskKey, TaskClaimError
+from ..exceptions import CommitUnconfirmed, InvalidTaskKey, TaskClaimError
 from ..ids import task_id
 from ..status import Status
 from ..store import get_store, store_of
+from ..store.epochs import EpochState
 from ..store.rows import Claimed, Found, Moved, NewTask, Start, StepRow, TaskRow
 
 logger = logging.getLogger("django_taskclaim")
@@ -265,10 +266,14 @@ def claim_key(
     if found is None or found.claimable(fingerprint):
         # None yet, one it may claim, or not read: the write may wait for a racing claim's transaction.
         exists = (found is not None) if looks_first else None
+        if not inside:
+            unconfirmed_commit(using)  # forget a warning from before: only the claim's own counts
         result = _write(using, lambda cursor: store.claim_key(
             cursor, tenant=tenant, key=key, owner=owner, lease=lease, payload=payload, fingerprint=fingerprint,
             max_attempts=max_attempts, delivery_id=delivery_id, audit=audit, in_transaction=inside, exists=exists))
         if isinstance(result, Claimed):
+            if not inside and unconfirmed_commit(using):
+                raise _unconfirmed(using, [result.row])
             return result
         found = result if result is not None else read_state()  # nothing claimed, nothing settled: read afresh
     if found is not None and found.duplicate:
@@ -294,12 +299,33 @@ def claim_next(
     Sent again on a new connection if the session was dropped: tasks a lost first statement
     may have claimed come back to the queue when their lease runs out.
     """
-    store = get_store(using)
+    store, inside = get_store(using), in_transaction(using)
+    if not inside:
+        unconfirmed_commit(using)  # forget a warning from before: only the claim's own counts
     claimed, exhausted = _reconnecting(using, lambda: _write(using, lambda cursor: store.claim_next(
         cursor, owner=owner, lease=lease, tenant=tenant, limit=limit, delivery_id=delivery_id,
         audit=settings.AUDIT, queues=queues, path=path, reserve=reserve)))
     _exhausted(using, exhausted)
+    if claimed and not inside and unconfirmed_commit(using):
+        raise _unconfirmed(using, [c.row for c in claimed])
     return claimed
+
+
+def unconfirmed_commit(using: str) -> bool:
+    """Whether a commit on ``using`` since the last call had its wait for the synchronous standby
+    cancelled (PostgreSQL's warning): done on the primary, maybe lost in a failover. Clears it."""
+    return get_store(using).commit_unconfirmed(connections[using])
+
+
+def _unconfirmed(using: str, rows: Sequence[TaskRow]) -> CommitUnconfirmed:
+    """The error of claims whose commit is not confirmed: never handed to a body (their tokens are
+    the claims' own; the leases run out, or a failover forgets them)."""
+    named = ", ".join(f"{row.key!r} (token {row.fencing_token})" for row in rows)
+    logger.warning("claim of %s not confirmed: its commit's wait for the synchronous standby was cancelled",
+                   named, extra={"tokens": [row.fencing_token for row in rows]})
+    return CommitUnconfirmed(
+        f"the claim of {named} in database {using!r} was committed on the primary, but its wait for the "
+        "synchronous standby was cancelled: a failover may lose it, so it is not used")
 
 
 def _exhausted(using: str, moved: Sequence[Moved]) -> None:
@@ -497,8 +523,16 @@ def complete_and_claim_next(
             cursor, holder.task_id, holder.token, result, result_ref, owner=owner, lease=lease, tenant=tenant,
             limit=limit, delivery_id=delivery_id, audit=settings.AUDIT, queues=queues, path=path, reserve=reserve)
 
+    inside = in_transaction(holder.using)
+    if not inside:
+        unconfirmed_commit(holder.using)  # forget a warning from before: only this commit's counts
     status, claimed, exhausted = _ending(holder, lambda: _write(holder.using, write), lambda done: done[0])
     _exhausted(holder.using, exhausted)
+    if claimed and not inside and unconfirmed_commit(holder.using):
+        # The completion is done on the primary all the same; the next tasks' claims are not used
+        # (logged), and come back when their leases run out.
+        _unconfirmed(holder.using, [c.row for c in claimed])
+        return status, []
     return status, claimed
 
 
@@ -598,6 +632,30 @@ def purge(using: str, *, statuses: Sequence[str], before: datetime, limit: int) 
     store = get_store(using)
     return _write(using, lambda cursor: store.purge(cursor, statuses=statuses, before=before, limit=limit),
                   operator=True)
+
+
+def read_epoch(using: str) -> EpochState:
+    """The store's current epoch (DESIGN §13)."""
+    return _plain(using, lambda cursor: get_store(using).read_epoch(cursor))
+
+
+def bump_epoch(using: str) -> tuple[EpochState, EpochState]:
+    """One more epoch (``taskclaim_epoch --bump``, for a failover tool's callback after a promotion):
+    (before, after), read in the bump's transaction. ``TaskClaimError`` at the last epoch (nothing
+    changed): store/epochs.py says where the edges are."""
+    store = get_store(using)
+
+    def bump(cursor: Any) -> tuple[EpochState, bool, EpochState]:
+        before = store.read_epoch(cursor)
+        bumped = store.bump_epoch(cursor)
+        return before, bumped, store.read_epoch(cursor)
+
+    before, bumped, after = _write(using, bump, operator=True)
+    if not bumped:
+        raise TaskClaimError(
+            f"database {using!r} is at its last epoch ({before.epoch}; timeline {before.timeline}, "
+            f"{before.bumps} bumps): a bump would wrap into tokens already handed out; nothing changed")
+    return before, after
 
 
 def _plain(using: str, operation: Callable[[Any], T]) -> T:

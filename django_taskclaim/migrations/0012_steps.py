@@ -1,8 +1,7 @@
 """Durable steps (issue 43): ``Step``, a step's stored result under its task (``claim.step(name,
 fn)``), written once by a fenced write of the claim that ran it; unique by ``(task, name)``.
 
-Depends on 0010: another migration numbered 0011 is made beside this one, and the two are linked
-when they are merged.
+Follows 0011 (the outbox's headers).
 """
 
 import django.db.models.deletion

@@ -238,7 +238,7 @@ class MySQLStore(SQLStore):
         """Record a claim; close the attempt it took over (``previous``: that attempt's owner). A
         reserved claim (not ``started``) opens no attempt of its own: :meth:`start` does."""
         if previous is not None:
-            cursor.execute(self.sql("close_taken_over_attempt"), [row.id, row.fencing_token - 1])
+            cursor.execute(self.sql("close_taken_over_attempt"), [row.id, row.fencing_token])
         if started:
             self.insert_attempt(cursor, row.id, row.fencing_token, row.owner, delivery_id)
 

@@ -9,6 +9,7 @@ named slots, filled there from named parts (``queue_claim_parts`` names them).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
@@ -21,6 +22,7 @@ from ..checkspec import spec
 from ..conf import settings
 from ..status import Status
 from . import prepared
+from .epochs import MAX_BUMPS_PER_TIMELINE
 from .rows import (
     TASK_COLUMNS,
     Claimed,
@@ -58,6 +60,44 @@ ENDINGS = {
 }
 
 
+#: The beginnings of PostgreSQL's warnings that a commit stopped waiting for its synchronous standby
+#: (src/backend/replication/syncrep.c): a cancel, and a termination. The commit is done locally,
+#: "but might not have been replicated to the standby". English messages (lc_messages).
+SYNC_WAIT_CANCELLED = ("canceling wait for synchronous replication",
+                       "canceling the wait for synchronous replication")
+
+
+class _SyncWaits:
+    """A psycopg connection's notice handler: whether a commit's wait for its synchronous standby
+    was cancelled since the last :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def __call__(self, diagnostic: Any) -> None:
+        if (diagnostic.message_primary or "").startswith(SYNC_WAIT_CANCELLED):
+            self.cancelled = True
+
+    def take(self) -> bool:
+        cancelled, self.cancelled = self.cancelled, False
+        return cancelled
+
+
+_SYNC_WAITS: weakref.WeakKeyDictionary[Any, _SyncWaits] = weakref.WeakKeyDictionary()
+
+
+def _sync_waits(db: Any) -> _SyncWaits | None:
+    """The watcher of Django connection ``db``'s psycopg connection, added on first use."""
+    raw = db.connection
+    if raw is None:
+        return None
+    watcher = _SYNC_WAITS.get(raw)
+    if watcher is None:
+        watcher = _SYNC_WAITS[raw] = _SyncWaits()
+        raw.add_notice_handler(watcher)
+    return watcher
+
+
 class PostgreSQLStore(SQLStore):
     vendor = "postgresql"
     # statement_timestamp(), not now(): now() is frozen at the start of the transaction.
@@ -68,6 +108,8 @@ class PostgreSQLStore(SQLStore):
     # statement's snapshot fails the claim's WHERE is not locked, ON CONFLICT DO NOTHING locks
     # nothing, and the duplicate's FOR KEY SHARE does not conflict with fenced()'s FOR NO KEY UPDATE.
     looks_first = False
+    # epoch_bump: the bumps one timeline takes (a new timeline starts again from 1).
+    bump_limit = MAX_BUMPS_PER_TIMELINE
 
     def lease_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
@@ -88,7 +130,13 @@ class PostgreSQLStore(SQLStore):
         return f"({self.lease_sql()})", [float(seconds)]
 
     def cursor(self, db: Any) -> Any:
-        return prepared.cursor(db)
+        cursor = prepared.cursor(db)
+        _sync_waits(db)  # so that a commit's cancelled wait for the standby is seen (commit_unconfirmed)
+        return cursor
+
+    def commit_unconfirmed(self, db: Any) -> bool:
+        watcher = _sync_waits(db)
+        return watcher.take() if watcher is not None else False
 
     def estimated_rows(self, cursor: Any, table: str) -> int | None:
         # pg_class.reltuples, kept by ANALYZE and autovacuum: -1 (or NULL) before the first.

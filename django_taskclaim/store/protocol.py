@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from django.core.checks import CheckMessage
 
+from .epochs import EpochState
 from .rows import Claimed, Found, Moved, NewTask, Start, StepRow, TaskRow
 
 
@@ -261,3 +262,16 @@ class Store(Protocol):
         Found without waiting and without keeping a lock once it returns, inside the caller's
         transaction too. A database without row locks (SQLite) answers ``[]``.
         """
+
+    def commit_unconfirmed(self, db: Any) -> bool:
+        """Whether a commit on Django connection ``db`` since the last call had its wait for the
+        synchronous standby cancelled (PostgreSQL's warning): done on the primary, maybe not on the
+        standby. Reads and clears; ``False`` where there is no such wait."""
+
+    # -- epochs (DESIGN §13) -------------------------------------------------------------------
+    def read_epoch(self, cursor: Any) -> EpochState:
+        """The store's current epoch (no row: no bumps, as the claims count it)."""
+
+    def bump_epoch(self, cursor: Any) -> bool:
+        """One more epoch (``taskclaim_epoch --bump``), writing its row if missing; ``False`` at the last."""
+

@@ -23,6 +23,7 @@ from django.utils.dateparse import parse_datetime
 from ..checkspec import spec
 from ..status import Outcome, Status
 from . import queries
+from .epochs import MAX_EPOCH, EpochState
 from .rows import (
     DATETIME_COLUMNS,
     JSON_COLUMNS,
@@ -246,7 +247,7 @@ class SQLStore:
     def open_attempt(self, cursor: Any, row: TaskRow, delivery_id: str, started: bool = True) -> str | None:
         """Record a claim; close the attempt it took over, returning that attempt's owner. A
         reserved claim (not ``started``) opens no attempt of its own: :meth:`start` does."""
-        cursor.execute(self.sql("take_over_attempt"), [row.id, row.fencing_token - 1])
+        cursor.execute(self.sql("take_over_attempt"), [row.id, row.fencing_token])
         previous = cursor.fetchone()
         if started:
             self.insert_attempt(cursor, row.id, row.fencing_token, row.owner, delivery_id)
@@ -677,6 +678,22 @@ class SQLStore:
         # SQLite locks the whole database, not rows: a writer inside fenced() makes others wait
         # (the busy timeout), and no row can be told apart as held.
         return []
+
+    def commit_unconfirmed(self, db: Any) -> bool:
+        return False  # no synchronous standby to wait for: a commit is confirmed when it returns
+
+    # -- epochs (DESIGN §13; store/epochs.py) ----------------------------------------------------
+    #: The limit epoch_bump's WHERE takes: the bumps below it may grow by one.
+    bump_limit = MAX_EPOCH
+
+    def read_epoch(self, cursor: Any) -> EpochState:
+        cursor.execute(self.sql("epoch_read"))
+        return EpochState(*(int(v) for v in cursor.fetchone()))
+
+    def bump_epoch(self, cursor: Any) -> bool:
+        cursor.execute(self.sql("epoch_row"))
+        cursor.execute(self.sql("epoch_bump"), [self.bump_limit])
+        return bool(cursor.rowcount == 1)
 
     # -- durable steps (claim.step) ----------------------------------------------------------
     def read_steps(self, cursor: Any, task_id: int, token: int) -> dict[str, StepRow] | None:

@@ -113,6 +113,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--standby-lag", type=non_negative, default=0.0,
                    help="seconds by which the standby of --faults failover receives the WAL late "
                         "(a relay holds the replication stream; default: %(default)s)")
+    p.add_argument("--ha", choices=("pg_ctl", "patroni"), default="pg_ctl",
+                   help="who fails the primary over with --faults failover: the harness itself "
+                        "(pg_ctl promote of its one standby) or Patroni with etcd, three members, "
+                        "deciding each failover after the leader's machine is SIGKILLed; "
+                        "--replication sync is Patroni's synchronous_mode (default: %(default)s)")
     p.add_argument("--unsafe", action="store_true",
                    help="workers write the effect outside fenced(): the checker must fail")
     p.add_argument("--downstream", action="store_true",

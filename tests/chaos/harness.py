@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from devtools.patroni import PatroniCluster
 from devtools.processes import Child, Supervisor
 from devtools.replication import Failover, PostgresPair
 from devtools.servers import MariaDBServer, PostgresServer
@@ -87,6 +88,8 @@ class Options:
     failover_interval: float = 20.0
     replication: str = "sync"
     standby_lag: float = 0.0
+    #: ``--ha``: who fails over, the harness (``pg_ctl``) or Patroni (``devtools.patroni``).
+    ha: str = "pg_ctl"
     unsafe: bool = False
     #: Tasks each worker has in hand at once (``tests.chaos.worker --concurrency``).
     concurrency: int = 1
@@ -167,7 +170,7 @@ class Harness:
         self.rng = random.Random(opts.seed)
         self.log = RunLog()
         self.rundir = tempfile.mkdtemp(prefix="taskclaim-chaos-")
-        self.server: PostgresServer | PostgresPair | MariaDBServer | None = None
+        self.server: PostgresServer | PostgresPair | PatroniCluster | MariaDBServer | None = None
         self.env: dict[str, str] = {}
         self.workers: list[WorkerProc] = []
         # Each event gets the time it arrived ("seen"): the checker compares it with failovers.
@@ -176,9 +179,12 @@ class Harness:
         self.next_tag = 0
         self.lock = threading.Lock()
         self.kinds = applicable_faults(opts.db, opts.faults)
-        if (opts.replication != "sync" or opts.standby_lag) and "failover" not in self.kinds:
-            raise ValueError("--replication and --standby-lag apply to the failover fault: "
+        if (opts.replication != "sync" or opts.standby_lag or opts.ha != "pg_ctl") and "failover" not in self.kinds:
+            raise ValueError("--replication, --standby-lag and --ha apply to the failover fault: "
                              "add --faults failover")
+        if opts.ha == "patroni" and (opts.standby_lag or "restart" in self.kinds):
+            raise ValueError("--ha patroni: Patroni's members stream directly (no --standby-lag), and "
+                             "Patroni restarts a crashed server itself (no restart fault)")
         self.drawn = [k for k in self.kinds if k not in SCHEDULED]
         # The first faults go through every kind once (in a seeded order), so that even a
         # short run injects each; after that the kinds are drawn by weight.
@@ -214,8 +220,11 @@ class Harness:
         if self.opts.schedules:
             env["CHAOS_SCHEDULES"] = json.dumps({ticks.NAME: ticks.SCHEDULE})
         if self.opts.db == "postgresql" and "failover" in self.kinds:
-            self.server = PostgresPair(synchronous=self.opts.replication == "sync",
-                                       lag=self.opts.standby_lag).start()
+            if self.opts.ha == "patroni":
+                self.server = PatroniCluster(synchronous=self.opts.replication == "sync").start()
+            else:
+                self.server = PostgresPair(synchronous=self.opts.replication == "sync",
+                                           lag=self.opts.standby_lag).start()
             # Both nodes in HOST and PORT; target_session_attrs through Django's OPTIONS
             # (tests/chaos/settings.py), not libpq's PGTARGETSESSIONATTRS: the way a project
             # configures it.
@@ -614,14 +623,18 @@ class Harness:
     def start_failover(self) -> None:
         """Fail the primary over on a thread: the nemesis and the event reading go on meanwhile."""
         self.server_busy.acquire()
-        self.failover_thread = threading.Thread(target=self.failover, name="failover", daemon=True)
+        # Under Patroni, the leader's machine SIGKILLed or hung (SIGSTOP, killed once another
+        # member is promoted); drawn here, on the nemesis's thread, to keep the seeded sequence.
+        how = self.rng.choice(("kill", "stop")) if isinstance(self.server, PatroniCluster) else "kill"
+        self.failover_thread = threading.Thread(target=self.failover, args=(how,), name="failover", daemon=True)
         self.failover_thread.start()
 
-    def failover(self) -> None:
-        """SIGKILL the primary, promote the standby, build a new standby from the new primary."""
-        assert isinstance(self.server, PostgresPair)
+    def failover(self, how: str = "kill") -> None:
+        """SIGKILL the primary, promote the standby, build a new standby from the new primary
+        (under Patroni: fail the leader's machine, ``how``, and let Patroni promote)."""
+        assert isinstance(self.server, PostgresPair | PatroniCluster)
         try:
-            record = self.server.failover()
+            record = self.server.failover(how) if isinstance(self.server, PatroniCluster) else self.server.failover()
             if self.opts.verbose and record.standby_ready is not None:
                 print(f"  failover to {record.new_primary}: writable after {record.unavailable:.2f} s, "
                       f"new standby after {record.standby_ready - record.killed:.2f} s", flush=True)
@@ -763,6 +776,8 @@ class Harness:
 
         connection.close()
         keep = not ok or self.opts.keep
+        if keep and isinstance(self.server, PatroniCluster):
+            self.server.keep_logs(self.rundir)
         if keep and isinstance(self.server, PostgresPair):
             for node in self.server.nodes:  # the server logs go with the servers otherwise
                 with contextlib.suppress(OSError):

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         fault_interval=args.fault_interval, crash=args.crash, give_up=args.give_up,
         skew=args.skew, quiet=args.quiet,
         faults=args.faults, failover_interval=args.failover_interval, replication=args.replication,
-        standby_lag=args.standby_lag, concurrency=args.concurrency,
+        standby_lag=args.standby_lag, ha=args.ha, concurrency=args.concurrency,
         downstream=args.downstream, relays=args.relays,
         limits=args.limits, limit_keys=args.limit_keys, limit=args.limit,
         schedules=args.schedules, schedulers=args.schedulers,
@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     topology = (f", a primary and {'an asynchronous' if opts.replication == 'async' else 'a synchronous'} standby"
                 + (f" {opts.standby_lag * 1000:g} ms behind" if opts.standby_lag else "")
                 if failing_over else "")
+    if failing_over and opts.ha == "patroni":
+        topology = (", Patroni (etcd, three members" + (", synchronous_mode" if opts.replication == "sync" else "")
+                    + ")")
 
     def render(verdict: Verdict) -> str:
         log = harness.log

@@ -24,6 +24,7 @@ SECTIONS = {
     "taskclaim_inspect": [("operations.md", "### `taskclaim_inspect`")],
     "taskclaim_audit": [("operations.md", "### `taskclaim_audit`")],
     "taskclaim_purge": [("operations.md", "### `taskclaim_purge`")],
+    "taskclaim_epoch": [("operations.md", "### `taskclaim_epoch`")],
     "taskclaim_scheduler": [("operations.md", "### `taskclaim_scheduler`")],
     "taskclaim_relay": [("outbox.md", "## The relay: `manage.py taskclaim_relay`")],
 }

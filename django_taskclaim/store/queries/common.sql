@@ -96,6 +96,29 @@ AND django_taskclaim_task.id <> %s
      WHERE r.concurrency_key = django_taskclaim_task.concurrency_key AND r.status = 'running')
     < django_taskclaim_task.concurrency_limit)
 
+-- name: epoch_floor
+-- A part: the current epoch's floor (DESIGN §13; store/epochs.py: the layout and its bounds): the
+-- bumps (taskclaim_epoch --bump) * 2^32; every token of an earlier epoch is at most it. PostgreSQL's
+-- leads with the server's timeline.
+COALESCE((SELECT e.bumps * 4294967296 FROM django_taskclaim_epoch e WHERE e.id = 1), 0)
+
+-- name: next_token
+-- A part: a claim's new token (SET fencing_token = ..., of the row it updates): one more, and at
+-- least the first of the current epoch (its floor + 1), so tokens only grow. Past the last token of
+-- its epoch (2^32 - 1 claims of one task in one epoch) it would be the next epoch's first: the
+-- constraint taskclaim_task_token_within_its_epoch refuses it, never a wrap.
+GREATEST(fencing_token, {{epoch_floor}}) + 1
+
+-- name: epoch_read
+-- The store's epoch (its one row; none counts as no bumps, as the claims count it): the timeline
+-- (0: none here), the bumps, the floor (bumps * 2^32).
+SELECT 0, COALESCE(MAX(bumps), 0), COALESCE(MAX(bumps), 0) * 4294967296 FROM django_taskclaim_epoch WHERE id = 1
+
+-- name: epoch_row
+-- The epoch's one row, where it is missing (migration 0013 writes it; a test database's flush deletes it).
+INSERT INTO django_taskclaim_epoch (id, timeline, bumps) SELECT 1, 0, 0
+WHERE NOT EXISTS (SELECT 1 FROM django_taskclaim_epoch WHERE id = 1)
+
 -- Durable steps (claim.step): a step's result stored under its task, once, by a fenced write.
 
 -- name: read_steps

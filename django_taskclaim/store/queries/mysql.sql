@@ -80,12 +80,13 @@ INSERT INTO django_taskclaim_task (`tenant`, `key`, `status`, `owner`, `fencing_
 
 -- name: claimed_columns_audited
 -- A part: a claimed task's row (t) and the owner of the attempt it took over (the
--- attempt before its token, still running), read in the claim's transaction.
+-- attempt below its token, still running: the one before, or the last of an earlier epoch), read in
+-- the claim's transaction.
 t.`id`, t.`tenant`, t.`key`, t.`status`, t.`owner`, t.`fencing_token`, t.`attempts`, t.`max_attempts`,
 t.`lease_expires_at`, t.`payload`, t.`payload_fingerprint`, t.`result`, t.`result_ref`, t.`error`,
 t.`dispatch`, t.`created_at`, t.`updated_at`, t.`queue`, t.`priority`, t.`run_after`, t.`task_path`,
 (SELECT a.owner FROM django_taskclaim_attempt a
- WHERE a.task_id = t.id AND a.token = t.fencing_token - 1 AND a.outcome = 'running')
+ WHERE a.task_id = t.id AND a.token < t.fencing_token AND a.outcome = 'running' ORDER BY a.token DESC LIMIT 1)
 
 -- name: refresh_waiting
 -- A coalescing group's latest task takes the newest arguments (payload, fingerprint, delay in
@@ -194,7 +195,7 @@ WHERE id IN (%s, ...)
 -- until it commits. A task first named without a payload keeps the first payload a claim brings
 -- (the payload columns are set before the fingerprint: MySQL assigns left to right).
 UPDATE django_taskclaim_task
-SET status = 'running', owner = %s, fencing_token = django_taskclaim_task.fencing_token + 1,
+SET status = 'running', owner = %s, fencing_token = {{next_token}},
     attempts = django_taskclaim_task.attempts + 1,
     lease_expires_at = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), updated_at = UTC_TIMESTAMP(6),
     payload = CASE WHEN django_taskclaim_task.payload_fingerprint = '' THEN %s ELSE django_taskclaim_task.payload END,
@@ -211,13 +212,14 @@ WHERE tenant = %s AND `key` = %s
 -- A claim by key of a key with no task yet (tenant, key, owner, max_attempts, lease in
 -- microseconds, payload, fingerprint): a new running task. A duplicate key is refused (error 1062).
 {{task_insert}}
-VALUES (%s, %s, 'running', %s, 1, 1, %s, TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), %s, %s, NULL, '', '',
+VALUES (%s, %s, 'running', %s, {{epoch_floor}} + 1, 1, %s, TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), %s, %s, NULL, '', '',
     NULL, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, 0, NULL, '')
 
 -- name: close_taken_over_attempt
--- Close the attempt a claim took over (task id, the previous token).
+-- Close the attempt a claim took over (task id, the claim's token: the attempt's is lower, the one
+-- before or the last of an earlier epoch), if still open.
 UPDATE django_taskclaim_attempt SET outcome = 'taken_over', ended_at = UTC_TIMESTAMP(6)
-WHERE task_id = %s AND token = %s
+WHERE task_id = %s AND token < %s AND outcome = 'running'
 
 -- name: insert_attempt
 -- The attempt row of a claim that starts now (task id, token, owner, delivery id).
@@ -438,11 +440,20 @@ ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED
 -- name: claim_queued
 -- The locked tasks claimed (owner, lease in microseconds, their ids), re-checking the claim predicate.
 UPDATE django_taskclaim_task SET status = 'running', owner = %s,
-    fencing_token = django_taskclaim_task.fencing_token + 1, attempts = django_taskclaim_task.attempts + 1,
+    fencing_token = {{next_token}}, attempts = django_taskclaim_task.attempts + 1,
     lease_expires_at = TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6)), updated_at = UTC_TIMESTAMP(6)
 WHERE id IN (%s, ...) AND (django_taskclaim_task.status = 'pending' OR (django_taskclaim_task.status = 'running'
     AND django_taskclaim_task.lease_expires_at < UTC_TIMESTAMP(6)
     AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
+
+-- name: epoch_bump
+-- One more epoch (the last epoch): above the stored one and above the epoch of every token in the
+-- table, so a bump lost with a failed primary is made good where any token of its epoch reached this
+-- one (a scan of the task table: a bump is rare). No row: at the last epoch.
+UPDATE django_taskclaim_epoch
+SET bumps = GREATEST(bumps, COALESCE((SELECT MAX(t.fencing_token) FROM django_taskclaim_task t), 0) >> 32) + 1,
+    bumped_at = UTC_TIMESTAMP(6)
+WHERE id = 1 AND GREATEST(bumps, COALESCE((SELECT MAX(t.fencing_token) FROM django_taskclaim_task t), 0) >> 32) < %s
 
 -- name: store_step
 -- A step's result stored under its task (name, JSON, task id, token) while the claim (task id, token)

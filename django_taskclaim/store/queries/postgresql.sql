@@ -159,6 +159,29 @@ VALUES (%s::text, %s::text, 'pending', '', 0, 0, %s::integer, NULL, %s::jsonb, %
     %s::jsonb, statement_timestamp(), statement_timestamp(), %s::text, %s::smallint, %s::timestamptz, %s::text)
 {{inserted_unless_key_exists}}
 
+-- -- epochs (DESIGN §13; django_taskclaim/store/epochs.py: the layout and its bounds) ----------------
+
+-- name: epoch_floor
+-- A part: the current epoch's floor, taskclaim_epoch_floor() (migration 0013: the server's timeline,
+-- then the bumps counted on it; store/epochs.py), read in the claim's own statement (no race with a
+-- promotion). A scalar subquery: an InitPlan, one call a statement whatever the rows it claims.
+(SELECT taskclaim_epoch_floor())
+
+-- name: epoch_read
+-- The epoch: the server's timeline, the bumps counted on it, the floor (taskclaim_epoch_floor()).
+SELECT w.tl, COALESCE((SELECT e.bumps FROM django_taskclaim_epoch e WHERE e.id = 1 AND e.timeline = w.tl), 0),
+    taskclaim_epoch_floor()
+FROM (SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint AS tl) w
+
+-- name: epoch_bump
+-- One more bump on the server's timeline (the limit of bumps a timeline takes): the first on a
+-- timeline starts again from 1, since a bump of an older timeline no longer counts. No row: at the
+-- limit.
+WITH w AS (SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint AS tl)
+UPDATE django_taskclaim_epoch e SET timeline = w.tl, bumps = CASE WHEN e.timeline = w.tl THEN e.bumps + 1 ELSE 1 END,
+    bumped_at = statement_timestamp()
+FROM w WHERE e.id = 1 AND (e.timeline <> w.tl OR e.bumps < %s)
+
 -- -- claims by key -------------------------------------------------------------------------------
 -- A claim by key is one statement with its audit rows. Which of its forms a session sends follows
 -- what its last claim met (PostgreSQLStore.claim_key): claim_new after a claim that inserted (the
@@ -178,7 +201,7 @@ VALUES (%s::text, %s::text, 'pending', '', 0, 0, %s::integer, NULL, %s::jsonb, %
 -- A part: the insert of a key's task, claimed (tenant, key, owner, max_attempts, lease seconds,
 -- payload, fingerprint); its forms say when it runs, then inserted_unless_key_exists.
 {{task_insert}}
-SELECT %s::text, %s::text, 'running', %s::text, 1, 1, %s::integer,
+SELECT %s::text, %s::text, 'running', %s::text, {{epoch_floor}} + 1, 1, %s::integer,
     statement_timestamp() + make_interval(secs => %s), %s::jsonb, %s::text, NULL, '', '', NULL,
     statement_timestamp(), statement_timestamp(), NULL, 0, NULL, ''
 
@@ -211,7 +234,7 @@ SELECT c.* FROM claimed c
 -- A part: claim_key's upd, ins and claimed (its parameters up to the delivery id; claim_key says why).
 upd AS (
     UPDATE django_taskclaim_task t
-    SET status = 'running', owner = %s, fencing_token = t.fencing_token + 1, attempts = t.attempts + 1,
+    SET status = 'running', owner = %s, fencing_token = {{next_token}}, attempts = t.attempts + 1,
         lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp(),
         payload = CASE WHEN t.payload_fingerprint = '' THEN %s::jsonb ELSE t.payload END,
         payload_fingerprint = CASE WHEN t.payload_fingerprint = '' THEN %s ELSE t.payload_fingerprint END
@@ -231,11 +254,12 @@ ins AS (
 claimed AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
 
 -- name: attempt_taken_over
--- A part: the attempt a claim took over (token - 1, still running) closed at claimed_at; claim_key says why so.
+-- A part: the attempt a claim took over (a lower token, still running: the one before, or the last of
+-- an earlier epoch) closed at claimed_at; claim_key says why so.
 closed AS (
     UPDATE django_taskclaim_attempt a SET outcome = 'taken_over', ended_at = (SELECT claimed_at FROM claimed)
-    WHERE a.task_id = (SELECT id FROM claimed) AND a.token = (SELECT fencing_token - 1 FROM claimed)
-      AND (SELECT fencing_token FROM claimed) > 1 AND a.outcome = 'running'
+    WHERE a.task_id = (SELECT id FROM claimed) AND a.token < (SELECT fencing_token FROM claimed)
+      AND a.outcome = 'running'
     RETURNING a.task_id, a.owner)
 
 -- name: key_read
@@ -272,11 +296,12 @@ dup AS (
 -- without writing. A row committed after this statement's snapshot makes it claim nothing; the
 -- lifecycle reads the row and tries again when it is claimable.
 --
--- closed, opened: the attempt taken over (token - 1, still running) closed and the new one opened,
--- both at claimed_at. The attempt is looked up by its unique (task_id, token) as values of scalar
--- subqueries, which the planner turns into an index lookup whatever it believes of the table's
--- size: a join against claimed can be planned as a sequential scan of the attempt table while its
--- statistics still say "small", and a prepared statement keeps that plan while the table grows.
+-- closed, opened: the attempt taken over (a lower token, still running) closed and the new one
+-- opened, both at claimed_at. The attempt is looked up in the unique (task_id, token) index by
+-- values of scalar subqueries (a task's attempts below its token: few), which the planner turns
+-- into an index lookup whatever it believes of the table's size: a join against claimed can be
+-- planned as a sequential scan of the attempt table while its statistics still say "small", and a
+-- prepared statement keeps that plan while the table grows.
 --
 -- One row when claimed: the task's columns, claimed_at, NULL (expired: not asked), the owner it
 -- was taken over from, true (claimed), 0 (no duplicate recorded). No row when nothing was claimed:
@@ -284,7 +309,7 @@ dup AS (
 WITH {{key_claimed}},
 {{attempt_taken_over}},
 {{attempt_opened}}
-SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1), true, 0::bigint
 FROM claimed c
 
 -- name: claim_key_unaudited
@@ -316,7 +341,7 @@ WITH {{key_claimed}},
 {{key_read}},
 {{duplicate_recorded}},
 cfg AS (SELECT set_config('synchronous_commit', 'off', true) FROM dup)
-SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1), true, 0::bigint
 FROM claimed c
 UNION ALL
 SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) + 0 * (SELECT count(*) FROM cfg) FROM cur
@@ -329,7 +354,7 @@ WITH {{key_claimed}},
 {{attempt_opened}},
 {{key_read}},
 {{duplicate_recorded}}
-SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id), true, 0::bigint
+SELECT c.*, NULL::boolean, (SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1), true, 0::bigint
 FROM claimed c
 UNION ALL
 SELECT cur.*, NULL::text, false, (SELECT count(*) FROM dup) FROM cur
@@ -779,27 +804,28 @@ first AS (SELECT id FROM picked ORDER BY priority DESC, id LIMIT 1),
 
 -- name: start_claimed
 -- {{claim_set}}: every picked task started (owner, lease in seconds).
-status = 'running', owner = %s, fencing_token = q.fencing_token + 1, attempts = q.attempts + 1,
+status = 'running', owner = %s, fencing_token = {{next_token}}, attempts = q.attempts + 1,
 lease_expires_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp()
 
 -- name: start_first_reserve_rest
 -- A reserving claim: only the first task started (its attempt counted, the lease), the others reserved
 -- (owner, lease, reservation in seconds).
-status = 'running', owner = %s, fencing_token = q.fencing_token + 1,
+status = 'running', owner = %s, fencing_token = {{next_token}},
 attempts = q.attempts + (q.id = (SELECT id FROM first))::int,
 lease_expires_at = CASE WHEN q.id = (SELECT id FROM first) THEN statement_timestamp() + make_interval(secs => %s)
 ELSE statement_timestamp() + make_interval(secs => %s) END, updated_at = statement_timestamp()
 
 -- name: queue_claim_audit
--- {{audit}}: the exhausted tasks' attempts ended expired; the attempts the claim took over (token - 1
--- still running) closed and the new ones opened (delivery id), both at claimed_at: the clock read once
--- the row was claimed (see claim_key above).
+-- {{audit}}: the exhausted tasks' attempts ended expired; the attempts the claim took over (still
+-- running: the statement's snapshot does not see the attempts it opens; the token before, or the
+-- last of an earlier epoch) closed and the new ones opened (delivery id), both at claimed_at: the
+-- clock read once the row was claimed (see claim_key above). A task has one running attempt; were
+-- there two, both are closed and one owner named (LIMIT 1), never an error.
 , lost AS (UPDATE django_taskclaim_attempt a SET outcome = 'expired', ended_at = statement_timestamp()
     FROM exhausted x WHERE a.task_id = x.id AND a.token = x.fencing_token AND a.outcome = 'running'),
 closed AS (UPDATE django_taskclaim_attempt a SET outcome = 'taken_over',
     ended_at = (SELECT c.claimed_at FROM claimed c WHERE c.id = a.task_id)
-    WHERE (a.task_id, a.token) IN (SELECT id, fencing_token - 1 FROM claimed WHERE fencing_token > 1)
-    AND a.outcome = 'running' RETURNING a.task_id, a.owner),
+    WHERE a.task_id = ANY(ARRAY(SELECT id FROM claimed)) AND a.outcome = 'running' RETURNING a.task_id, a.owner),
 opened AS ({{attempt_insert}}
     SELECT c.id, c.fencing_token, c.owner, %s, c.claimed_at, NULL, 'running', 0, '', '', '' FROM claimed c
     {{only_first}})
@@ -819,7 +845,7 @@ UNION ALL SELECT x.*, NULL::text, 0, (SELECT count(*) FROM done) FROM exhausted 
 
 -- name: taken_over_from
 -- {{previous}}: the owner the claim took the task over from (audited).
-(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id)
+(SELECT cl.owner FROM closed cl WHERE cl.task_id = c.id LIMIT 1)
 
 -- name: no_owner
 NULL::text

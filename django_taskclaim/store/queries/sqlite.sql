@@ -152,12 +152,12 @@ RETURNING {{task_columns}}
 -- claims matches. A task first named without a payload keeps the first payload a claim brings.
 -- The row, or none when the task was not claimable.
 {{task_insert}}
-VALUES (%s, %s, 'running', %s, 1, 1, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), %s, %s,
+VALUES (%s, %s, 'running', %s, {{epoch_floor}} + 1, 1, %s, (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'), %s, %s,
     NULL, '', '', NULL,
     (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'), (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
     NULL, 0, NULL, '')
 ON CONFLICT (tenant, "key") DO UPDATE
-SET status = 'running', owner = excluded.owner, fencing_token = django_taskclaim_task.fencing_token + 1,
+SET status = 'running', owner = excluded.owner, fencing_token = {{next_token}},
     attempts = django_taskclaim_task.attempts + 1, lease_expires_at = excluded.lease_expires_at,
     updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000'),
     payload = CASE WHEN django_taskclaim_task.payload_fingerprint = '' THEN excluded.payload
@@ -173,10 +173,11 @@ WHERE ((django_taskclaim_task.status = 'pending'
 RETURNING {{task_columns}}
 
 -- name: take_over_attempt
--- Close the attempt a claim took over (task id, the previous token), if still open: its owner.
+-- Close the attempt a claim took over (task id, the claim's token: the attempt's is lower, the one
+-- before or the last of an earlier epoch), if still open: its owner.
 UPDATE django_taskclaim_attempt
 SET outcome = 'taken_over', ended_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
-WHERE task_id = %s AND token = %s AND outcome = 'running'
+WHERE task_id = %s AND token < %s AND outcome = 'running'
 RETURNING owner
 
 -- name: insert_attempt
@@ -318,7 +319,7 @@ RETURNING id, "key", tenant, fencing_token, status
 -- its limit (sql.fits). SQLite's one writer makes the counts exact: this transaction holds the write
 -- lock since fail_exhausted_queued. The UPDATE re-checks the claim predicate.
 UPDATE django_taskclaim_task SET status = 'running', owner = %s,
-    fencing_token = django_taskclaim_task.fencing_token + 1, attempts = django_taskclaim_task.attempts + 1,
+    fencing_token = {{next_token}}, attempts = django_taskclaim_task.attempts + 1,
     lease_expires_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000'),
     updated_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
 WHERE id IN (
@@ -343,6 +344,22 @@ AND (django_taskclaim_task.status = 'pending' OR (django_taskclaim_task.status =
     AND django_taskclaim_task.lease_expires_at < (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
     AND django_taskclaim_task.attempts < django_taskclaim_task.max_attempts))
 RETURNING {{task_columns}}
+
+-- name: epoch_bump
+-- One more epoch (the last epoch): above the stored one and above the epoch of every token in the
+-- table, so a bump lost with a failed primary is made good where any token of its epoch reached this
+-- one (a scan of the task table: a bump is rare). No row: at the last epoch.
+UPDATE django_taskclaim_epoch
+SET bumps = max(bumps, COALESCE((SELECT MAX(t.fencing_token) FROM django_taskclaim_task t), 0) >> 32) + 1,
+    bumped_at = (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')
+WHERE id = 1 AND max(bumps, COALESCE((SELECT MAX(t.fencing_token) FROM django_taskclaim_task t), 0) >> 32) < %s
+
+-- name: next_token
+-- A part: common.sql's next_token, with SQLite's scalar max(); past the last token of its epoch it is
+-- NULL, which the column refuses (NOT NULL constraint failed: django_taskclaim_task.fencing_token):
+-- migration 0013 adds no constraint here, since SQLite adds one by making the table anew.
+CASE WHEN (max(fencing_token, {{epoch_floor}}) & 4294967295) <> 4294967295
+    THEN max(fencing_token, {{epoch_floor}}) + 1 END
 
 -- name: store_step
 -- A step's result stored under its task (name, JSON, task id, token) while the claim (task id, token)
