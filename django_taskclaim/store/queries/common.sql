@@ -95,3 +95,10 @@ AND django_taskclaim_task.id <> %s
  OR (SELECT count(*) FROM django_taskclaim_task r
      WHERE r.concurrency_key = django_taskclaim_task.concurrency_key AND r.status = 'running')
     < django_taskclaim_task.concurrency_limit)
+
+-- name: set_progress
+-- A claim's progress (fraction, note, the claim's token, task id, the claim's token again), written
+-- only while the claim (id, token) holds its task; no row changed when it was fenced off. Changes no
+-- indexed column: a HOT update on PostgreSQL.
+UPDATE django_taskclaim_task SET progress = %s, progress_note = %s, progress_token = %s
+WHERE id = %s AND status = 'running' AND fencing_token = %s

@@ -1,0 +1,239 @@
+"""The figures of the admin's dashboard (``admin:django_taskclaim_dashboard``), which the Prometheus
+metrics report under the same names (``metrics.DashboardCollector``).
+
+Everything is aggregated by the database, from what the app keeps anyway: the attempt rows (the audit
+trail, ``TASKCLAIM_AUDIT``: one per claim, with its start, end, outcome and fenced-off writes), read
+through their ``started_at`` index over the window, joined to their task for its queue and path.
+Per window, one GROUP BY query gives every figure per queue and task path, the time quantiles
+included (from counts under fixed bounds: :data:`BOUNDS`); one more gives the chart over time.
+
+A window counts the attempts *started* in it, by the database clock: ``started`` all of them (not
+the duplicate deliveries, which never ran), ``succeeded`` and ``failed`` (failed for good or to be
+retried) those that have ended so, ``takeovers`` those whose lease expired and another claim took
+the task, ``fenced_writes`` the writes refused to them once fenced off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
+from django.db.models.functions import Coalesce, TruncHour, TruncMinute
+
+from . import routing
+from .models import Attempt, Task
+from .status import Outcome, Status
+from .store import DbNow, DbNowPlus
+
+#: The windows, by name: their length in seconds, and the width of a bar of the chart over time.
+WINDOWS: dict[str, tuple[int, int]] = {"1h": (3600, 300), "1d": (86400, 3600)}
+#: The upper bounds (seconds) of the time counts the quantiles are read from: a quantile is exact at
+#: a bound and interpolated linearly between two (the error is at most the gap between them).
+BOUNDS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400)
+QUANTILES = (0.5, 0.95)
+#: The running tasks the dashboard lists (the newest first).
+RUNNING_SHOWN = 50
+#: The names shared with the metrics (``taskclaim_window_<name>``).
+COUNTS = ("started", "succeeded", "failed", "takeovers", "fenced_writes")
+FAILED = (Outcome.FAILED.value, Outcome.RETRY.value)
+
+
+@dataclass
+class Group:
+    """The figures of one queue and task path (``queue`` ``None``: tasks claimed by key) in a window."""
+
+    database: str
+    queue: str | None
+    task_path: str
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    takeovers: int = 0
+    fenced_writes: int = 0
+    #: ``{0.5: seconds, 0.95: seconds}``; empty when nothing was measured.
+    wait: dict[float, float] = field(default_factory=dict)
+    run: dict[float, float] = field(default_factory=dict)
+
+    @property
+    def wait_p50(self) -> float | None:
+        return self.wait.get(0.5)
+
+    @property
+    def wait_p95(self) -> float | None:
+        return self.wait.get(0.95)
+
+    @property
+    def run_p50(self) -> float | None:
+        return self.run.get(0.5)
+
+    @property
+    def run_p95(self) -> float | None:
+        return self.run.get(0.95)
+
+    @property
+    def label(self) -> str:
+        queue = "(by key)" if self.queue is None else self.queue
+        return f"{queue} · {self.task_path}" if self.task_path else queue
+
+
+@dataclass
+class Window:
+    """One window's figures, per queue and task path, and over time (bars of ``step`` seconds)."""
+
+    name: str
+    seconds: int
+    step: int
+    groups: list[Group]
+    #: Per bar, oldest first: ``(start, {"started": n, "succeeded": n, "failed": n})``.
+    series: list[tuple[datetime, dict[str, int]]]
+    unreachable: dict[str, str]
+
+    def total(self, name: str) -> int:
+        return sum(getattr(g, name) for g in self.groups)
+
+
+def quantile(cumulative: list[int], total: int, q: float) -> float | None:
+    """The ``q`` quantile of ``total`` values of which ``cumulative[i]`` are under ``BOUNDS[i]``:
+    interpolated between the bounds around it; ``BOUNDS[-1]`` at most (``None`` with no value)."""
+    if total <= 0:
+        return None
+    wanted = q * total
+    below, lower = 0, 0.0
+    for bound, count in zip(BOUNDS, cumulative, strict=True):
+        if count >= wanted:
+            inside = count - below
+            share = 1.0 if inside <= 0 else (wanted - below) / inside
+            return lower + (bound - lower) * share
+        below, lower = count, bound
+    return BOUNDS[-1]
+
+
+def _seconds(td: float) -> timedelta:
+    return timedelta(seconds=td)
+
+
+def group_figures(alias: str, seconds: int) -> list[Group]:
+    """One query: every figure of each queue and task path over the last ``seconds``."""
+    wait = ExpressionWrapper(F("started_at") - Coalesce("task__run_after", "task__created_at"),
+                             output_field=DurationField())
+    run = ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField())
+    measured_wait = Q(wait__gte=timedelta(0))
+    ended = Q(ended_at__isnull=False)
+    figures: dict[str, Any] = {
+        "started": Count("pk"),
+        "succeeded": Count("pk", filter=Q(outcome=Outcome.SUCCEEDED)),
+        "failed": Count("pk", filter=Q(outcome__in=FAILED)),
+        "takeovers": Count("pk", filter=Q(outcome=Outcome.TAKEN_OVER)),
+        "fenced_writes": Coalesce(Sum("stale_writes"), 0),
+        "waited": Count("pk", filter=measured_wait),
+        "ran": Count("pk", filter=ended),
+    }
+    for i, bound in enumerate(BOUNDS):
+        figures[f"w{i}"] = Count("pk", filter=measured_wait & Q(wait__lt=_seconds(bound)))
+        figures[f"r{i}"] = Count("pk", filter=ended & Q(run__lt=_seconds(bound)))
+    rows = (Attempt.objects.using(alias).filter(started_at__gte=DbNowPlus(-seconds))
+            .exclude(outcome=Outcome.DUPLICATE).alias(wait=wait, run=run)
+            .values("task__queue", "task__task_path").annotate(**figures)
+            .order_by("task__queue", "task__task_path"))
+    found = []
+    for row in cast("list[dict[str, Any]]", list(rows)):
+        group = Group(alias, row["task__queue"], row["task__task_path"], started=int(row["started"]),
+                      succeeded=int(row["succeeded"]), failed=int(row["failed"]), takeovers=int(row["takeovers"]),
+                      fenced_writes=int(row["fenced_writes"]))
+        for q in QUANTILES:
+            waited = quantile([row[f"w{i}"] for i in range(len(BOUNDS))], row["waited"], q)
+            ran = quantile([row[f"r{i}"] for i in range(len(BOUNDS))], row["ran"], q)
+            if waited is not None:
+                group.wait[q] = waited
+            if ran is not None:
+                group.run[q] = ran
+        found.append(group)
+    return found
+
+
+def series(alias: str, seconds: int, step: int) -> tuple[datetime | None, dict[int, dict[str, int]]]:
+    """One query: the attempts started in the window by minute (hour, for bars of an hour) and
+    outcome, added up into bars of ``step`` seconds, numbered back from the database's now (0: the
+    newest); and that now."""
+    trunc = TruncHour("started_at") if step >= 3600 else TruncMinute("started_at")
+    rows = (Attempt.objects.using(alias).filter(started_at__gte=DbNowPlus(-seconds))
+            .exclude(outcome=Outcome.DUPLICATE).annotate(at=trunc).values("at", "outcome")
+            .annotate(n=Count("pk"), now=Max(DbNow())).order_by())
+    bars: dict[int, dict[str, int]] = {}
+    now = None
+    for row in rows:
+        now = row["now"]
+        back = max(0, int((now - row["at"]).total_seconds() // step))
+        bar = bars.setdefault(min(back, seconds // step - 1), {"started": 0, "succeeded": 0, "failed": 0})
+        bar["started"] += row["n"]
+        if row["outcome"] == Outcome.SUCCEEDED:
+            bar["succeeded"] += row["n"]
+        elif row["outcome"] in FAILED:
+            bar["failed"] += row["n"]
+    return now, bars
+
+
+def window(name: str, aliases: tuple[str, ...] | None = None) -> Window:
+    """The figures of window ``name`` (``"1h"``, ``"1d"``) of every task database (``aliases``);
+    a database out of reach is named in ``unreachable``, the others still counted."""
+    seconds, step = WINDOWS[name]
+    groups: list[Group] = []
+    bars: dict[int, dict[str, int]] = {}
+    unreachable: dict[str, str] = {}
+    now: datetime | None = None
+    for alias in routing.databases() if aliases is None else aliases:
+        try:
+            groups += group_figures(alias, seconds)
+            db_now, found = series(alias, seconds, step)
+        except routing.UNREACHABLE as exc:
+            unreachable[alias] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            continue
+        now = now or db_now
+        for back, bar in found.items():
+            mine = bars.setdefault(back, {"started": 0, "succeeded": 0, "failed": 0})
+            for key, value in bar.items():
+                mine[key] += value
+    end = now or datetime.now().astimezone()
+    count = seconds // step
+    ordered = [(end - timedelta(seconds=step * (back + 1)), bars.get(back, {"started": 0, "succeeded": 0, "failed": 0}))
+               for back in reversed(range(count))]
+    return Window(name, seconds, step, groups, ordered, unreachable)
+
+
+def running(alias: str, limit: int = RUNNING_SHOWN) -> list[Task]:
+    """The running tasks of ``alias``, the newest first (the running index), with the database's now."""
+    return list(Task.objects.db_manager(alias).running().annotate(db_now=DbNow()).order_by("-id")[:limit])
+
+
+def limits_waiting(alias: str) -> list[dict[str, Any]]:
+    """Each concurrency key with tasks pending or running: ``waiting`` (pending), ``running``, and
+    its ``limit`` (the largest of its tasks'). One query, on the concurrency key's index."""
+    rows = (Task.objects.db_manager(alias).get_queryset()
+            .filter(status__in=(Status.PENDING, Status.RUNNING)).exclude(concurrency_key="")
+            .values("concurrency_key").annotate(
+                waiting=Count("pk", filter=Q(status=Status.PENDING)),
+                running=Count("pk", filter=Q(status=Status.RUNNING)),
+                limit=Max("concurrency_limit"))
+            .order_by("concurrency_key"))
+    return [{"database": alias, "key": r["concurrency_key"], "waiting": r["waiting"], "running": r["running"],
+             "limit": r["limit"]} for r in rows]
+
+
+def progress_text(task: Task) -> str:
+    """A task's progress as the admin and ``taskclaim_inspect`` show it: ``"40% copying (token 3)"``,
+    marked as an earlier attempt's when a later claim has not written any; ``"-"`` with none."""
+    if task.progress is None:
+        return "-"
+    text = f"{task.progress * 100:.0f}%"
+    if task.progress_note:
+        text += f" {task.progress_note}"
+    text += f" (token {task.progress_token})"
+    if task.progress_token is not None and task.progress_token != task.fencing_token:
+        text += " earlier attempt"
+    return text
+
+
+__all__ = ["BOUNDS", "COUNTS", "QUANTILES", "WINDOWS", "Group", "Window", "group_figures", "limits_waiting",
+           "progress_text", "quantile", "running", "series", "window"]
