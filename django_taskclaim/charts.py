@@ -87,7 +87,7 @@ def quantiles(groups: Sequence[Group], which: str) -> SafeString:
     per queue and task path, in seconds."""
     found = [(g, getattr(g, which)) for g in groups if getattr(g, which)]
     peak = max([q.get(0.95, 0.0) for _, q in found] + [0.001])
-    scale = (WIDTH - LABEL_WIDTH - 90) / peak
+    scale = (WIDTH - LABEL_WIDTH - 210) / peak  # room for the figures written after the bar
     body = []
     for i, (g, q) in enumerate(found):
         y = 4 + i * ROW
