@@ -3,13 +3,10 @@ status and the claim's token in the statement itself."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from ..store import get_store
 from . import transitions
-
-if TYPE_CHECKING:
-    from ..store.sql import SQLStore
 
 
 def write(holder: Any, fraction: float, note: str) -> bool:
@@ -17,11 +14,6 @@ def write(holder: Any, fraction: float, note: str) -> bool:
     holder's claim still holds the task: whether it did (``False``: fenced off, nothing written).
     Inside the caller's transaction it commits with it; sent again on a dropped connection, as a
     heartbeat is (writing the same values twice changes nothing)."""
-    store = cast("SQLStore", get_store(holder.using))  # every store is one: its statements by name
-
-    def run(cursor: Any) -> bool:
-        store.execute(cursor, store.sql("set_progress"),
-                      [fraction, note, holder.token, holder.task_id, holder.token])
-        return bool(cursor.rowcount == 1)
-
-    return transitions._reconnecting(holder.using, lambda: transitions._plain(holder.using, run))
+    store = get_store(holder.using)
+    return transitions._reconnecting(holder.using, lambda: transitions._plain(
+        holder.using, lambda cursor: store.set_progress(cursor, holder.task_id, holder.token, fraction, note)))

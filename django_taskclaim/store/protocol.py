@@ -245,3 +245,8 @@ class Store(Protocol):
         Found without waiting and without keeping a lock once it returns, inside the caller's
         transaction too. A database without row locks (SQLite) answers ``[]``.
         """
+
+    # -- progress (issue 45) -----------------------------------------------------------------
+    def set_progress(self, cursor: Any, task_id: int, token: int, fraction: float, note: str) -> bool:
+        """Store a claim's progress (with its token) if the claim (id, token) still holds the task:
+        whether it did."""
