@@ -3,7 +3,7 @@
     python -m benchmarks.dashboard --start-server [--rows 1000000,10000000] [--days 30]
 
 The task and attempt tables are filled by ``INSERT … SELECT generate_series`` (not through the
-claims: minutes, not hours), each size on top of the last: finished tasks spread evenly over the last
+claims: minutes, not hours), afresh for each size: finished tasks in id order spread evenly over the last
 ``--days`` days (so 10 million over 30 days is about 333,000 a day, 14,000 an hour), over 8 queues
 and 24 task paths, each with one attempt (90 % succeeded, 8 % failed, 2 % retried), started 0–3 s
 after it was enqueued and run 10 ms–2 s; and 200 running tasks, 50 of them with progress. Then, after
@@ -66,20 +66,20 @@ def timed(call: Callable[[], Any]) -> float:
     return statistics.median(took)
 
 
-def fill(done: int, more: int, days: float) -> float:
-    """Add ``more`` finished tasks (and their attempts) to the ``done`` there; the seconds it took."""
+def fill(rows: int, days: float) -> float:
+    """Fill the tables afresh with ``rows`` finished tasks (and their attempts), created in id order
+    over the last ``days`` (as a queue's tasks are: a task's id grows with its creation time), and
+    the 200 running ones; the seconds it took."""
     from django.db import connection
 
     t0 = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT coalesce(max(id), 0) FROM django_taskclaim_task")
-        last_id = cursor.fetchone()[0]
-        span = days * 86400
-        # Each batch spreads over the whole span, so every size fills it evenly.
-        cursor.execute(FILL_TASKS, [span, done, more, done, done, more])
-        cursor.execute(FILL_ATTEMPTS, [last_id])
-        cursor.execute("ANALYZE django_taskclaim_task")
-        cursor.execute("ANALYZE django_taskclaim_attempt")
+        cursor.execute("TRUNCATE django_taskclaim_attempt, django_taskclaim_task RESTART IDENTITY")
+        cursor.execute(FILL_TASKS, [days * 86400, 0, rows, 0, 0, rows])
+        cursor.execute(FILL_ATTEMPTS, [0])
+        cursor.execute(RUNNING, [])
+        cursor.execute("VACUUM ANALYZE django_taskclaim_task")
+        cursor.execute("VACUUM ANALYZE django_taskclaim_attempt")
     return time.perf_counter() - t0
 
 
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-server", action="store_true", help="a private PostgreSQL (fsync off: the fill)")
     parser.add_argument("--pg-url", help="a PostgreSQL server to create the tables on")
     parser.add_argument("--rows", default="1000000,10000000",
-                        help="finished tasks to measure at, each size filled on top of the last "
-                             "(default: %(default)s)")
+                        help="finished tasks to measure at, each size filled afresh (default: %(default)s)")
     parser.add_argument("--days", type=float, default=30.0,
                         help="the span the tasks spread over (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -165,15 +164,10 @@ def main(argv: list[str] | None = None) -> int:
 
         django.setup()
         from django.core.management import call_command
-        from django.db import connection
 
         call_command("migrate", verbosity=0)
-        with connection.cursor() as cursor:
-            cursor.execute(RUNNING, [])
-        done = 0
         for rows in sizes:
-            took = fill(done, rows - done, args.days)
-            done = rows
+            took = fill(rows, args.days)
             print("\n".join(measure(rows, took)), flush=True)
     finally:
         if server is not None:

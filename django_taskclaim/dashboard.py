@@ -15,17 +15,20 @@ the task, ``fenced_writes`` the writes refused to them once fenced off.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from django.db import connections, transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, TruncHour, TruncMinute
 
 from . import routing
 from .models import Attempt, Task
 from .status import Outcome, Status
-from .store import DbNow, DbNowPlus
+from .store import DbNow, DbNowPlus, get_store
 
 #: The windows, by name: their length in seconds, and the width of a bar of the chart over time.
 WINDOWS: dict[str, tuple[int, int]] = {"1h": (3600, 300), "1d": (86400, 3600)}
@@ -158,13 +161,21 @@ def figures_query(alias: str, seconds: int, first: int) -> QuerySet[Any]:
             .order_by("queue", "task_path"))
 
 
+@contextmanager
+def reporting(alias: str) -> Iterator[None]:
+    """A transaction with the store's settings for a report's queries (PostgreSQL: no JIT)."""
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        get_store(alias).report_settings(cursor)
+        yield
+
+
 def group_figures(alias: str, seconds: int) -> list[Group]:
     """Two queries: every figure of each queue and task path over the last ``seconds``."""
-    first = first_task(alias, seconds)
-    if first is None:
-        return []
+    with reporting(alias):
+        first = first_task(alias, seconds)
+        rows = [] if first is None else list(figures_query(alias, seconds, first))
     found = []
-    for row in cast("list[dict[str, Any]]", list(figures_query(alias, seconds, first))):
+    for row in cast("list[dict[str, Any]]", rows):
         group = Group(alias, row["queue"], row["task_path"], started=int(row["started"]),
                       succeeded=int(row["succeeded"]), failed=int(row["failed"]), takeovers=int(row["takeovers"]),
                       fenced_writes=int(row["fenced_writes"]))
@@ -184,11 +195,13 @@ def series(alias: str, seconds: int, step: int) -> tuple[datetime | None, dict[i
     outcome, added up into bars of ``step`` seconds, numbered back from the database's now (0: the
     newest); and that now."""
     trunc = TruncHour("started_at") if step >= 3600 else TruncMinute("started_at")
-    rows = (Attempt.objects.using(alias).filter(started_at__gte=DbNowPlus(-seconds))
-            .exclude(outcome=Outcome.DUPLICATE).annotate(at=trunc).values("at", "outcome")
-            .annotate(n=Count("pk"), now=Max(DbNow())).order_by())
+    query = (Attempt.objects.using(alias).filter(started_at__gte=DbNowPlus(-seconds))
+             .exclude(outcome=Outcome.DUPLICATE).annotate(at=trunc).values("at", "outcome")
+             .annotate(n=Count("pk"), now=Max(DbNow())).order_by())
     bars: dict[int, dict[str, int]] = {}
     now = None
+    with reporting(alias):
+        rows = list(query)
     for row in rows:
         now = row["now"]
         back = max(0, int((now - row["at"]).total_seconds() // step))

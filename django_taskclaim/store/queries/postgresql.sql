@@ -829,3 +829,9 @@ NULL::text
 -- name: first_started
 -- A reserving claim: 1 for the task started, 2 for those reserved.
 CASE WHEN c.id = (SELECT id FROM first) THEN 1 ELSE 2 END
+
+-- name: report_settings
+-- Inside a transaction: a report's (the admin dashboard's) settings until it ends. JIT off: compiling
+-- the dashboard's forty aggregate expressions took 3.2 s of a 4.6 s query at 10 million tasks, to
+-- run them once over a few hundred thousand rows.
+SELECT set_config('jit', 'off', true)
