@@ -119,3 +119,21 @@ def test_quantiles_from_counts_under_the_bounds() -> None:
     assert quantile(counts, 10, 0.95) == pytest.approx(1 + 1.5 * (5.5 / 6))
     assert quantile([0] * len(BOUNDS), 3, 0.5) == BOUNDS[-1]  # all above the last bound
     assert quantile([0] * len(BOUNDS), 0, 0.5) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_window_queries_run_without_jit_on_postgresql_and_leave_the_session_as_it_was() -> None:
+    from django.db import connection
+
+    from django_taskclaim.dashboard import reporting
+
+    if connection.vendor != "postgresql":
+        pytest.skip("JIT is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        before = cursor.fetchone()[0]
+        with reporting(connection.alias):
+            cursor.execute("SHOW jit")
+            assert cursor.fetchone()[0] == "off"
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == before
