@@ -123,8 +123,11 @@ RAN = tuple(o for o in Outcome.values if o != Outcome.DUPLICATE)
 
 def first_task(alias: str, seconds: int) -> int | None:
     """The lowest task id among the attempts started in the last ``seconds`` (``None``: none)."""
+    # min(task_id + 0), not min(task_id): with the bare column PostgreSQL walks the attempts' (task,
+    # token) index from the lowest id for the first recent one, the whole table when the recent
+    # attempts are of the newest tasks (1.3 s at 10 million); the sum reads the window by started_at.
     found = (Attempt.objects.using(alias).filter(started_at__gte=DbNowPlus(-seconds))
-             .aggregate(first=Min("task_id")))["first"]
+             .aggregate(first=Min(F("task_id") + 0)))["first"]
     return None if found is None else int(found)
 
 
