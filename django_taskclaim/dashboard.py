@@ -19,10 +19,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import accumulate
 from typing import Any, cast
 
 from django.db import connections, transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, QuerySet, Sum
+from django.db.models import (
+    Case,
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Max,
+    Min,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce, TruncHour, TruncMinute
 
 from . import routing
@@ -131,9 +146,19 @@ def first_task(alias: str, seconds: int) -> int | None:
     return None if found is None else int(found)
 
 
+def _bucket(name: str, unmeasured: Q) -> Case:
+    """The index of the first of :data:`BOUNDS` that the duration ``name`` is under (``len(BOUNDS)``
+    past the last one; -1 where ``unmeasured``): one CASE a row, so that the query counts rows per
+    bucket instead of evaluating a filtered count per bound."""
+    whens = [When(unmeasured, then=Value(-1))]
+    whens += [When(**{f"{name}__lt": _seconds(bound)}, then=Value(i)) for i, bound in enumerate(BOUNDS)]
+    return Case(*whens, default=Value(len(BOUNDS)), output_field=IntegerField())
+
+
 def figures_query(alias: str, seconds: int, first: int) -> QuerySet[Any]:
     """The one query of :func:`group_figures`: the attempts started in the last ``seconds`` (the
-    attempts' ``started_at`` index) joined to their tasks, grouped by queue and task path.
+    attempts' ``started_at`` index) joined to their tasks, counted per queue, task path, outcome and
+    the buckets of their wait and run time (at most 9 × 17 × 17 rows a queue and path).
 
     ``first``, the lowest task id among those attempts (:func:`first_task`), bounds the tasks read
     to a range of the primary key: without it PostgreSQL hashes the attempts and scans the whole
@@ -142,26 +167,14 @@ def figures_query(alias: str, seconds: int, first: int) -> QuerySet[Any]:
     a = "attempt_set__"
     wait = ExpressionWrapper(F(f"{a}started_at") - Coalesce("run_after", "created_at"), output_field=DurationField())
     run = ExpressionWrapper(F(f"{a}ended_at") - F(f"{a}started_at"), output_field=DurationField())
-    measured_wait = Q(wait__gte=timedelta(0))
-    ended = Q(**{f"{a}ended_at__isnull": False})
-    attempts = f"{a}id"
-    figures: dict[str, Any] = {
-        "started": Count(attempts),
-        "succeeded": Count(attempts, filter=Q(**{f"{a}outcome": Outcome.SUCCEEDED})),
-        "failed": Count(attempts, filter=Q(**{f"{a}outcome__in": FAILED})),
-        "takeovers": Count(attempts, filter=Q(**{f"{a}outcome": Outcome.TAKEN_OVER})),
-        "fenced_writes": Coalesce(Sum(f"{a}stale_writes"), 0),
-        "waited": Count(attempts, filter=measured_wait),
-        "ran": Count(attempts, filter=ended),
-    }
-    for i, bound in enumerate(BOUNDS):
-        figures[f"w{i}"] = Count(attempts, filter=measured_wait & Q(wait__lt=_seconds(bound)))
-        figures[f"r{i}"] = Count(attempts, filter=ended & Q(run__lt=_seconds(bound)))
-    # One filter() call: the aggregates below count the attempts it joined (the same join).
+    # One filter() call: the counts below count the attempts it joined (the same join).
     return (Task.objects.db_manager(alias).get_queryset()
             .filter(**{"pk__gte": first, f"{a}started_at__gte": DbNowPlus(-seconds), f"{a}outcome__in": RAN})
-            .alias(wait=wait, run=run).values("queue", "task_path").annotate(**figures)
-            .order_by("queue", "task_path"))
+            .alias(wait=wait, run=run)
+            .annotate(outcome=F(f"{a}outcome"), wait_bucket=_bucket("wait", Q(wait__lt=timedelta(0))),
+                      run_bucket=_bucket("run", Q(**{f"{a}ended_at__isnull": True})))
+            .values("queue", "task_path", "outcome", "wait_bucket", "run_bucket")
+            .annotate(n=Count(f"{a}id"), fenced=Sum(f"{a}stale_writes")).order_by())
 
 
 @contextmanager
@@ -177,20 +190,30 @@ def group_figures(alias: str, seconds: int) -> list[Group]:
     with reporting(alias):
         first = first_task(alias, seconds)
         rows = [] if first is None else list(figures_query(alias, seconds, first))
-    found = []
+    groups: dict[tuple[str | None, str], Group] = {}
+    waits: dict[tuple[str | None, str], list[int]] = {}
+    runs: dict[tuple[str | None, str], list[int]] = {}
     for row in cast("list[dict[str, Any]]", rows):
-        group = Group(alias, row["queue"], row["task_path"], started=int(row["started"]),
-                      succeeded=int(row["succeeded"]), failed=int(row["failed"]), takeovers=int(row["takeovers"]),
-                      fenced_writes=int(row["fenced_writes"]))
+        key = (row["queue"], row["task_path"])
+        group = groups.setdefault(key, Group(alias, *key))
+        n, outcome = int(row["n"]), row["outcome"]
+        group.started += n
+        group.succeeded += n if outcome == Outcome.SUCCEEDED else 0
+        group.failed += n if outcome in FAILED else 0
+        group.takeovers += n if outcome == Outcome.TAKEN_OVER else 0
+        group.fenced_writes += int(row["fenced"] or 0)
+        for buckets, index in ((waits, row["wait_bucket"]), (runs, row["run_bucket"])):
+            if index >= 0:
+                buckets.setdefault(key, [0] * (len(BOUNDS) + 1))[index] += n
+    for key, group in groups.items():
         for q in QUANTILES:
-            waited = quantile([row[f"w{i}"] for i in range(len(BOUNDS))], row["waited"], q)
-            ran = quantile([row[f"r{i}"] for i in range(len(BOUNDS))], row["ran"], q)
-            if waited is not None:
-                group.wait[q] = waited
-            if ran is not None:
-                group.run[q] = ran
-        found.append(group)
-    return found
+            for buckets, into in ((waits, group.wait), (runs, group.run)):
+                if key in buckets:
+                    counts = buckets[key]
+                    found = quantile(list(accumulate(counts[:len(BOUNDS)])), sum(counts), q)
+                    if found is not None:
+                        into[q] = found
+    return [groups[key] for key in sorted(groups, key=lambda k: (k[0] is not None, k[0] or "", k[1]))]
 
 
 def series(alias: str, seconds: int, step: int) -> tuple[datetime | None, dict[int, dict[str, int]]]:

@@ -137,3 +137,20 @@ def test_the_window_queries_run_without_jit_on_postgresql_and_leave_the_session_
             assert cursor.fetchone()[0] == "off"
         cursor.execute("SHOW jit")
         assert cursor.fetchone()[0] == before
+
+
+def test_the_quantiles_fall_in_the_bucket_of_the_times_measured(work) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from django.db.models import F
+
+    from django_taskclaim.models import Attempt
+
+    # The two ended attempts of the mail group ran 3 s; their tasks were due 40 s before they started.
+    mail = Attempt.objects.filter(task__queue="mail")
+    mail.filter(ended_at__isnull=False).update(ended_at=F("started_at") + timedelta(seconds=3))
+    for attempt in mail:
+        Task.objects.filter(pk=attempt.task_id).update(created_at=attempt.started_at - timedelta(seconds=40))
+    [group] = [g for g in window("1h").groups if g.queue == "mail"]
+    assert 2.5 < group.run[0.5] <= group.run[0.95] <= 5
+    assert 30 < group.wait[0.5] <= group.wait[0.95] <= 60
