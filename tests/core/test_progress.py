@@ -7,12 +7,13 @@ import asyncio
 import io
 import json
 import math
+import os
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.db import connections
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_taskclaim.dashboard import progress_text
@@ -129,6 +130,10 @@ def test_taskclaim_inspect_shows_progress_as_text_and_json() -> None:
     assert (found["progress"], found["progress_note"], found["progress_token"]) == (0.42, "step 3 of 7", 1)
 
 
+# As tests/core/test_properties.py: TASKCLAIM_HYPOTHESIS_EXAMPLES examples, no deadline (a loaded
+# machine), derandomized in CI.
+@settings(max_examples=int(os.environ.get("TASKCLAIM_HYPOTHESIS_EXAMPLES", "100")), deadline=None,
+          derandomize=bool(os.environ.get("CI")))
 @given(fraction=st.one_of(st.floats(), st.integers(-3, 3), st.booleans(), st.none(), st.text(max_size=3)),
        note=st.one_of(st.text(max_size=300), st.sampled_from(["", "\x00", "\udfff", "x" * 255]), st.integers()))
 def test_any_progress_is_stored_exactly_or_refused_with_nothing_written(fraction: object, note: object) -> None:
