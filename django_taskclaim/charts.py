@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from .dashboard import Group
 
@@ -20,17 +20,30 @@ LABEL_WIDTH = 220
 ROW = 22
 
 
-def _rect(x: float, y: float, w: float, h: float, series: str, value: float, title: str, **data: str) -> str:
-    extra = "".join(f' data-{k}="{escape(v)}"' for k, v in data.items())
-    return (f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{h:.1f}" fill="{COLOURS[series]}" '
-            f'data-series="{series}" data-value="{value:g}"{extra}><title>{escape(title)}</title></rect>')
+def _n(value: float, digits: int = 1) -> str:
+    """A coordinate as the markup writes it."""
+    return f"{value:.{digits}f}"
 
 
-def _svg(name: str, height: float, body: list[str], label: str) -> SafeString:
-    return mark_safe(  # noqa: S308 - every value in body is a number or escaped
-        f'<svg class="taskclaim-chart" data-chart="{name}" role="img" aria-label="{escape(label)}" '
-        f'width="{WIDTH}" height="{height:.0f}" viewBox="0 0 {WIDTH} {height:.0f}" '
-        f'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="11">{"".join(body)}</svg>')
+def _rect(x: float, y: float, w: float, h: float, series: str, value: float, title: str,
+          **data: str) -> SafeString:
+    extra = format_html_join("", ' data-{}="{}"', data.items())
+    return format_html('<rect x="{}" y="{}" width="{}" height="{}" fill="{}" data-series="{}" data-value="{}"{}>'
+                       "<title>{}</title></rect>", _n(x), _n(y), _n(max(w, 0)), _n(h), COLOURS[series], series,
+                       f"{value:g}", extra, title)
+
+
+def _text(x: float, y: float, content: str, title: str = "") -> SafeString:
+    if title:
+        return format_html('<text x="{}" y="{}"><title>{}</title>{}</text>', _n(x), _n(y), title, content)
+    return format_html('<text x="{}" y="{}">{}</text>', _n(x), _n(y), content)
+
+
+def _svg(name: str, height: float, body: list[SafeString], label: str) -> SafeString:
+    return format_html('<svg class="taskclaim-chart" data-chart="{}" role="img" aria-label="{}" width="{}" '
+                       'height="{}" viewBox="0 0 {} {}" xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" '
+                       'font-size="11">{}</svg>', name, label, WIDTH, _n(height, 0), WIDTH, _n(height, 0),
+                       format_html_join("", "{}", ((part,) for part in body)))
 
 
 def over_time(series: Sequence[tuple[datetime, dict[str, int]]], step: int) -> SafeString:
@@ -39,8 +52,9 @@ def over_time(series: Sequence[tuple[datetime, dict[str, int]]], step: int) -> S
     height, top, bottom = 170.0, 10.0, 24.0
     peak = max([bar["started"] for _, bar in series] + [1])
     width = (WIDTH - 40) / max(len(series), 1)
-    body = [f'<text x="0" y="{top + 8:.0f}">{peak}</text>', f'<text x="0" y="{height - bottom:.0f}">0</text>',
-            f'<line x1="36" y1="{height - bottom:.0f}" x2="{WIDTH}" y2="{height - bottom:.0f}" stroke="#ccc"/>']
+    body = [_text(0, top + 8, str(peak)), _text(0, height - bottom, "0"),
+            format_html('<line x1="36" y1="{}" x2="{}" y2="{}" stroke="#ccc"/>', _n(height - bottom), WIDTH,
+                        _n(height - bottom))]
     scale = (height - top - bottom) / peak
     for i, (start, bar) in enumerate(series):
         x, base = 40 + i * width, height - bottom
@@ -54,20 +68,19 @@ def over_time(series: Sequence[tuple[datetime, dict[str, int]]], step: int) -> S
             body.append(_rect(x + 1, base, width - 2, h, name, value, f"from {when}: {value} {name}",
                               bar=str(i), start=start.isoformat()))
         if i % max(1, len(series) // 6) == 0:
-            body.append(f'<text x="{x:.1f}" y="{height - 8:.0f}">{when}</text>')
+            body.append(_text(x, height - 8, when))
     return _svg("over-time", height, body, "attempts started over time, by outcome")
 
 
-def _label(y: float, text: str) -> str:
-    shown = text if len(text) <= 34 else text[:33] + "…"
-    return f'<text x="0" y="{y + ROW * 0.65:.1f}"><title>{escape(text)}</title>{escape(shown)}</text>'
+def _label(y: float, text: str) -> SafeString:
+    return _text(0, y + ROW * 0.65, text if len(text) <= 34 else text[:33] + "…", title=text)
 
 
 def per_group(groups: Sequence[Group]) -> SafeString:
     """Attempts started per queue and task path, split by how they ended."""
     peak = max([g.started for g in groups] + [1])
     scale = (WIDTH - LABEL_WIDTH - 60) / peak
-    body = []
+    body: list[SafeString] = []
     for i, g in enumerate(groups):
         y, x = 4 + i * ROW, float(LABEL_WIDTH)
         body.append(_label(y, g.label))
@@ -78,7 +91,7 @@ def per_group(groups: Sequence[Group]) -> SafeString:
             body.append(_rect(x, y + 3, value * scale, ROW - 6, name, value, f"{g.label}: {value} {name}",
                               group=g.label))
             x += value * scale
-        body.append(f'<text x="{x + 4:.1f}" y="{y + ROW * 0.65:.1f}">{g.started}</text>')
+        body.append(_text(x + 4, y + ROW * 0.65, str(g.started)))
     return _svg("per-group", 8 + max(len(groups), 1) * ROW, body, "attempts per queue and task path")
 
 
@@ -88,7 +101,7 @@ def quantiles(groups: Sequence[Group], which: str) -> SafeString:
     found = [(g, getattr(g, which)) for g in groups if getattr(g, which)]
     peak = max([q.get(0.95, 0.0) for _, q in found] + [0.001])
     scale = (WIDTH - LABEL_WIDTH - 210) / peak  # room for the figures written after the bar
-    body = []
+    body: list[SafeString] = []
     for i, (g, q) in enumerate(found):
         y = 4 + i * ROW
         body.append(_label(y, g.label))
@@ -96,8 +109,8 @@ def quantiles(groups: Sequence[Group], which: str) -> SafeString:
             value = q.get(key, 0.0)
             body.append(_rect(LABEL_WIDTH, y + inset, value * scale, ROW - 2 * inset, name, round(value, 6),
                               f"{g.label}: {name} {value:.3f} s", group=g.label))
-        body.append(f'<text x="{LABEL_WIDTH + q.get(0.95, 0.0) * scale + 4:.1f}" y="{y + ROW * 0.65:.1f}">'
-                    f'p50 {q.get(0.5, 0.0):.3g} s · p95 {q.get(0.95, 0.0):.3g} s</text>')
+        body.append(_text(LABEL_WIDTH + q.get(0.95, 0.0) * scale + 4, y + ROW * 0.65,
+                          f"p50 {q.get(0.5, 0.0):.3g} s · p95 {q.get(0.95, 0.0):.3g} s"))
     return _svg(which, 8 + max(len(found), 1) * ROW, body, f"{which} time quantiles per queue and task path")
 
 
