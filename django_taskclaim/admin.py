@@ -30,6 +30,7 @@ from django.utils.translation import ngettext
 from . import contrib, outages, routing
 from .admin_views import QueuedWorkAdminMixin, TaskPathFilter
 from .conf import settings
+from .dashboard import progress_text
 from .lifecycle.api import reclaim_expired_rows
 from .models import HELD_REASON, Attempt, OutboxMessage, Step, Task, TaskQuerySet, held_ids
 from .readonly_admin import ReadOnlyAdmin
@@ -289,8 +290,8 @@ class StepInline(admin.TabularInline):
 @admin.register(Task)
 class TaskAdmin(QueuedWorkAdminMixin, ReadOnlyAdmin):
     list_display = ("key", "tenant", "status_badge", "queue", "task_path_display", "priority", "owner",
-                    "fencing_token", "attempts_display", "lease", "took_over", "result_display", "error_display",
-                    "updated_at")
+                    "fencing_token", "attempts_display", "lease", "progress_display", "took_over", "result_display",
+                    "error_display", "updated_at")
     list_display_links = ("key",)
     list_filter = (TaskDatabaseFilter, "status", LeaseExpiredFilter, TakeoverFilter, "queue", TaskPathFilter,
                    "tenant")
@@ -305,7 +306,7 @@ class TaskAdmin(QueuedWorkAdminMixin, ReadOnlyAdmin):
     actions = ("reclaim_expired", "release", "reset", "cancel")
     fieldsets = (
         (None, {"fields": ("tenant", "key", "status", "owner", "fencing_token", "attempts",
-                           "max_attempts", "lease")}),
+                           "max_attempts", "lease", "progress_display")}),
         (_("Result"), {"fields": ("result", "result_ref", "error")}),
         (_("Input"), {"fields": ("payload", "payload_fingerprint", "dispatch")}),
         (_("Queue"), {"fields": ("queue", "priority", "run_after", "task_path", "task_id_display",
@@ -314,7 +315,8 @@ class TaskAdmin(QueuedWorkAdminMixin, ReadOnlyAdmin):
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in self.model._meta.fields] + ["lease", "task_id_display", "result_status_display"]
+        return [f.name for f in self.model._meta.fields] + ["lease", "progress_display", "task_id_display",
+                                                            "result_status_display"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # The database clock and the takeover flag come with the page's one query, on the task
@@ -399,6 +401,11 @@ class TaskAdmin(QueuedWorkAdminMixin, ReadOnlyAdmin):
             return str(_("held: expired %(time)s ago, but %(why)s")
                        % {"time": human_seconds(remaining), "why": HELD_REASON})
         return str(_("expired %(time)s ago") % {"time": human_seconds(remaining)})
+
+    @admin.display(description=_("progress"), ordering="progress")
+    def progress_display(self, obj: Task) -> str:
+        """The latest ``claim.progress()``, with the token that wrote it (an earlier attempt's, marked)."""
+        return progress_text(obj)
 
     @admin.display(description=_("taken over"), boolean=True)
     def took_over(self, obj: Task) -> bool:

@@ -136,6 +136,8 @@ class QueuedWorkAdminMixin:
         own = [
             path("queues/", site.admin_view(self.queues_view), name="{}_{}_queues".format(*info)),
             path("schedules/", site.admin_view(self.schedules_view), name="{}_{}_schedules".format(*info)),
+            # DESIGN §14 names it admin:django_taskclaim_dashboard (the app's, not the model's).
+            path("dashboard/", site.admin_view(self.dashboard_view), name=f"{info[0]}_dashboard"),
             path("<int:pk>/cancel/", site.admin_view(require_POST(self.cancel_view)),
                  name="{}_{}_cancel".format(*info)),
             path("<int:pk>/retry/", site.admin_view(require_POST(self.retry_view)),
@@ -166,6 +168,45 @@ class QueuedWorkAdminMixin:
             "title": _("Schedules"), "opts": Task._meta, "schedules": rows, "problem": problem,
         }
         return TemplateResponse(request, "admin/django_taskclaim/task/schedules.html", context)
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The last hour's (``?window=1d``: day's) work per queue and task path, as charts and a table
+        (``dashboard``), the running tasks with their progress, the concurrency limits' waiting
+        tasks and the schedules' next ticks. Staff with the task's view permission."""
+        if not self.has_view_permission(request):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        from . import charts, dashboard
+
+        name = request.GET.get("window", "1h")
+        if name not in dashboard.WINDOWS:
+            name = "1h"
+        figures = dashboard.window(name)
+        running: list[dict[str, Any]] = []
+        limits: list[dict[str, Any]] = []
+        for alias in routing.databases():
+            if alias in figures.unreachable:
+                continue
+            for task in dashboard.running(alias):
+                remaining = task.lease_remaining(now=getattr(task, "db_now", None))
+                running.append({"task": task, "database": alias, "lease_left": remaining,
+                                "progress": dashboard.progress_text(task),
+                                "url": self._url("change", task.pk) + self._database_query(task)})
+            limits += dashboard.limits_waiting(alias)
+        schedules, problem = schedule_overview()
+        context = {
+            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            "title": _("Dashboard"), "opts": Task._meta, "window": figures, "windows": list(dashboard.WINDOWS),
+            "over_time": charts.over_time(figures.series, figures.step),
+            "per_group": charts.per_group(figures.groups),
+            "wait_chart": charts.quantiles(figures.groups, "wait"),
+            "run_chart": charts.quantiles(figures.groups, "run"),
+            "totals": {n: figures.total(n) for n in dashboard.COUNTS},
+            "groups": [{"group": g, "url": self._list_of(g)} for g in figures.groups],
+            "running": running, "running_shown": dashboard.RUNNING_SHOWN, "limits": limits,
+            "schedules": schedules, "schedules_problem": problem, "unreachable": figures.unreachable,
+            "several": routing.several(),
+        }
+        return TemplateResponse(request, "admin/django_taskclaim/task/dashboard.html", context)
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False,
                            change: bool = False, form_url: str = "", obj: Any = None) -> HttpResponse:
@@ -218,6 +259,15 @@ class QueuedWorkAdminMixin:
     @staticmethod
     def _url(action: str, pk: int) -> str:
         return reverse(f"admin:{Task._meta.app_label}_{Task._meta.model_name}_{action}", args=[pk])
+
+    def _list_of(self, group: Any) -> str:
+        """The task list of one dashboard group: its queue (or tasks claimed by key), its path."""
+        query: dict[str, str] = {"queue__isnull": "True"} if group.queue is None else {"queue__exact": group.queue}
+        if group.task_path:
+            query["task_path"] = group.task_path
+        if routing.several():
+            query["database"] = group.database
+        return reverse(f"admin:{Task._meta.app_label}_{Task._meta.model_name}_changelist") + "?" + urlencode(query)
 
     @staticmethod
     def _database_query(task: Task) -> str:

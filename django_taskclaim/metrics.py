@@ -44,6 +44,21 @@ by ``TASKCLAIM_ROUTER``, one series per database):
   pending outbox message has waited since it was recorded, by the database clock (0 with none)
 - ``taskclaim_database_up`` (gauge, per scrape): 1 when the task database answered, 0 when it
   could not be reached (its other gauges are then missing from the scrape; the others' are there)
+
+The admin dashboard's figures, read per scrape by the same queries (:mod:`django_taskclaim.dashboard`;
+``install(window_gauges=False)`` leaves them out), each with ``window`` (``1h``, ``1d``), ``queue``
+(``""``: tasks claimed by key) and ``task_path`` besides ``database``: of the attempts started in the
+window, by the database clock:
+
+- ``taskclaim_window_started``, ``taskclaim_window_succeeded``, ``taskclaim_window_failed``,
+  ``taskclaim_window_takeovers``, ``taskclaim_window_fenced_writes`` (gauges)
+- ``taskclaim_window_wait_seconds{quantile}`` and ``taskclaim_window_run_seconds{quantile}``
+  (gauges, ``quantile`` ``0.5`` and ``0.95``): from due (enqueued, or its not-before time) to start,
+  and run time
+- ``taskclaim_limit_waiting{key}`` and ``taskclaim_limit_running{key}`` (gauges): a concurrency
+  key's pending and running tasks
+- ``taskclaim_schedule_next_tick_timestamp_seconds{schedule}`` (gauge, with the schedules' lag): when
+  each schedule fires next, as a Unix time
 """
 
 from __future__ import annotations
@@ -73,7 +88,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'django-taskclaim[prometheus]'"
     ) from exc
 
-from . import routing, signals
+from . import dashboard, routing, signals
 from .models import OutboxMessage, Task, held_ids
 from .status import Outcome
 
@@ -86,6 +101,7 @@ OLDEST_HELP = "Seconds the oldest due task of each queue has waited, by the data
 LAG_HELP = "Seconds the oldest due tick of each schedule without a task has waited (0: none missing)"
 OUTBOX_HELP = "Outbox messages by status: pending (waiting for a relay or under delivery), delivered, failed"
 OUTBOX_OLDEST_HELP = "Seconds the oldest pending outbox message has waited since it was recorded, by the database clock"
+NEXT_TICK_HELP = "When each schedule fires next, as a Unix time (seconds)"
 UP_HELP = "1 when the task database answered this scrape's queries, 0 when it could not be reached"
 
 
@@ -150,6 +166,66 @@ class DatabaseCollector(Collector):
         outbox = OutboxMessage.objects.using(alias).stats()
         return counts, len(expired), len(held_ids(alias, expired)), tasks.queue_stats(), outbox
 
+
+WINDOW_HELP = {
+    "started": "Attempts started in the window (duplicate deliveries aside)",
+    "succeeded": "Attempts started in the window that succeeded",
+    "failed": "Attempts started in the window that failed (for good, or to be retried)",
+    "takeovers": "Attempts started in the window whose expired lease another claim took over",
+    "fenced_writes": "Writes refused to attempts started in the window once fenced off",
+}
+WAIT_HELP = "Seconds from due (enqueued, or its not-before time) to start of the window's attempts, by quantile"
+RUN_HELP = "Run time in seconds of the window's attempts that ended, by quantile"
+LIMIT_WAITING_HELP = "Pending tasks of each concurrency key"
+LIMIT_RUNNING_HELP = "Running tasks of each concurrency key"
+
+
+class DashboardCollector(Collector):
+    """The admin dashboard's figures (:mod:`.dashboard`), read at scrape time by its queries, under
+    the names the dashboard documents: per window, queue and task path; the concurrency keys."""
+
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        labels = ["window", "queue", "task_path", "database"]
+        counts = tuple(GaugeMetricFamily(f"{NAMESPACE}_window_{name}", WINDOW_HELP[name], labels=labels)
+                       for name in dashboard.COUNTS)
+        return (*counts,
+                GaugeMetricFamily(f"{NAMESPACE}_window_wait_seconds", WAIT_HELP, labels=[*labels, "quantile"]),
+                GaugeMetricFamily(f"{NAMESPACE}_window_run_seconds", RUN_HELP, labels=[*labels, "quantile"]),
+                GaugeMetricFamily(f"{NAMESPACE}_limit_waiting", LIMIT_WAITING_HELP, labels=["key", "database"]),
+                GaugeMetricFamily(f"{NAMESPACE}_limit_running", LIMIT_RUNNING_HELP, labels=["key", "database"]))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        counts, (wait, run, waiting, running) = families[:len(dashboard.COUNTS)], families[len(dashboard.COUNTS):]
+        for alias in routing.databases(self.using):
+            try:
+                windows = [(name, dashboard.group_figures(alias, seconds))
+                           for name, (seconds, _step) in dashboard.WINDOWS.items()]
+                limits = dashboard.limits_waiting(alias)
+            except routing.UNREACHABLE as exc:  # taskclaim_database_up says it: the series go missing
+                logger.warning("metrics: task database %r cannot be reached: %s", alias, exc)
+                connections[alias].close_if_unusable_or_obsolete()
+                continue
+            for name, groups in windows:
+                for g in groups:
+                    labels = [name, g.queue or "", g.task_path, alias]
+                    for family, figure in zip(counts, dashboard.COUNTS, strict=True):
+                        family.add_metric(labels, getattr(g, figure))
+                    for q, seconds in g.wait.items():
+                        wait.add_metric([*labels, str(q)], seconds)
+                    for q, seconds in g.run.items():
+                        run.add_metric([*labels, str(q)], seconds)
+            for limit in limits:
+                waiting.add_metric([limit["key"], alias], limit["waiting"])
+                running.add_metric([limit["key"], alias], limit["running"])
+        yield from families
 
 
 class TaskClaimMetrics:
@@ -228,12 +304,16 @@ class ScheduleCollector(Collector):
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(f"{NAMESPACE}_schedule_lag_seconds", LAG_HELP, labels=["schedule"])
+        yield GaugeMetricFamily(f"{NAMESPACE}_schedule_next_tick_timestamp_seconds", NEXT_TICK_HELP,
+                                labels=["schedule"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         from .schedules import ScheduleError, configured
         from .schedules.status import standing
 
         lag = GaugeMetricFamily(f"{NAMESPACE}_schedule_lag_seconds", LAG_HELP, labels=["schedule"])
+        next_tick = GaugeMetricFamily(f"{NAMESPACE}_schedule_next_tick_timestamp_seconds", NEXT_TICK_HELP,
+                                      labels=["schedule"])
         try:
             found = configured()
         except ScheduleError as exc:  # the system check says so too (E301-E305)
@@ -241,15 +321,24 @@ class ScheduleCollector(Collector):
             found = []
         for schedule in found:
             try:
-                lag.add_metric([schedule.name], standing(schedule).lag)
+                state = standing(schedule)
             except routing.UNREACHABLE as exc:  # taskclaim_database_up says it: the series goes missing
                 logger.warning("metrics: schedule %r cannot be read: %s", schedule.name, exc)
+                continue
+            lag.add_metric([schedule.name], state.lag)
+            if state.next_tick is not None:
+                next_tick.add_metric([schedule.name], state.next_tick.timestamp())
         yield lag
+        yield next_tick
 
 
 def install(registry: CollectorRegistry | None = None, *, database_gauges: bool = True,
-            using: str | None = None) -> TaskClaimMetrics:
+            using: str | None = None, window_gauges: bool = True) -> TaskClaimMetrics:
     """Register the counters (and the database gauges) and connect them to the signals.
+
+    ``window_gauges``: with the database gauges, the dashboard's figures too (``taskclaim_window_*``,
+    ``taskclaim_limit_*``): one GROUP BY query per window and scrape, and one over the limited tasks
+    (their cost: docs/operations.md).
 
     Idempotent per registry: a second call returns the metrics of the first.
     """
@@ -260,6 +349,8 @@ def install(registry: CollectorRegistry | None = None, *, database_gauges: bool 
     collectors: list[Collector] = []
     if database_gauges:
         collectors = [DatabaseCollector(using), ScheduleCollector()]
+        if window_gauges:
+            collectors.append(DashboardCollector(using))
         for collector in collectors:
             registry.register(collector)
     for signal, receiver in metrics.connections():
@@ -294,4 +385,4 @@ def metrics_view(request: HttpRequest, registry: CollectorRegistry | None = None
     return HttpResponse(output, content_type=CONTENT_TYPE_LATEST)
 
 
-__all__ = ["DatabaseCollector", "TaskClaimMetrics", "install", "metrics_view", "uninstall"]
+__all__ = ["DashboardCollector", "DatabaseCollector", "TaskClaimMetrics", "install", "metrics_view", "uninstall"]

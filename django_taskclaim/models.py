@@ -275,6 +275,13 @@ class Task(models.Model):
     # in this database ('' and NULL: no limit); the queue claim decides it (docs/django-tasks.md).
     concurrency_key = models.CharField(_("concurrency key"), max_length=255, blank=True, default="")
     concurrency_limit = models.PositiveIntegerField(_("concurrency limit"), null=True, blank=True)
+    # Progress: what the latest claim wrote with ``claim.progress()`` (a fraction in [0, 1] and a
+    # note), and that claim's fencing token. Kept when the task is claimed again (the claim
+    # statements do not touch it): a progress_token below the fencing token is an earlier
+    # attempt's. Nullable, so adding them is instant and the stores' inserts need not name them.
+    progress = models.FloatField(_("progress"), null=True, blank=True)
+    progress_note = models.CharField(_("progress note"), max_length=255, null=True, blank=True)  # noqa: DJ001
+    progress_token = models.BigIntegerField(_("progress written by token"), null=True, blank=True)
 
     objects = TaskManager()
 

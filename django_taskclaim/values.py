@@ -293,3 +293,21 @@ def concurrency_of(key: Any, limit: Any, *, queued: bool = True) -> tuple[str, i
         raise InvalidArgument("concurrency limits are for queued work: give a queue too")
     key = validate_text(key, "concurrency_key", MAX_CONCURRENCY_KEY_LENGTH)
     return key, positive_int(limit, "concurrency_limit")
+
+
+#: The longest progress note a claim may write (the task table's column).
+MAX_PROGRESS_NOTE_LENGTH = 255
+
+
+def progress_of(fraction: Any, note: Any) -> tuple[float, str]:
+    """A claim's progress as stored: ``fraction``, a real number in [0, 1], and ``note``, a string of
+    at most :data:`MAX_PROGRESS_NOTE_LENGTH` characters. ``InvalidArgument`` names what is wrong:
+    not a number (a bool, a string, NaN), outside [0, 1], or a note the database cannot store."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise InvalidArgument(f"progress must be a number from 0 to 1, not {type(fraction).__name__}")
+    value = float(fraction)
+    if math.isnan(value):
+        raise InvalidArgument("progress is NaN; it must be a number from 0 to 1")
+    if not 0.0 <= value <= 1.0:
+        raise InvalidArgument(f"progress = {value!r} is outside [0, 1]")
+    return value, validate_text(note, "progress note", MAX_PROGRESS_NOTE_LENGTH)

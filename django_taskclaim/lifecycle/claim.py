@@ -24,7 +24,17 @@ from ..identity import resolve_identity
 from ..routing import UNREACHABLE, route, unreachable
 from ..status import Status
 from ..store.rows import Claimed, Start, TaskRow
-from ..values import DEFAULT_QUEUE, clean_text, lease_seconds, positive_int, queue_names, to_json, validate_text
+from ..values import (
+    DEFAULT_QUEUE,
+    clean_text,
+    lease_seconds,
+    positive_int,
+    progress_of,
+    queue_names,
+    to_json,
+    validate_text,
+)
+from . import progress as _progress
 from . import transitions
 from .keepalive import KeepaliveMixin
 from .outbox import Outbox
@@ -610,6 +620,20 @@ class Claim(KeepaliveMixin):
                 return func(*args, **kwargs)
 
         return await sync_to_async(run)()
+
+    # -- progress (issue 45): a fenced write the admin, taskclaim_inspect and the dashboard show --
+    def progress(self, fraction: float, note: str = "") -> None:
+        """Record how far the work has come: ``fraction`` from 0 to 1 and a short ``note`` (at most
+        255 characters), with this claim's token. Fenced as every write: ``StaleClaim`` (and nothing
+        written) once another claim holds the task; ``InvalidArgument`` (nothing written) for a
+        fraction that is not a number in [0, 1] or a note the database cannot store."""
+        value, text = progress_of(fraction, note)
+        if not _progress.write(self, value, text):
+            self._refuse("progress")
+
+    async def aprogress(self, fraction: float, note: str = "") -> None:
+        """:meth:`progress`, awaitable."""
+        await sync_to_async(self.progress)(fraction, note)
 
 
 def reservation(lease: float) -> float:

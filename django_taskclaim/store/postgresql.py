@@ -427,6 +427,9 @@ class PostgreSQLStore(SQLStore):
     def refused_write(self, error: BaseException) -> bool:
         return getattr(error, "sqlstate", None) == READ_ONLY_SQL_TRANSACTION
 
+    def report_settings(self, cursor: Any) -> None:
+        cursor.execute(self.sql("report_settings"))
+
 
 def _claimed_and_exhausted(store: PostgreSQLStore, found: Sequence[Sequence[Any]]) -> tuple[list[Claimed], list[Moved]]:
     claimed, exhausted = [], []

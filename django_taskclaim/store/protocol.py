@@ -275,3 +275,11 @@ class Store(Protocol):
     def bump_epoch(self, cursor: Any) -> bool:
         """One more epoch (``taskclaim_epoch --bump``), writing its row if missing; ``False`` at the last."""
 
+    # -- progress (issue 45) -----------------------------------------------------------------
+    def set_progress(self, cursor: Any, task_id: int, token: int, fraction: float, note: str) -> bool:
+        """Store a claim's progress (with its token) if the claim (id, token) still holds the task:
+        whether it did."""
+
+    def report_settings(self, cursor: Any) -> None:
+        """Inside a transaction: settings for a report's queries (the admin dashboard's) until it ends;
+        PostgreSQL turns JIT compilation off, which costs more than such a query saves."""

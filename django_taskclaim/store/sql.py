@@ -603,6 +603,14 @@ class SQLStore:
     def record_stale(self, cursor: Any, task_id: int, token: int) -> None:
         self.execute(cursor, self.sql("record_stale"), [task_id, token])
 
+    def report_settings(self, cursor: Any) -> None:
+        return None  # only PostgreSQL has settings worth changing for a report
+
+    def set_progress(self, cursor: Any, task_id: int, token: int, fraction: float, note: str) -> bool:
+        # Matched rows on MySQL too (Django connects with CLIENT.FOUND_ROWS): the same figure again counts.
+        self.execute(cursor, self.sql("set_progress"), [fraction, note, token, task_id, token])
+        return bool(cursor.rowcount == 1)
+
     # -- the sweeper and operators ---------------------------------------------------------
     def requeue(self, cursor: Any, task_id: int, dispatch: str, *, token: int | None,
                 older_than: float | None) -> bool:

@@ -107,3 +107,39 @@ def test_the_queue_overview_names_a_database_it_cannot_reach_and_shows_the_other
     assert [(r["database"], r["queue"]) for r in response.context["queues"]] == [("default", "emails")]
     assert list(response.context["unreachable"]) == [B]
     assert f"Task database {B} cannot be reached: " in response.content.decode()
+
+
+def test_the_dashboard_counts_both_databases_and_names_one_it_cannot_reach(client) -> None:  # type: ignore[no-untyped-def]
+    from django.db import connections
+
+    from devtools.servers import free_port
+
+    user = User.objects.create(username="viewer", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_taskclaim",
+                                                        codename="view_task"))
+    client.force_login(user)
+    on_b()
+    Task.objects.ensure("on-a", queue="emails", task_path=PATH)
+    [on_a] = Task.objects.claim_next(path="*", owner="w1", queue="emails")
+    on_a.complete(3)
+    [b] = Task.objects.claim_next(path="*", owner="w2", tenant=ON_B[0])
+    b.progress(0.5, "half")
+    page = client.get(reverse("admin:django_taskclaim_dashboard"))
+    groups = {(row["group"].database, row["group"].queue, row["group"].succeeded) for row in page.context["groups"]}
+    assert groups == {("default", "emails", 1), (B, "default", 0)}
+    running = page.context["running"]
+    assert [(r["database"], r["progress"]) for r in running] == [(B, "50% half (token 1)")]
+    assert f"?database={B}" in running[0]["url"]
+    conn = connections[B]
+    conn.close()
+    saved = conn.settings_dict["PORT"]
+    conn.settings_dict["PORT"] = str(free_port())  # nothing listens there: the server is down
+    try:
+        response = client.get(reverse("admin:django_taskclaim_dashboard"))
+    finally:
+        conn.settings_dict["PORT"] = saved
+        conn.close()
+    assert response.status_code == 200
+    assert [(r["group"].database, r["group"].queue) for r in response.context["groups"]] == [("default", "emails")]
+    assert list(response.context["unreachable"]) == [B]
+    assert f"Task database {B} cannot be reached: " in response.content.decode()

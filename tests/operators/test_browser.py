@@ -207,3 +207,70 @@ def test_operator_cancels_a_task_from_its_page_and_reads_the_queues(browser, liv
     wait.until(ec.staleness_of(queues))
     table = wait.until(loaded(By.ID, "queues"))
     assert [c.text for c in table.find_elements(By.CSS_SELECTOR, "tbody td")][:4] == ["emails", "1", "0", "0"]
+
+
+#: The dashboard's screenshot the README shows; written when TASKCLAIM_DOCS_SCREENSHOT is set (a run
+#: that refreshes it), else the run's artifacts/ only.
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_charts_a_real_worker_s_run(browser, live_server, worker_env) -> None:  # type: ignore[no-untyped-def]
+    """Django tasks run by a real ``manage.py taskclaim_worker`` process, some succeeding, some
+    failing; the dashboard, opened as staff with the view permission, charts those numbers."""
+    import subprocess
+    import sys
+
+    from django.contrib.auth.models import Permission, User
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.testapp.tasks import add, fails
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)  # noqa: S106
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_taskclaim",
+                                                        codename="view_task"))
+    for i in range(6):
+        add.enqueue(i, 1)
+    for i in range(3):
+        fails.enqueue(f"card {i} declined")
+    worker = subprocess.run([sys.executable, "-m", "django", "taskclaim_worker", "--until-drained"],
+                            cwd=Path(__file__).resolve().parents[2], env=worker_env, capture_output=True,
+                            text=True, timeout=180)
+    assert worker.returncode == 0, worker.stderr
+    running = Task.objects.claim("nightly-export", owner="worker-7", lease=600).claim
+    assert running is not None
+    running.progress(0.6, "600k of 1M rows")
+    added, failing = "default · tests.testapp.tasks.add", "default · tests.testapp.tasks.fails"
+    expected = {
+        (added, "succeeded"): Attempt.objects.filter(task__task_path="tests.testapp.tasks.add",
+                                                     outcome="succeeded").count(),
+        (failing, "failed"): Attempt.objects.filter(task__task_path="tests.testapp.tasks.fails",
+                                                    outcome__in=("failed", "retry")).count(),
+    }
+    assert expected == {(added, "succeeded"): 6, (failing, "failed"): expected[(failing, "failed")]}
+    assert expected[(failing, "failed")] >= 3
+
+    wait = WebDriverWait(browser, TIMEOUT)
+    browser.set_window_size(1100, 1000)
+    log_in(browser, wait, f"{live_server.url}/admin/login/?next=/admin/django_taskclaim/task/dashboard/")
+    chart = wait.until(loaded(By.CSS_SELECTOR, "svg[data-chart='per-group']"))
+    shown = {(r.get_attribute("data-group"), r.get_attribute("data-series")): int(r.get_attribute("data-value"))
+             for r in chart.find_elements(By.CSS_SELECTOR, "rect")}
+    assert shown[(added, "succeeded")] == expected[(added, "succeeded")]
+    assert shown[(failing, "failed")] == expected[(failing, "failed")]
+    # The bars are drawn (a size the browser laid out), not only present in the markup.
+    assert all(r.size["width"] > 0 for r in chart.find_elements(By.CSS_SELECTOR, "rect"))
+    over_time = browser.find_element(By.CSS_SELECTOR, "svg[data-chart='over-time']")
+    assert sum(int(r.get_attribute("data-value")) for r in over_time.find_elements(By.CSS_SELECTOR, "rect")) \
+        == Attempt.objects.exclude(outcome="duplicate").count()
+    run = browser.find_element(By.CSS_SELECTOR, "svg[data-chart='run']")
+    assert {r.get_attribute("data-group") for r in run.find_elements(By.CSS_SELECTOR, "rect")} >= {added, failing}
+    table = browser.find_element(By.ID, "running")
+    assert "nightly-export" in table.text and "worker-7" in table.text and "60% 600k of 1M rows (token 1)" in table.text
+    ARTIFACTS.mkdir(exist_ok=True)
+    vendor = os.environ.get("TASKCLAIM_TEST_DB", "sqlite")
+    assert browser.save_screenshot(str(ARTIFACTS / f"admin-dashboard-{vendor}.png"))
+    if os.environ.get("TASKCLAIM_DOCS_SCREENSHOT"):
+        assert browser.save_screenshot(str(DOCS_SCREENSHOT))

@@ -145,3 +145,64 @@ def test_queue_depth_and_the_oldest_due_tasks_age_per_queue(registry) -> None:  
     assert value(registry, "taskclaim_queue_oldest_due_seconds", queue="reports") == 0
     assert registry.get_sample_value("taskclaim_queue_depth",
                                      {"queue": "default", "state": "due", "database": Task.objects.db}) is None
+
+
+def test_the_dashboard_s_figures_under_the_same_names(registry) -> None:  # type: ignore[no-untyped-def]
+    """Parity (issue 45 item 4): every figure of the dashboard's groups and limits is a series of
+    the same name, for both windows."""
+    from django.test import override_settings
+
+    from django_taskclaim import dashboard
+    from django_taskclaim.schedules.spec import parse
+    from django_taskclaim.schedules.status import standing
+
+    for key in ("m1", "m2"):
+        Task.objects.ensure(key, queue="mail", task_path="app.tasks.send")
+    done, broken = sorted(Task.objects.claim_next(owner="w", limit=2, queue="mail", path="*"), key=lambda c: c.key)
+    done.complete()
+    broken.fail("down")
+    stale = Task.objects.claim("k", owner="old", lease=60).claim
+    expire(stale)
+    Task.objects.claim("k", owner="new", lease=60)
+    with pytest.raises(StaleClaim):
+        stale.heartbeat()
+    Task.objects.ensure("l1", queue="api", concurrency_key="partner", concurrency_limit=1)
+
+    for name in dashboard.WINDOWS:
+        groups = dashboard.window(name).groups
+        assert {(g.queue, g.task_path) for g in groups} == {("mail", "app.tasks.send"), (None, "")}
+        for g in groups:
+            labels = {"window": name, "queue": g.queue or "", "task_path": g.task_path}
+            for figure in dashboard.COUNTS:
+                assert value(registry, f"taskclaim_window_{figure}", **labels) == getattr(g, figure), figure
+            for q in dashboard.QUANTILES:
+                assert value(registry, "taskclaim_window_wait_seconds", quantile=str(q), **labels) == g.wait[q]
+            for q, seconds in g.run.items():
+                assert value(registry, "taskclaim_window_run_seconds", quantile=str(q), **labels) == seconds
+    by_key = {"window": "1h", "queue": "", "task_path": ""}
+    assert value(registry, "taskclaim_window_started", **by_key) == 2
+    assert value(registry, "taskclaim_window_takeovers", **by_key) == 1
+    assert value(registry, "taskclaim_window_fenced_writes", **by_key) == 1
+    mail = {"window": "1d", "queue": "mail", "task_path": "app.tasks.send"}
+    assert value(registry, "taskclaim_window_succeeded", **mail) == 1
+    assert value(registry, "taskclaim_window_failed", **mail) == 1
+    assert value(registry, "taskclaim_limit_waiting", key="partner") == 1
+    assert value(registry, "taskclaim_limit_running", key="partner") == 0
+
+    schedules = {"beat": {"task": "tests.testapp.tasks.tick", "every": 60}}
+    with override_settings(TASKCLAIM_SCHEDULES=schedules):
+        expected = standing(parse("beat", schedules["beat"])).next_tick
+        assert expected is not None
+        got = registry.get_sample_value("taskclaim_schedule_next_tick_timestamp_seconds", {"schedule": "beat"})
+        assert got == pytest.approx(expected.timestamp(), abs=61)
+
+
+def test_without_window_gauges() -> None:
+    registry = CollectorRegistry()
+    metrics.install(registry, window_gauges=False)
+    try:
+        Task.objects.ensure("x")
+        assert registry.get_sample_value("taskclaim_tasks", {"status": "pending", "database": Task.objects.db}) == 1
+        assert "taskclaim_window_started" not in {m.name for m in registry.collect()}
+    finally:
+        metrics.uninstall(registry)

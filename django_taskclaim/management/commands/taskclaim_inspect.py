@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_taskclaim import routing
+from django_taskclaim.dashboard import progress_text
 from django_taskclaim.exceptions import DatabaseUnreachable
 from django_taskclaim.ids import parse_task_id, task_id
 from django_taskclaim.management.arguments import task_database, task_key, tenant_name
@@ -39,7 +40,8 @@ def reading(using: str) -> Iterator[None]:
 def task_as_dict(task: Task, lease_remaining: float | None, held: bool = False) -> dict[str, Any]:
     fields = ("id", "tenant", "key", "status", "owner", "fencing_token", "attempts", "max_attempts",
               "lease_expires_at", "payload", "payload_fingerprint", "result", "result_ref", "error",
-              "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path")
+              "dispatch", "created_at", "updated_at", "queue", "priority", "run_after", "task_path",
+              "progress", "progress_note", "progress_token")
     data = {name: getattr(task, name) for name in fields}
     data["lease_remaining"] = lease_remaining
     data["held"] = held
@@ -169,6 +171,7 @@ class Command(TaskClaimCommand):
             ("queue", "- (claimed by key)" if task.queue is None else
              f"{task.queue} priority={task.priority} path={task.task_path or '(a handler)'}"),
             ("not before", task.run_after.isoformat() if task.run_after else "-"),
+            ("progress", progress_text(task)),
             ("created", task.created_at.isoformat()),
             ("updated", task.updated_at.isoformat()),
         ]

@@ -136,3 +136,10 @@ SELECT result, token FROM django_taskclaim_step WHERE task_id = %s AND name = %s
 -- name: purge_steps
 -- The stored steps of the tasks a purge chose (their ids), before the tasks.
 DELETE FROM django_taskclaim_step WHERE task_id IN (%s, ...)
+
+-- name: set_progress
+-- A claim's progress (fraction, note, the claim's token, task id, the claim's token again), written
+-- only while the claim (id, token) holds its task; no row changed when it was fenced off. Changes no
+-- indexed column: a HOT update on PostgreSQL.
+UPDATE django_taskclaim_task SET progress = %s, progress_note = %s, progress_token = %s
+WHERE id = %s AND status = 'running' AND fencing_token = %s

@@ -1,0 +1,6 @@
+"""The admin alone: the dashboard page ``benchmarks.dashboard`` renders."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]
