@@ -10,9 +10,11 @@ its body's own) go to it, so that they share one thread and one connection (one 
 state), and wait for no other task's. A thread is handed to another task only once the call it
 was running has returned (a task cancelled at its timeout leaves its query running there): a
 task's deadline never depends on another task's database work. A worker of ``--concurrency N``
-thus makes up to ``N`` database threads (more only while a cancelled task's call runs on), as it
-makes up to ``N`` threads for sync tasks. :meth:`DbThreads.close` closes each thread's
-connections on that thread, then ends it.
+thus makes up to ``N`` database threads, each with a connection, but never more than
+:data:`MOST` (``N`` of 500 would open 500 sessions, past a server's ``max_connections``): past
+that many tasks in flight, a task shares the least used thread with other tasks (each task's calls
+still on one thread), as every task of a loop did before. :meth:`DbThreads.close` closes each
+thread's connections on that thread, then ends it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from django.db import connections
 #: the context's executor is set where asgiref looks it up (:class:`_LegacyContext`).
 EXECUTOR_CONTEXTS = "executor" in inspect.signature(ThreadSensitiveContext).parameters
 
+#: The most database threads (and so connections) one event loop's async tasks use: up to this
+#: many tasks in flight each have one of their own; more share them (docs/django-tasks.md).
+MOST = 32
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -39,7 +45,8 @@ class DbThreads:
     """A database thread per async task in flight, each running one call at a time with its own
     connections; made on first use, and kept for the next task once free."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int = MOST) -> None:
+        self.most = most
         self.lock = threading.Lock()
         self.threads: list[_DbThread] = []  # every thread made, for close()
         self.idle: list[_DbThread] = []  # free: no task holds it and no call runs on it
@@ -50,16 +57,18 @@ class DbThreads:
         with self.lock:
             if self.idle:
                 thread = self.idle.pop()
-            else:
+            elif len(self.threads) < self.most:
                 thread = _DbThread(self, f"taskclaim-async-db-{len(self.threads)}")
                 self.threads.append(thread)
-            thread.held = True
+            else:  # as many threads as allowed, each held: share the least used one
+                thread = min(self.threads, key=lambda t: (t.held, t.calls))
+            thread.held += 1
         try:
             async with _context(thread):
                 yield thread
         finally:
             with self.lock:
-                thread.held = False
+                thread.held -= 1
                 self._free(thread)
 
     def returned(self, thread: _DbThread) -> None:
@@ -89,7 +98,7 @@ class _DbThread(ThreadPoolExecutor):
     def __init__(self, owner: DbThreads, name: str) -> None:
         super().__init__(max_workers=1, thread_name_prefix=name)
         self.owner = owner
-        self.held = False  # a task's lane uses it (under owner.lock)
+        self.held = 0  # the tasks whose lane uses it (under owner.lock)
         self.calls = 0  # calls submitted, not returned (under owner.lock)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:

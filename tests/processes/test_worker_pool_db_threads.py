@@ -181,3 +181,35 @@ def test_a_slow_query_of_one_async_task_holds_up_no_other_task(processes: Any) -
     assert sorted(Effect.objects.values_list("task_key", flat=True)) == quick
     assert set(Task.objects.filter(key__in=quick).values_list("status", flat=True)) == {Task.Status.SUCCEEDED}
     assert Task.objects.get(key="slowquery").status == Task.Status.FAILED
+
+
+def test_past_its_most_threads_a_task_shares_the_least_used_one() -> None:
+    """A loop's async tasks each get a database thread of their own up to ``db_threads.MOST``; past
+    it (``--concurrency 500`` would open 500 sessions, past the server's ``max_connections``) a task
+    shares the least used thread, and each task's calls still run on one thread."""
+    threads = db_threads.DbThreads(most=2)
+    seen: dict[int, set[int]] = {}
+
+    async def task(n: int, entered: asyncio.Event, go: asyncio.Event) -> None:
+        async with threads.lane():
+            seen[n] = {await sync_to_async(threading.get_ident)()}
+            entered.set()
+            await go.wait()
+            seen[n].add(await sync_to_async(threading.get_ident)())
+
+    async def main() -> None:
+        go = asyncio.Event()
+        entered = [asyncio.Event() for _ in range(5)]
+        running = [asyncio.create_task(task(n, entered[n], go)) for n in range(5)]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in entered)), 30)
+        assert len(threads.threads) == 2  # five tasks in flight, two threads
+        go.set()
+        await asyncio.gather(*running)
+
+    try:
+        asyncio.run(main())
+    finally:
+        threads.close()
+    assert all(len(used) == 1 for used in seen.values()), seen  # each task's calls on one thread
+    assert len(set().union(*seen.values())) == 2
+    assert db_threads.MOST >= 16  # the worker's default: a thread per task for the usual concurrencies
