@@ -189,20 +189,18 @@ class TakeoverFilter(admin.SimpleListFilter):
         return queryset
 
 
-class AttemptInline(admin.TabularInline):
-    model = Attempt
+class TaskPartInline(admin.TabularInline):
+    """A part of a task's record shown on its page, read-only (its attempts, its steps): whoever may
+    view the task sees it, nothing changes it through a form, and it is read from the database the
+    request names (``database_of``), beside its task."""
+
     extra = 0
     can_delete = False
     show_change_link = False
-    ordering = ("started_at", "id")
-    fields = ("token", "owner", "delivery", "started_at", "ended_at", "duration", "outcome",
-              "stale_writes", "failure")
-    readonly_fields = fields
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # The attempts are the task's history: whoever may view the task sees them.
         return request.user.has_perm(f"{self.opts.app_label}.view_task") or bool(
-            request.user.has_perm(f"{self.opts.app_label}.view_attempt"))
+            request.user.has_perm(f"{self.opts.app_label}.view_{self.opts.model_name}"))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -214,8 +212,18 @@ class AttemptInline(admin.TabularInline):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        # The attempts live beside their task, in the database the request names (database_of).
-        qs = super().get_queryset(request).using(database_of(request)).annotate(db_now=DbNow())
+        return super().get_queryset(request).using(database_of(request))
+
+
+class AttemptInline(TaskPartInline):
+    model = Attempt
+    ordering = ("started_at", "id")
+    fields = ("token", "owner", "delivery", "started_at", "ended_at", "duration", "outcome",
+              "stale_writes", "failure")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs = super().get_queryset(request).annotate(db_now=DbNow())
         for link in contrib.delivery_links():  # what an integration links a delivery id to
             qs = link.annotate(qs)
         return qs
@@ -248,36 +256,15 @@ class AttemptInline(admin.TabularInline):
         return text if obj.ended_at else f"{text} (open)"
 
 
-class StepInline(admin.TabularInline):
+class StepInline(TaskPartInline):
     """A task's durable steps (``claim.step``), read-only: the result each stored, and which claim
     (token) stored it, in the order they were stored."""
 
     model = Step
-    extra = 0
-    can_delete = False
-    show_change_link = False
     ordering = ("id",)
     fields = ("name", "token", "created_at", "result_display")
     readonly_fields = fields
     verbose_name_plural = _("steps (stored results)")
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # The steps are part of the task: whoever may view the task sees them.
-        return request.user.has_perm(f"{self.opts.app_label}.view_task") or bool(
-            request.user.has_perm(f"{self.opts.app_label}.view_step"))
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        # The steps live beside their task, in the database the request names (database_of).
-        return super().get_queryset(request).using(database_of(request))
 
     @admin.display(description=_("result"))
     def result_display(self, obj: Step) -> str:
