@@ -201,6 +201,21 @@ class PatroniCluster(ManagedServer):
         assert leader is not None
         return leader
 
+    def wait_replicated(self, timeout: float = 60) -> None:
+        """Until every replica has replayed what the leader had written when this was called and,
+        with ``synchronous_mode``, one of them is the synchronous standby: what a test wrote so far
+        is on every member, whichever one Patroni promotes next (right after start-up a replica may
+        still lag, and no standby is named synchronous yet)."""
+        leader = self.leader()
+        assert leader is not None, "no leader"
+        written = int(leader.state().get("xlog", {}).get("location", 0))
+
+        def caught_up() -> bool:
+            states = [n.state() for n in self.nodes if n is not leader]
+            return (all(int(s.get("xlog", {}).get("replayed_location", 0)) >= written for s in states)
+                    and (not self.synchronous or any(s.get("sync_standby") for s in states)))
+        wait_until(caught_up, timeout=timeout, what="the replicas replaying the leader's writes", interval=0.1)
+
     def fail_over(self, timeout: float = 120, how: str = "kill") -> tuple[PatroniNode, PatroniNode, float, float]:
         """Fail the leader's machine, ``how``: ``"kill"`` (SIGKILL, the machine gone) or ``"stop"``
         (SIGSTOP, a hung machine, SIGKILLed once another member is promoted: fenced, as a
