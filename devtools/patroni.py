@@ -183,10 +183,20 @@ class PatroniCluster(ManagedServer):
              "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
              "--initial-cluster", f"e0=http://127.0.0.1:{self.etcd_peer}"],
             stdout=log, stderr=subprocess.STDOUT, env=without_libpq_env())
+        # With use_proxies, an agent reads etcd's /version as it starts, and exits on the
+        # "not_decided" cluster version of an etcd just started: wait until etcd has decided it.
+        wait_until(self._etcd_ready, timeout=60, what="etcd answering with its cluster version", interval=0.1)
         for node in self.nodes:
             self._start_node(node)
         self.wait_healthy()
         return self
+
+    def _etcd_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/version", timeout=2) as reply:
+                return str(json.load(reply).get("etcdcluster", "")).split(".")[0].isdigit()
+        except (OSError, ValueError):
+            return False
 
     def _start_node(self, node: PatroniNode) -> None:
         os.makedirs(node.dir, exist_ok=True)
