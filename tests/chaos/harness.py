@@ -90,6 +90,8 @@ class Options:
     standby_lag: float = 0.0
     #: ``--ha``: who fails over, the harness (``pg_ctl``) or Patroni (``devtools.patroni``).
     ha: str = "pg_ctl"
+    #: ``--ha-failures``: under Patroni, how the leader may fail (one drawn per failover).
+    ha_failures: tuple[str, ...] = ("kill", "stop", "cut")
     unsafe: bool = False
     #: Tasks each worker has in hand at once (``tests.chaos.worker --concurrency``).
     concurrency: int = 1
@@ -185,6 +187,9 @@ class Harness:
         if opts.ha == "patroni" and (opts.standby_lag or "restart" in self.kinds):
             raise ValueError("--ha patroni: Patroni's members stream directly (no --standby-lag), and "
                              "Patroni restarts a crashed server itself (no restart fault)")
+        unknown = set(opts.ha_failures) - {"kill", "stop", "cut"}
+        if unknown or not opts.ha_failures:
+            raise ValueError(f"--ha-failures: kill, stop or cut, not {', '.join(sorted(unknown)) or 'nothing'}")
         self.drawn = [k for k in self.kinds if k not in SCHEDULED]
         # The first faults go through every kind once (in a seeded order), so that even a
         # short run injects each; after that the kinds are drawn by weight.
@@ -623,20 +628,22 @@ class Harness:
     def start_failover(self) -> None:
         """Fail the primary over on a thread: the nemesis and the event reading go on meanwhile."""
         self.server_busy.acquire()
-        # Under Patroni, the leader's machine SIGKILLed or hung (SIGSTOP, killed once another
-        # member is promoted); drawn here, on the nemesis's thread, to keep the seeded sequence.
-        how = self.rng.choice(("kill", "stop")) if isinstance(self.server, PatroniCluster) else "kill"
+        # Under Patroni, the leader's machine SIGKILLed, hung (SIGSTOP) or cut from etcd (its agent
+        # demotes it), the last two killed once another member is promoted; drawn here, on the
+        # nemesis's thread, to keep the seeded sequence.
+        how = self.rng.choice(self.opts.ha_failures) if isinstance(self.server, PatroniCluster) else "kill"
         self.failover_thread = threading.Thread(target=self.failover, args=(how,), name="failover", daemon=True)
         self.failover_thread.start()
 
     def failover(self, how: str = "kill") -> None:
         """SIGKILL the primary, promote the standby, build a new standby from the new primary
-        (under Patroni: fail the leader's machine, ``how``, and let Patroni promote)."""
+        (under Patroni: fail the leader's machine or its network to etcd, ``how``, and let Patroni
+        promote)."""
         assert isinstance(self.server, PostgresPair | PatroniCluster)
         try:
             record = self.server.failover(how) if isinstance(self.server, PatroniCluster) else self.server.failover()
             if self.opts.verbose and record.standby_ready is not None:
-                print(f"  failover to {record.new_primary}: writable after {record.unavailable:.2f} s, "
+                print(f"  failover ({record.how}) to {record.new_primary}: writable after {record.unavailable:.2f} s, "
                       f"new standby after {record.standby_ready - record.killed:.2f} s", flush=True)
         except (RuntimeError, TimeoutError, OSError) as exc:
             self.log.errors.append(f"failover failed: {exc}")
