@@ -225,11 +225,14 @@ class Harness:
         if self.opts.schedules:
             env["CHAOS_SCHEDULES"] = json.dumps({ticks.NAME: ticks.SCHEDULE})
         if self.opts.db == "postgresql" and "failover" in self.kinds:
+            # Kept before it starts: a start that fails half-way leaves servers for teardown to stop.
+            servers: PatroniCluster | PostgresPair
             if self.opts.ha == "patroni":
-                self.server = PatroniCluster(synchronous=self.opts.replication == "sync").start()
+                servers = PatroniCluster(synchronous=self.opts.replication == "sync")
             else:
-                self.server = PostgresPair(synchronous=self.opts.replication == "sync",
-                                           lag=self.opts.standby_lag).start()
+                servers = PostgresPair(synchronous=self.opts.replication == "sync", lag=self.opts.standby_lag)
+            self.server = servers
+            servers.start()
             # Both nodes in HOST and PORT; target_session_attrs through Django's OPTIONS
             # (tests/chaos/settings.py), not libpq's PGTARGETSESSIONATTRS: the way a project
             # configures it.
@@ -779,9 +782,11 @@ class Harness:
         if self.failover_thread is not None:
             self.failover_thread.join(120)
         self.processes.close()  # the workers still running: resumed if paused, then killed
+        from django.conf import settings
         from django.db import connection
 
-        connection.close()
+        if settings.configured:  # not yet if the servers failed to start
+            connection.close()
         keep = not ok or self.opts.keep
         if keep and isinstance(self.server, PatroniCluster):
             self.server.keep_logs(self.rundir)
