@@ -19,12 +19,16 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from .polling import wait_until
-from .replication import Failover, _children, _running
+from .replication import Failover, LaggingLink, _children, _running
 from .servers import ManagedServer, free_port, postgres_bindir, without_libpq_env
 
+# Each agent reaches etcd through a relay of its own (PatroniNode.link), to cut. ``use_proxies``:
+# without it Patroni takes ``hosts`` as seeds only and asks etcd for its members, whose advertised
+# address is etcd's own port, so the agents would talk to etcd directly, around the relays.
 NODE = """scope: taskclaim
 name: {name}
 restapi:
@@ -32,6 +36,7 @@ restapi:
   connect_address: 127.0.0.1:{api}
 etcd3:
   hosts: 127.0.0.1:{etcd}
+  use_proxies: true
 bootstrap:
   dcs:
     ttl: {ttl}
@@ -79,6 +84,8 @@ class PatroniNode:
         self.port, self.api = free_port(), free_port()
         self.dir = os.path.join(root, name)
         self.process: subprocess.Popen[bytes] | None = None
+        #: The member's own way to etcd (a relay with no delay): paused, its network to etcd is cut.
+        self.link: LaggingLink | None = None
 
     def state(self) -> dict[str, Any]:
         """Patroni's REST view of the member (``role``, ``state``, ``timeline``…); ``{}`` if it does not answer."""
@@ -104,6 +111,21 @@ class PatroniNode:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)  # nothing forks or restarts between the listing and the kill
         return time.time(), victims
+
+    def cut(self) -> float:
+        """Cut the agent's network to etcd (its relay holds every byte from now on, both ways, as a
+        network that drops packets does: requests time out rather than fail); the wall-clock time.
+        PostgreSQL and the REST API still answer: Patroni's agent must demote it by itself."""
+        assert self.link is not None, f"{self.name} not started"
+        self.link.pause()
+        return time.time()
+
+    def drop_link(self) -> None:
+        """Close the relay to etcd and whatever it holds (nothing a cut held reaches etcd late):
+        the member, started again, gets a new one."""
+        if self.link is not None:
+            self.link.stop()
+            self.link = None
 
     def kill(self, frozen: list[int] | None = None) -> float:
         """SIGKILL the agent and its PostgreSQL at once (the machine is gone; ``frozen``: the
@@ -142,6 +164,8 @@ class PatroniCluster(ManagedServer):
         self.etcd: subprocess.Popen[bytes] | None = None
         self.nodes = [PatroniNode(f"node{i}", self.root) for i in range(3)]
         self.failovers: list[Failover] = []
+        #: After :meth:`fail_over` ``how="cut"``: when the old leader was seen demoted.
+        self.demoted: float | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -159,16 +183,28 @@ class PatroniCluster(ManagedServer):
              "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
              "--initial-cluster", f"e0=http://127.0.0.1:{self.etcd_peer}"],
             stdout=log, stderr=subprocess.STDOUT, env=without_libpq_env())
+        # With use_proxies, an agent reads etcd's /version as it starts, and exits on the
+        # "not_decided" cluster version of an etcd just started: wait until etcd has decided it.
+        wait_until(self._etcd_ready, timeout=60, what="etcd answering with its cluster version", interval=0.1)
         for node in self.nodes:
             self._start_node(node)
         self.wait_healthy()
         return self
 
+    def _etcd_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/version", timeout=2) as reply:
+                return str(json.load(reply).get("etcdcluster", "")).split(".")[0].isdigit()
+        except (OSError, ValueError):
+            return False
+
     def _start_node(self, node: PatroniNode) -> None:
         os.makedirs(node.dir, exist_ok=True)
+        if node.link is None:
+            node.link = LaggingLink(self.etcd_port, 0.0).start()
         config = os.path.join(node.dir, "patroni.yml")
         with open(config, "w") as f:
-            f.write(NODE.format(name=node.name, api=node.api, etcd=self.etcd_port, ttl=self.ttl,
+            f.write(NODE.format(name=node.name, api=node.api, etcd=node.link.port, ttl=self.ttl,
                                 retry=max(2, self.ttl // 2 - 1), synchronous=str(self.synchronous).lower(),
                                 port=node.port, dir=node.dir, bindir=self.bindir))
         if self.user:
@@ -216,23 +252,37 @@ class PatroniCluster(ManagedServer):
                     and (not self.synchronous or any(s.get("sync_standby") for s in states)))
         wait_until(caught_up, timeout=timeout, what="the replicas replaying the leader's writes", interval=0.1)
 
-    def fail_over(self, timeout: float = 120, how: str = "kill") -> tuple[PatroniNode, PatroniNode, float, float]:
-        """Fail the leader's machine, ``how``: ``"kill"`` (SIGKILL, the machine gone) or ``"stop"``
-        (SIGSTOP, a hung machine, SIGKILLed once another member is promoted: fenced, as a
-        STONITH would); wait until Patroni promotes another member. (old, new, the time of the
-        fault, the promotion seen)."""
+    def fail_over(self, timeout: float = 120, how: str = "kill", on_fault: Callable[[PatroniNode], None] | None = None,
+                  ) -> tuple[PatroniNode, PatroniNode, float, float]:
+        """Fail the leader, ``how``: ``"kill"`` (SIGKILL, the machine gone), ``"stop"`` (SIGSTOP, a
+        hung machine) or ``"cut"`` (its agent's network to etcd cut: it cannot renew the leader key,
+        while its PostgreSQL, its REST API and its replication still answer); wait until Patroni
+        promotes another member. A hung or cut member is then SIGKILLed (fenced, as a STONITH
+        would). ``on_fault(old)`` runs right after the fault (a test's writes to the cut leader).
+        (old, new, the time of the fault, the promotion seen); after a cut,
+        :attr:`demoted` is when the old leader was first seen demoted (its REST API no longer
+        saying primary), ``None`` if never before the promotion."""
         old = self.leader()
         assert old is not None, "no leader to fail"
-        if how not in ("kill", "stop"):
-            raise ValueError(f"how must be 'kill' or 'stop', not {how!r}")
+        if how not in ("kill", "stop", "cut"):
+            raise ValueError(f"how must be 'kill', 'stop' or 'cut', not {how!r}")
         frozen: list[int] = []
+        self.demoted = None
         if how == "kill":
             killed = old.kill()
-        else:
+        elif how == "stop":
             killed, frozen = old.freeze()
+        else:
+            killed = old.cut()
+        if on_fault is not None:
+            on_fault(old)
         holder: list[PatroniNode] = []
 
         def promoted() -> bool:
+            if how == "cut" and self.demoted is None:
+                state = old.state()  # {} if it does not answer in time: not a demotion
+                if state and state.get("role") not in ("master", "primary"):
+                    self.demoted = time.time()
             # Another member than the old leader (which may still answer, and call itself one).
             for new in self.nodes:
                 state = new.state() if new is not old else {}
@@ -244,16 +294,19 @@ class PatroniCluster(ManagedServer):
         seen = time.time()
         if frozen:
             old.kill(frozen)
+        elif how == "cut":
+            old.kill()
+            old.drop_link()
         return old, holder[0], killed, seen
 
     def failover(self, how: str = "kill") -> Failover:
-        """The harness's failover (``tests.chaos --ha patroni``): the leader's machine SIGKILLed or
-        hung (``how``, :meth:`fail_over`), Patroni promoting a replica, then the dead member started
-        afresh (an empty data folder: Patroni makes it a replica of the new leader) and the cluster
-        healthy again."""
+        """The harness's failover (``tests.chaos --ha patroni``): the leader's machine SIGKILLed,
+        hung or cut from etcd (``how``, :meth:`fail_over`), Patroni promoting a replica, then the
+        dead member started afresh (an empty data folder: Patroni makes it a replica of the new
+        leader) and the cluster healthy again."""
         old, new, killed, promoted = self.fail_over(how=how)
         record = Failover(killed=killed, promoted=promoted, standby_ready=None, old_primary=old.name,
-                          new_primary=new.name)
+                          new_primary=new.name, how=how, old_demoted=self.demoted)
         self.failovers.append(record)
         shutil.rmtree(os.path.join(old.dir, "data"), ignore_errors=True)
         self._start_node(old)
@@ -271,6 +324,8 @@ class PatroniCluster(ManagedServer):
         for node in self.nodes:
             if node.process is not None and node.process.poll() is None:
                 node.process.terminate()
+                if node.link is not None:
+                    node.link.resume()  # a cut member shuts down as others do
         for node in self.nodes:
             if node.process is not None:
                 try:
@@ -280,6 +335,8 @@ class PatroniCluster(ManagedServer):
             for pid in node.postgres_pids():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        for node in self.nodes:
+            node.drop_link()
         if self.etcd is not None:
             self.etcd.terminate()
             try:

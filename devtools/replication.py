@@ -235,8 +235,8 @@ class LaggingLink(ManagedServer):
             if pause > 0:
                 time.sleep(pause)  # the lag being simulated
             while not self.flowing.wait(0.05) and not (dead.is_set() or self.closed.is_set()):
-                pass  # paused: held until resumed, or dropped when the upstream ends
-            if dead.is_set():
+                pass  # paused: held until resumed, or dropped when the upstream ends or the relay stops
+            if dead.is_set() or self.closed.is_set():
                 continue  # dropped: the next item is the end marker
             try:
                 dst.sendall(data)
@@ -263,6 +263,10 @@ class Failover:
     #: WAL bytes the primary had that the standby had not flushed, read just before the kill;
     #: ``None`` if the standby was not streaming then (reconnecting after a restart, say).
     standby_behind: int | None = None
+    #: How the primary failed (``devtools.patroni``): ``"kill"``, ``"stop"`` or ``"cut"`` (from etcd).
+    how: str = "kill"
+    #: After a cut: when the old primary was seen demoted by its own agent (``None``: not seen).
+    old_demoted: float | None = None
 
     @property
     def unavailable(self) -> float:

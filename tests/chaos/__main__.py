@@ -116,8 +116,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ha", choices=("pg_ctl", "patroni"), default="pg_ctl",
                    help="who fails the primary over with --faults failover: the harness itself "
                         "(pg_ctl promote of its one standby) or Patroni with etcd, three members, "
-                        "deciding each failover after the leader's machine is SIGKILLed; "
+                        "deciding each failover after the leader fails (--ha-failures); "
                         "--replication sync is Patroni's synchronous_mode (default: %(default)s)")
+    p.add_argument("--ha-failures", type=lambda text: tuple(filter(None, text.split(","))),
+                   default=("kill", "stop", "cut"),
+                   help="with --ha patroni, how the leader fails at each failover, one drawn per failover "
+                        "from this comma-separated list: kill (its machine SIGKILLed), stop (hung: "
+                        "SIGSTOP), cut (its agent's network to etcd cut; its own agent demotes it) "
+                        "(default: kill,stop,cut)")
     p.add_argument("--unsafe", action="store_true",
                    help="workers write the effect outside fenced(): the checker must fail")
     p.add_argument("--downstream", action="store_true",

@@ -356,20 +356,26 @@ def check_commits(state: dict[str, Any], events: list[dict[str, Any]], verdict: 
 
 def recovery(failovers: list[Any], events: list[dict[str, Any]], lease: float,
              lost_seen: Sequence[float] = ()) -> list[dict[str, Any]]:
-    """Per failover: seconds from the kill to the promotion, to the first claim the new primary
-    granted (its database-clock time: the lease expiry minus the lease) and to the new standby;
-    how far behind the standby was; the commits seen before the kill and missing at the end."""
+    """Per failover: seconds from the kill (or the cut) to the promotion, to the first claim the new
+    primary granted (its database-clock time: the lease expiry minus the lease) and to the new standby;
+    how far behind the standby was; the commits seen before the kill and missing at the end; how
+    the primary failed and (cut from etcd) when its own agent demoted it."""
     granted = sorted(t.timestamp() - lease for t in
                      (parse_time(ev.get("expires")) for ev in events if ev.get("event") == "claimed")
                      if t is not None)
     rows = []
     since = float("-inf")
     for f in failovers:
-        first = next((t for t in granted if t >= f.killed), None)
+        # A leader cut from etcd still grants claims until its agent demotes it: the first claim
+        # of the new leader is the first after that (after the promotion if the demotion went unseen).
+        ended = f.killed if f.how != "cut" else f.old_demoted or f.promoted
+        first = next((t for t in granted if t >= ended), None)
         lost = sum(1 for seen in lost_seen if since < seen <= f.killed)
         since = f.killed
         rows.append({
             "from": f.old_primary, "to": f.new_primary, "behind": f.standby_behind, "lost": lost,
+            "how": f.how, "demoted": None if f.old_demoted is None else f.old_demoted - f.killed,
+            "old_leader_claims": sum(1 for t in granted if f.killed <= t < ended),
             "writable": f.promoted - f.killed,
             "first_claim": None if first is None else first - f.killed,
             "standby": None if f.standby_ready is None else f.standby_ready - f.killed,
@@ -429,12 +435,13 @@ def failover_lines(rows: list[dict[str, Any]]) -> list[str]:
     def behind(value: int | None) -> str:
         return "not streaming" if value is None else f"{value:,} B"
 
-    lines = ["", "failovers (seconds from the SIGKILL of the primary; the standby's lag just before it;",
-             "commits seen before it and missing at the end)",
-             f"  {'#':>3}  {'primary':<14} {'writable':>8} {'1st claim':>9} {'standby':>8} "
+    lines = ["", "failovers (seconds from the SIGKILL of the primary, or its cut from etcd; the standby's lag",
+             "just before it; commits seen before it and missing at the end)",
+             f"  {'#':>3}  {'primary':<19} {'writable':>8} {'1st claim':>9} {'standby':>8} "
              f"{'standby behind':>14} {'lost':>5}"]
     for i, r in enumerate(rows, 1):
-        lines.append(f"  {i:>3}  {r['from'] + ' -> ' + r['to']:<14} {cell(r['writable'])} "
+        how = "" if r.get("how", "kill") == "kill" else f" {r['how']}"
+        lines.append(f"  {i:>3}  {r['from'] + ' -> ' + r['to'] + how:<19} {cell(r['writable'])} "
                      f"{cell(r['first_claim']):>9} {cell(r['standby'])} {behind(r['behind']):>14} "
                      f"{r['lost']:>5}")
     for label, pick in (("median", statistics.median), ("max", max)):
@@ -442,7 +449,7 @@ def failover_lines(rows: list[dict[str, Any]]) -> list[str]:
         for name in ("writable", "first_claim", "standby"):
             values = [r[name] for r in rows if r[name] is not None]
             cols.append(pick(values) if values else None)
-        lines.append(f"  {label:<19} {cell(cols[0])} {cell(cols[1]):>9} {cell(cols[2])}")
+        lines.append(f"  {label:<24} {cell(cols[0])} {cell(cols[1]):>9} {cell(cols[2])}")
     return lines
 
 

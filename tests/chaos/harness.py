@@ -90,6 +90,8 @@ class Options:
     standby_lag: float = 0.0
     #: ``--ha``: who fails over, the harness (``pg_ctl``) or Patroni (``devtools.patroni``).
     ha: str = "pg_ctl"
+    #: ``--ha-failures``: under Patroni, how the leader may fail (one drawn per failover).
+    ha_failures: tuple[str, ...] = ("kill", "stop", "cut")
     unsafe: bool = False
     #: Tasks each worker has in hand at once (``tests.chaos.worker --concurrency``).
     concurrency: int = 1
@@ -185,6 +187,9 @@ class Harness:
         if opts.ha == "patroni" and (opts.standby_lag or "restart" in self.kinds):
             raise ValueError("--ha patroni: Patroni's members stream directly (no --standby-lag), and "
                              "Patroni restarts a crashed server itself (no restart fault)")
+        unknown = set(opts.ha_failures) - {"kill", "stop", "cut"}
+        if unknown or not opts.ha_failures:
+            raise ValueError(f"--ha-failures: kill, stop or cut, not {', '.join(sorted(unknown)) or 'nothing'}")
         self.drawn = [k for k in self.kinds if k not in SCHEDULED]
         # The first faults go through every kind once (in a seeded order), so that even a
         # short run injects each; after that the kinds are drawn by weight.
@@ -220,11 +225,14 @@ class Harness:
         if self.opts.schedules:
             env["CHAOS_SCHEDULES"] = json.dumps({ticks.NAME: ticks.SCHEDULE})
         if self.opts.db == "postgresql" and "failover" in self.kinds:
+            # Kept before it starts: a start that fails half-way leaves servers for teardown to stop.
+            servers: PatroniCluster | PostgresPair
             if self.opts.ha == "patroni":
-                self.server = PatroniCluster(synchronous=self.opts.replication == "sync").start()
+                servers = PatroniCluster(synchronous=self.opts.replication == "sync")
             else:
-                self.server = PostgresPair(synchronous=self.opts.replication == "sync",
-                                           lag=self.opts.standby_lag).start()
+                servers = PostgresPair(synchronous=self.opts.replication == "sync", lag=self.opts.standby_lag)
+            self.server = servers
+            servers.start()
             # Both nodes in HOST and PORT; target_session_attrs through Django's OPTIONS
             # (tests/chaos/settings.py), not libpq's PGTARGETSESSIONATTRS: the way a project
             # configures it.
@@ -623,20 +631,22 @@ class Harness:
     def start_failover(self) -> None:
         """Fail the primary over on a thread: the nemesis and the event reading go on meanwhile."""
         self.server_busy.acquire()
-        # Under Patroni, the leader's machine SIGKILLed or hung (SIGSTOP, killed once another
-        # member is promoted); drawn here, on the nemesis's thread, to keep the seeded sequence.
-        how = self.rng.choice(("kill", "stop")) if isinstance(self.server, PatroniCluster) else "kill"
+        # Under Patroni, the leader's machine SIGKILLed, hung (SIGSTOP) or cut from etcd (its agent
+        # demotes it), the last two killed once another member is promoted; drawn here, on the
+        # nemesis's thread, to keep the seeded sequence.
+        how = self.rng.choice(self.opts.ha_failures) if isinstance(self.server, PatroniCluster) else "kill"
         self.failover_thread = threading.Thread(target=self.failover, args=(how,), name="failover", daemon=True)
         self.failover_thread.start()
 
     def failover(self, how: str = "kill") -> None:
         """SIGKILL the primary, promote the standby, build a new standby from the new primary
-        (under Patroni: fail the leader's machine, ``how``, and let Patroni promote)."""
+        (under Patroni: fail the leader's machine or its network to etcd, ``how``, and let Patroni
+        promote)."""
         assert isinstance(self.server, PostgresPair | PatroniCluster)
         try:
             record = self.server.failover(how) if isinstance(self.server, PatroniCluster) else self.server.failover()
             if self.opts.verbose and record.standby_ready is not None:
-                print(f"  failover to {record.new_primary}: writable after {record.unavailable:.2f} s, "
+                print(f"  failover ({record.how}) to {record.new_primary}: writable after {record.unavailable:.2f} s, "
                       f"new standby after {record.standby_ready - record.killed:.2f} s", flush=True)
         except (RuntimeError, TimeoutError, OSError) as exc:
             self.log.errors.append(f"failover failed: {exc}")
@@ -772,9 +782,11 @@ class Harness:
         if self.failover_thread is not None:
             self.failover_thread.join(120)
         self.processes.close()  # the workers still running: resumed if paused, then killed
+        from django.conf import settings
         from django.db import connection
 
-        connection.close()
+        if settings.configured:  # not yet if the servers failed to start
+            connection.close()
         keep = not ok or self.opts.keep
         if keep and isinstance(self.server, PatroniCluster):
             self.server.keep_logs(self.rundir)

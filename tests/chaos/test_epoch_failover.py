@@ -23,10 +23,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-from devtools.patroni import PatroniCluster
 from devtools.polling import wait_until
 from devtools.replication import PostgresPair
 from tests.chaos.test_chaos import require_binaries
@@ -58,7 +58,14 @@ def pair() -> Iterator[PostgresPair]:
         yield servers
 
 
-def child_env(pair: PostgresPair | PatroniCluster) -> dict[str, str]:
+class Servers(Protocol):
+    """What the helpers need of the servers: the libpq environment of their writable node."""
+
+    @property
+    def env(self) -> dict[str, str]: ...
+
+
+def child_env(pair: Servers) -> dict[str, str]:
     """A Django process's environment on the pair: both nodes listed, the writable one chosen."""
     return {**os.environ, **{k: v for k, v in pair.env.items() if k != "PGTARGETSESSIONATTRS"},
             "DJANGO_SETTINGS_MODULE": "tests.chaos.settings", "TASKCLAIM_TEST_DB": "postgresql",
@@ -66,7 +73,7 @@ def child_env(pair: PostgresPair | PatroniCluster) -> dict[str, str]:
             "PYTHONPATH": str(ROOT), "TASKCLAIM_FORKSERVER": "0"}
 
 
-def django(pair: PostgresPair | PatroniCluster, *args: str) -> str:
+def django(pair: Servers, *args: str) -> str:
     """``python -m django ARGS`` in a process of its own, on whichever node is the primary."""
     done = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=child_env(pair), capture_output=True,
                           text=True, timeout=180, check=False)
@@ -74,7 +81,7 @@ def django(pair: PostgresPair | PatroniCluster, *args: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
-def claim(pair: PostgresPair | PatroniCluster, key: str, owner: str, release: bool = False) -> dict:  # type: ignore[type-arg]
+def claim(pair: Servers, key: str, owner: str, release: bool = False) -> dict:  # type: ignore[type-arg]
     return json.loads(django(pair, "shell", "-c", CLAIM.format(key=key, owner=owner, release=release)))  # type: ignore[no-any-return]
 
 

@@ -5,7 +5,9 @@ service manager; data under a temporary folder). The leader's machine is SIGKILL
 its PostgreSQL); Patroni promotes a replica once the leader key expires in etcd. Django processes
 reach the leader through the multi-host setting with ``target_session_attrs=read-write``, and the
 claims after the failover get tokens above every token before it (the new leader's timeline is a
-new epoch), with ``synchronous_mode`` off and on.
+new epoch), with ``synchronous_mode`` off and on. Or the leader's agent is cut from etcd: its own
+agent demotes it, then Patroni promotes another member; a claim made on the cut leader meanwhile
+is never granted again with the same token.
 
 PostgreSQL leg only; skipped where Patroni or etcd is not installed.
 """
@@ -15,14 +17,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from devtools.patroni import PatroniCluster
+from devtools.patroni import PatroniCluster, PatroniNode
 from tests.chaos.test_chaos import require_binaries
-from tests.chaos.test_epoch_failover import claim, django
+from tests.chaos.test_epoch_failover import ROOT, child_env, claim, django
 
 DB = os.environ.get("TASKCLAIM_TEST_DB", "sqlite")
 
@@ -64,3 +68,80 @@ def test_patroni_fails_over_and_no_token_is_granted_again(cluster: PatroniCluste
     assert new.state().get("timeline", 0) >= 2
     print(f"patroni failover ({'sync' if cluster.synchronous else 'async'}, {how}): {old.name} -> {new.name}, "
           f"promoted {promoted - killed:.1f} s after the kill, first claim {first_claim:.1f} s")
+
+
+# A claim on one given server, made when the test says so (a line on stdin): connected beforehand,
+# so that it commits at once after the cut, well within the cut leader's last seconds as primary.
+CLAIM_ON_CUE = """
+import json, sys
+from django.db import connection
+from django_taskclaim.models import Task
+connection.ensure_connection()
+print("ready", flush=True)
+sys.stdin.readline()
+outcome = Task.objects.claim({key!r}, owner={owner!r}, lease=300)
+outcome.claim.release()
+print(json.dumps({{"claimed": outcome.claimed, "token": outcome.task.fencing_token}}), flush=True)
+"""
+
+
+class OneServer:
+    """One member's PostgreSQL alone (no multi-host setting): the claims a cut leader still takes."""
+
+    def __init__(self, node: PatroniNode) -> None:
+        self.env = {"PGHOST": "127.0.0.1", "PGPORT": str(node.port), "PGUSER": "postgres", "PGPASSWORD": "",
+                    "PGDATABASE": "postgres"}
+
+
+def test_patroni_demotes_a_leader_cut_from_etcd_and_no_token_is_granted_again(cluster: PatroniCluster) -> None:
+    """The leader's agent cut from etcd (its PostgreSQL, REST API and replication untouched, as a
+    machine that loses its route to etcd alone): it cannot renew the leader key, so after
+    ``retry_timeout`` its own agent demotes it, and once the key expires another member is
+    promoted. A claim made on the cut leader in its last seconds as primary is either on the new
+    leader (replicated before the demotion) or lost; either way, the next claim of that task gets a
+    larger token, of the new timeline's epoch."""
+    django(cluster, "migrate", "--verbosity", "0")
+    before = [claim(cluster, f"job{i}", "old", release=True)["token"] for i in range(3)]
+    assert before == [1, 1, 1]
+    old = cluster.leader()
+    assert old is not None
+    program = CLAIM_ON_CUE.format(key="job1", owner="cut")
+    late = subprocess.Popen([sys.executable, "-m", "django", "shell", "-c", program], cwd=ROOT,
+                            env=child_env(OneServer(old)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert late.stdout is not None
+        for line in late.stdout:  # after what the shell itself prints (its automatic imports)
+            if line.strip() == "ready":
+                break
+        else:
+            raise AssertionError(late.communicate(timeout=30))
+        made: list[tuple[float, str, str]] = []
+
+        def on_cut(node: PatroniNode) -> None:
+            out, err = late.communicate("go\n", timeout=60)
+            made.append((time.time(), out, err))
+
+        cut_old, new, cut, promoted = cluster.fail_over(how="cut", on_fault=on_cut)
+    finally:
+        if late.poll() is None:
+            late.kill()
+    assert cut_old is old and new is not old
+    when, out, err = made[0]
+    assert late.returncode == 0, err
+    on_old = json.loads(out.strip().splitlines()[-1])
+    # Granted by the cut leader, still primary: its agent demotes it only after retry_timeout.
+    assert on_old == {"claimed": True, "token": 2}, (on_old, when - cut)
+    # Its own agent demoted it before another member was promoted (the replicas ask its REST API).
+    assert cluster.demoted is not None and cut < cluster.demoted <= promoted
+
+    first = claim(cluster, "job0", "new")  # through the multi-host setting: the new leader
+    first_claim = time.time() - cut
+    after = json.loads(django(cluster, "taskclaim_epoch", "--json"))["databases"]["default"]
+    assert after["timeline"] >= 2 and new.state().get("timeline", 0) >= 2
+    assert first["claimed"] and first["token"] > max(before) and first["token"] >= after["first_token"]
+    again = claim(cluster, "job1", "new")  # the task the cut leader granted token 2 for
+    assert again["claimed"] and again["token"] > on_old["token"] and again["token"] >= after["first_token"]
+    print(f"patroni cut from etcd ({'sync' if cluster.synchronous else 'async'}): {old.name} -> {new.name}, "
+          f"claim on the cut leader {when - cut:.1f} s after the cut, demoted {cluster.demoted - cut:.1f} s, "
+          f"promoted {promoted - cut:.1f} s, first claim {first_claim:.1f} s")
