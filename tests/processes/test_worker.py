@@ -307,6 +307,20 @@ def test_the_next_task_of_a_batch_starts_in_the_completion_before_it(django_asse
     assert Task.objects.get(key="s001").attempts == 1
 
 
+def serve_lane(job) -> None:  # type: ignore[no-untyped-def]
+    """One lane's loop on a thread of its own, as the worker runs it: the thread's connection is
+    closed when it ends (left open, its session outlives the test until garbage collection, and a
+    later test that counts the server's sessions waits for it in vain)."""
+    from django.db import connections
+
+    from django_taskclaim.worker import _serve
+
+    try:
+        _serve(job, None, "default")
+    finally:
+        connections.close_all()
+
+
 def lane_job(budget, concurrency: int, wait: float):  # type: ignore[no-untyped-def]
     """What one lane of a worker over several task databases shares with the others: the budget."""
     import threading
@@ -328,13 +342,13 @@ def test_max_tasks_held_for_a_moment_by_another_lane_is_waited_for_not_taken_as_
     test_max_tasks_counts_the_tasks_of_every_lane)."""
     import threading
 
-    from django_taskclaim.worker import _Budget, _serve
+    from django_taskclaim.worker import _Budget
 
     queue(5)
     budget = _Budget(3)
     held = budget.take(3)  # the other lane's claim, in flight
     job = lane_job(budget, concurrency, wait=30.0)
-    lane = threading.Thread(target=_serve, args=(job, None, "default"), daemon=True)
+    lane = threading.Thread(target=serve_lane, args=(job,), daemon=True)
     lane.start()
     wait_until(lambda: not lane.is_alive() or getattr(budget, "waiting", 0), timeout=30,
                what="the lane to ask for its share of max_tasks")
@@ -353,12 +367,12 @@ def test_a_lane_with_nothing_to_claim_ends_once_the_other_lanes_claimed_max_task
     (claimed ``max_tasks``) it ends, within its poll, rather than poll for ever."""
     import threading
 
-    from django_taskclaim.worker import _Budget, _serve
+    from django_taskclaim.worker import _Budget
 
     budget = _Budget(2)
     held = budget.take(2)
     job = lane_job(budget, concurrency, wait=0.05)
-    lane = threading.Thread(target=_serve, args=(job, None, "default"), daemon=True)
+    lane = threading.Thread(target=serve_lane, args=(job,), daemon=True)
     lane.start()
     budget.settle(held, 1)  # one claimed, one given back: the empty lane takes it, claims nothing, gives it back
     held = budget.take(1, wait=30)
