@@ -36,8 +36,17 @@ pytestmark = [
 ]
 
 
+#: CI's short form (``TASKCLAIM_PATRONI=short``, set by .ci/run): each kind of failover once, and each
+#: replication mode at least once; the whole matrix (every kind in both modes) runs without it, and
+#: the short chaos run under Patroni (tests/chaos/test_failover.py) draws among the three kinds.
+SHORT_FORM = {(False, "kill"), (True, "stop"), (True, "cut")}
+
+
 @pytest.fixture(params=[False, True], ids=["async", "synchronous_mode"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[PatroniCluster]:
+    how = request.node.callspec.params.get("how", "cut")
+    if os.environ.get("TASKCLAIM_PATRONI") == "short" and (request.param, how) not in SHORT_FORM:
+        pytest.skip("not in CI's short form of the Patroni matrix (TASKCLAIM_PATRONI=short)")
     require_binaries()
     if shutil.which("patroni") is None or shutil.which("etcd") is None:
         from tests.conftest import requirement_missing
