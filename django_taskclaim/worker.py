@@ -93,8 +93,12 @@ class WorkerStats:
             self.add("released")
         elif executed.ending == Status.SUCCEEDED:
             self.add("succeeded")
-        elif isinstance(executed.claim.lost_reason, TimedOut):
-            self.add("timed_out")  # whatever the body's own ending met after the fencing
+        elif isinstance(executed.claim.lost_reason, TimedOut) or (
+                executed.ending == FENCED_OFF and executed.claim.overran()):
+            # Whatever the body's own ending met after the fencing. A write that fenced() refused
+            # because the timeout had passed (its own check before COMMIT) may come before the
+            # deadline thread has recorded the TimedOut: past its timeout, the attempt timed out.
+            self.add("timed_out")
         elif executed.ending == FENCED_OFF:
             self.add("fenced_off")
         elif executed.ending == Status.PENDING:
