@@ -83,15 +83,20 @@ def test_log_lines_name_the_database_in_the_id(caplog) -> None:  # type: ignore[
                         "owner='w1'"]
 
 
+def log_in_viewer(client) -> None:  # type: ignore[no-untyped-def]
+    """Log ``client`` in as staff with the task model's view permission alone (the operator pages)."""
+    user = User.objects.create(username="viewer", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_taskclaim",
+                                                        codename="view_task"))
+    client.force_login(user)
+
+
 def test_the_queue_overview_names_a_database_it_cannot_reach_and_shows_the_others(client) -> None:  # type: ignore[no-untyped-def]
     from django.db import connections
 
     from devtools.servers import free_port
 
-    user = User.objects.create(username="viewer", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_taskclaim",
-                                                        codename="view_task"))
-    client.force_login(user)
+    log_in_viewer(client)
     on_b()
     Task.objects.ensure("on-a", queue="emails", task_path=PATH)
     conn = connections[B]
@@ -114,10 +119,7 @@ def test_the_dashboard_counts_both_databases_and_names_one_it_cannot_reach(clien
 
     from devtools.servers import free_port
 
-    user = User.objects.create(username="viewer", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_taskclaim",
-                                                        codename="view_task"))
-    client.force_login(user)
+    log_in_viewer(client)
     on_b()
     Task.objects.ensure("on-a", queue="emails", task_path=PATH)
     [on_a] = Task.objects.claim_next(path="*", owner="w1", queue="emails")
